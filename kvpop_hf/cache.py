@@ -1,0 +1,208 @@
+"""KVpopCache: a `transformers.Cache` with a fixed per-head budget ``B = s + w + k`` (KVpop, arXiv:2607.05061)."""
+
+from __future__ import annotations
+
+import os
+import warnings
+
+import torch
+from transformers.cache_utils import Cache
+
+from . import hub
+from .config import KVpopConfig, model_shape
+from .layer import KVpopLayer
+from .scorers import Scorer, build_scorer, scorer_name
+
+
+class KVpopCache(Cache):
+    """Fixed-budget KV cache: per layer and KV head, ``sinks`` first tokens, the ``window`` most recent
+    tokens and ``topk`` long-range tokens won by a scorer's static priority.
+
+    Example::
+
+        model = AutoModelForCausalLM.from_pretrained(path, attn_implementation="kvpop")
+        cache = KVpopCache(model.config, sinks=4, window=256, topk=1788, scorer="knorm")
+        out = model.generate(ids, past_key_values=cache, max_new_tokens=4096)
+
+    With ``attn_implementation="kvpop"`` every query of a multi-token chunk sees exactly its own
+    fixed-budget set per head; with a stock implementation (sdpa, eager) single-token decoding is
+    exact but a prompt chunk sees all of its own tokens plus the stored ones (a warning says so).
+
+    Args:
+        model_config: the model's `PretrainedConfig` (gives layers, KV heads, head size) or None
+            when a `kvpop_config` with the model shape is given.
+        sinks, window, topk: the budget. scorer: a name from `kvpop_hf.scorers.SCORERS` or a `Scorer`.
+        log_gamma, decay_step: optional recency decay shared by all heads.
+        scorer_kwargs: keyword arguments of the scorer (e.g. ``{"hidden": 64}`` for "mlp").
+    """
+
+    def __init__(self, model_config=None, sinks: int = 4, window: int = 256, topk: int = 1788,
+                 scorer: str | Scorer = "knorm", log_gamma: float | None = None, decay_step: int = 64,
+                 scorer_kwargs: dict | None = None, kvpop_config: KVpopConfig | None = None):
+        if kvpop_config is None:
+            name = scorer if isinstance(scorer, str) else scorer_name(scorer)
+            if isinstance(scorer, Scorer) and scorer_kwargs is None:
+                scorer_kwargs = scorer.config_dict()
+            kvpop_config = KVpopConfig(sinks=sinks, window=window, topk=topk, scorer=name,
+                                       scorer_kwargs=dict(scorer_kwargs or {}), log_gamma=log_gamma,
+                                       decay_step=decay_step)
+        else:
+            kvpop_config.validate()
+        if model_config is not None:
+            layers, kv_heads, head_dim = model_shape(model_config)
+            for field, value in (("num_layers", layers), ("num_kv_heads", kv_heads), ("head_dim", head_dim)):
+                stored = getattr(kvpop_config, field)
+                if stored is not None and stored != value:
+                    raise ValueError(
+                        f"This KVpop checkpoint was made for {field}={stored}, but the model has {field}={value}. "
+                        "Use a checkpoint trained for this model (or a heuristic scorer)."
+                    )
+                setattr(kvpop_config, field, value)
+            kvpop_config.base_model = kvpop_config.base_model or getattr(model_config, "_name_or_path", None) or None
+        if kvpop_config.num_layers is None:
+            raise ValueError("KVpopCache needs the model shape: pass the model's config as first argument.")
+        self.kvpop_config = kvpop_config
+        cfg = kvpop_config
+        if isinstance(scorer, Scorer):
+            self.scorer = scorer
+        else:
+            self.scorer = _build(cfg)
+        if (self.scorer.num_layers, self.scorer.num_kv_heads, self.scorer.head_dim) != (
+                cfg.num_layers, cfg.num_kv_heads, cfg.head_dim):
+            raise ValueError(
+                f"Scorer shape (layers={self.scorer.num_layers}, kv_heads={self.scorer.num_kv_heads}, "
+                f"head_dim={self.scorer.head_dim}) does not match the model "
+                f"({cfg.num_layers}, {cfg.num_kv_heads}, {cfg.head_dim})."
+            )
+        self.scorer.requires_grad_(False)
+        self.scorer.eval()
+        # optional learned per-head decay [num_layers, kv_heads] (log gamma), else the config's scalar
+        self.log_gamma: torch.Tensor | None = None
+        if cfg.log_gamma is not None:
+            self.log_gamma = torch.full((cfg.num_layers, cfg.num_kv_heads), float(cfg.log_gamma))
+        self.has_padding = False
+        self._chunk_padding: torch.Tensor | None = None
+        self._warned_stock = False
+        super().__init__(layers=[KVpopLayer(self, i) for i in range(cfg.num_layers)])
+
+    # -- helpers used by the layers ----------------------------------------------------------
+    @property
+    def budget(self) -> int:
+        return self.kvpop_config.budget
+
+    def check_shape(self, layer_idx: int, kv_heads: int, head_dim: int) -> None:
+        cfg = self.kvpop_config
+        if (kv_heads, head_dim) != (cfg.num_kv_heads, cfg.head_dim):
+            raise ValueError(
+                f"Layer {layer_idx} has {kv_heads} KV heads of size {head_dim}, but this KVpopCache was built for "
+                f"{cfg.num_kv_heads} heads of size {cfg.head_dim}. Build the cache from this model's config."
+            )
+
+    def scorer_for(self, device: torch.device) -> Scorer:
+        """The scorer, moved to `device` on first use (weights stay float32)."""
+        first = next(iter(self.scorer.parameters()), None)
+        if first is not None and first.device != torch.device(device):
+            self.scorer.to(device)
+        return self.scorer
+
+    def log_gamma_for(self, layer_idx: int, device) -> torch.Tensor | None:
+        if self.log_gamma is None:
+            return None
+        if self.log_gamma.device != torch.device(device):
+            self.log_gamma = self.log_gamma.to(device)
+        return self.log_gamma[layer_idx]
+
+    # padding hand-off: the "kvpop" mask function records the 2D padding mask of the forward's
+    # queries; layer 0's update takes it for the whole forward.
+    def take_padding(self, layer_idx: int, batch: int, q_len: int) -> torch.Tensor | None:
+        from .attention import pop_padding
+
+        if layer_idx == 0:
+            valid = pop_padding(batch, q_len)
+            if valid is not None and q_len == 1:
+                valid = None  # decoding tokens are real; padding only precedes the prompt
+            if valid is not None and not self.has_padding:
+                self.has_padding = bool((~valid).any())  # one host sync per prompt chunk, none per decode step
+            self._chunk_padding = valid
+        return self._chunk_padding
+
+    def reset(self):
+        super().reset()
+        self.has_padding = False
+        self._chunk_padding = None
+
+    def register_pending(self, layer: KVpopLayer, keys: torch.Tensor) -> None:
+        from .attention import register_pending
+
+        register_pending(layer, keys)
+
+    def warn_stock_attention(self) -> None:
+        if not self._warned_stock:
+            self._warned_stock = True
+            warnings.warn(
+                "KVpopCache: a multi-token chunk is attended with a stock attention implementation, so its "
+                "queries see every stored entry plus all tokens of the chunk (more than the budget). Load the "
+                "model with attn_implementation='kvpop' for exact per-head eviction inside chunks; single-token "
+                "decoding is exact either way.",
+                stacklevel=3,
+            )
+
+    # -- introspection ---------------------------------------------------------------------------
+    def stored_positions(self, layer_idx: int) -> torch.Tensor:
+        """Real positions held per slot, ``[batch, kv_heads, B]`` (-1: empty)."""
+        return self.layers[layer_idx].pos
+
+    def memory_bytes(self) -> int:
+        """Bytes of all tensors the cache holds (keys, values, positions, priorities, scorer state)."""
+        total = 0
+        for layer in self.layers:
+            if not layer.is_initialized:
+                continue
+            tensors = [layer.keys, layer.values, layer.pos, layer.prio, layer.seen] + list(layer.state or ())
+            total += sum(t.numel() * t.element_size() for t in tensors)
+        return total
+
+    # -- Hub I/O -----------------------------------------------------------------------------
+    def save_pretrained(self, save_directory: str | os.PathLike) -> None:
+        """Write ``kvpop_config.json`` and (for learned scorers / decay) ``kvpop_scorer.safetensors``."""
+        hub.save(save_directory, self.kvpop_config, self.scorer, self.log_gamma)
+
+    @classmethod
+    def from_pretrained(cls, repo_id_or_path: str | os.PathLike, model_config=None, *, revision: str | None = None,
+                        cache_dir: str | None = None, token: str | None = None, local_files_only: bool = False,
+                        **overrides) -> "KVpopCache":
+        """Load from a local directory or a Hub repo id (through `huggingface_hub`, so the local HF cache
+        and ``HF_HUB_OFFLINE=1`` work). `overrides` replace budget fields (e.g. ``topk=...``)."""
+        config, state, log_gamma = hub.load(repo_id_or_path, revision=revision, cache_dir=cache_dir, token=token,
+                                            local_files_only=local_files_only)
+        for key, value in overrides.items():
+            if not hasattr(config, key):
+                raise ValueError(f"Unknown override {key!r}; valid fields: {sorted(config.to_dict())}.")
+            setattr(config, key, value)
+        config.validate()
+        if model_config is not None:
+            # checks the checkpoint's shape against the model before any work
+            layers, kv_heads, head_dim = model_shape(model_config)
+            for field, value in (("num_layers", layers), ("num_kv_heads", kv_heads), ("head_dim", head_dim)):
+                if getattr(config, field) != value:
+                    raise ValueError(
+                        f"Checkpoint {repo_id_or_path} was made for {field}={getattr(config, field)}, but the model has "
+                        f"{field}={value}. Use a KVpop checkpoint trained for this model."
+                    )
+        scorer = _build(config)
+        hub.load_scorer_state(scorer, state, repo_id_or_path)
+        cache = cls(model_config, scorer=scorer, kvpop_config=config)
+        if log_gamma is not None:
+            cache.log_gamma = log_gamma.float()
+        return cache
+
+    def push_to_hub(self, repo_id: str, *, private: bool | None = None, token: str | None = None,
+                    commit_message: str = "Upload KVpop scorer") -> str:
+        return hub.push(self, repo_id, private=private, token=token, commit_message=commit_message)
+
+
+def _build(cfg: KVpopConfig) -> Scorer:
+    try:
+        return build_scorer(cfg.scorer, cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, **cfg.scorer_kwargs)
+    except TypeError as err:
+        raise ValueError(f"Bad `scorer_kwargs` {cfg.scorer_kwargs} for scorer {cfg.scorer!r}: {err}") from err

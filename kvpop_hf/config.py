@@ -1,0 +1,109 @@
+"""Configuration of a KVpop cache: the budget, the scorer and the model shape it serves."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+# Attention layer types that are a plain per-head softmax over the whole KV cache.
+FULL_ATTENTION_TYPES = ("full_attention",)
+
+
+def _check_int(name: str, value: Any, minimum: int, hint: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"`{name}` must be an integer, got {value!r} ({type(value).__name__}). {hint}")
+    if value < minimum:
+        raise ValueError(f"`{name}` must be >= {minimum}, got {value}. {hint}")
+
+
+@dataclass
+class KVpopConfig:
+    """Budget and scorer of a KVpop cache (KVpop, arXiv:2607.05061, Eq. 1: B = s + w + k).
+
+    Per layer and KV head the cache keeps `sinks` first tokens, the `window` most recent
+    tokens and `topk` long-range tokens chosen by a static priority
+    `p_t = r_t - floor(t / decay_step) * log_gamma_h` (see DESIGN.md §1).
+    """
+
+    sinks: int = 4
+    window: int = 256
+    topk: int = 1788
+    scorer: str = "knorm"
+    scorer_kwargs: dict = field(default_factory=dict)
+    # Recency decay: None disables it; a float sets log(gamma) for every head (must be < 0).
+    log_gamma: float | None = None
+    decay_step: int = 64
+    # Model shape (filled from the model config; checked against the model at first use).
+    num_layers: int | None = None
+    num_kv_heads: int | None = None
+    head_dim: int | None = None
+    base_model: str | None = None
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    @property
+    def budget(self) -> int:
+        return self.sinks + self.window + self.topk
+
+    def validate(self) -> None:
+        _check_int("sinks", self.sinks, 0, "Use 0 to disable attention sinks.")
+        _check_int("window", self.window, 1, "The protected recent window needs at least the current token.")
+        _check_int("topk", self.topk, 0, "Use 0 for a pure sinks + window (StreamingLLM-like) cache.")
+        _check_int("decay_step", self.decay_step, 1, "It is the block size n of the recency decay floor(t/n).")
+        if self.log_gamma is not None:
+            if not isinstance(self.log_gamma, (int, float)) or not self.log_gamma < 0:
+                raise ValueError(
+                    f"`log_gamma` must be a negative float (log of a decay factor in (0, 1)) or None, got {self.log_gamma!r}."
+                )
+        for name in ("num_layers", "num_kv_heads", "head_dim"):
+            value = getattr(self, name)
+            if value is not None:
+                _check_int(name, value, 1, "It describes the model the cache serves.")
+        if not isinstance(self.scorer, str):
+            raise ValueError(f"`scorer` must be a scorer name, got {type(self.scorer).__name__}.")
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def to_json_string(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "KVpopConfig":
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"Unknown KVpop config keys {unknown}; known keys are {sorted(known)}.")
+        return cls(**data)
+
+
+def model_shape(model_config) -> tuple[int, int, int]:
+    """(num_layers, num_kv_heads, head_dim) of a transformers decoder config.
+
+    Raises a ValueError if some attention layer is not a plain full softmax attention
+    (sliding-window or linear-attention layers), since KVpop's per-head budget is defined
+    for full attention only.
+    """
+    cfg = model_config.get_text_config() if hasattr(model_config, "get_text_config") else model_config
+    num_layers = cfg.num_hidden_layers
+    heads = cfg.num_attention_heads
+    kv_heads = getattr(cfg, "num_key_value_heads", None) or heads
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
+    layer_types = getattr(cfg, "layer_types", None)
+    if layer_types is not None:
+        bad = sorted({t for t in layer_types if t not in FULL_ATTENTION_TYPES})
+        if bad:
+            raise ValueError(
+                f"KVpopCache supports models whose attention layers are all plain full attention; this "
+                f"{type(cfg).__name__} has layer types {bad}. Sliding-window and linear-attention layers are not "
+                "supported: use a model (or config) with full attention everywhere."
+            )
+    elif getattr(cfg, "sliding_window", None) and getattr(cfg, "use_sliding_window", True):
+        raise ValueError(
+            f"{type(cfg).__name__} uses sliding-window attention (sliding_window={cfg.sliding_window}); "
+            "KVpopCache needs full attention. Set `sliding_window=None` in the model config."
+        )
+    return num_layers, kv_heads, head_dim

@@ -1,0 +1,311 @@
+"""One decoder layer's fixed-budget KV storage: sinks, a protected window ring and k scored slots.
+
+Slot layout per (batch row, KV head), ``B = s + w + k`` slots allocated once:
+
+* ``[0, s)``        sinks: token ``t < s`` lives in slot ``t``;
+* ``[s, s + w)``    window ring: token ``t >= s`` enters slot ``s + (t - s) % w``; the token it
+  overwrites is exactly ``t - w``, the one leaving the window;
+* ``[s + w, B)``    long-range slots: the best ``k`` eligible tokens by static priority.
+
+Eviction contract (DESIGN.md §1): the query at real position ``q`` attends to
+``{t < s} ∪ {q-w < t <= q} ∪ TopK_k({s <= t <= q-w})`` by priority ``p_t``, ties to the newer token.
+Because priorities are static, online eviction (newcomer vs. weakest slot) equals that top-k.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from transformers.cache_utils import CacheLayerMixin
+
+NEG_INF = float("-inf")
+
+
+@dataclass
+class ChunkPlan:
+    """What a multi-token update leaves for the ``kvpop`` attention function (see attention.py).
+
+    Candidates are the ``n_old`` stored slots followed by the ``L`` new tokens.
+    pos ``[b,h,C]`` real positions (-1: none), order ``[b,h,C]`` candidate indices sorted best
+    first, query_pos ``[b,L]`` real position of each query (-1: padding).
+    """
+
+    keys: torch.Tensor
+    values: torch.Tensor
+    pos: torch.Tensor
+    order: torch.Tensor
+    query_pos: torch.Tensor
+    sinks: int
+    window: int
+    topk: int
+
+    def visibility(self) -> torch.Tensor:
+        """Exact per-head mask ``[b, h, L, C]`` bool: query j sees candidate c iff c ∈ R(q_j)."""
+        s, w, k = self.sinks, self.window, self.topk
+        q = self.query_pos[:, None, :, None]  # [b,1,L,1]
+        pos = self.pos[:, :, None, :]  # [b,h,1,C]
+        pos_sorted = self.pos.gather(-1, self.order)[:, :, None, :]
+        elig_sorted = (pos_sorted >= s) & (pos_sorted <= q - w)
+        better = elig_sorted.cumsum(-1) - elig_sorted.long()
+        keep_sorted = elig_sorted & (better < k)
+        keep = torch.zeros_like(keep_sorted).scatter_(-1, self.order[:, :, None, :].expand_as(keep_sorted), keep_sorted)
+        recent = (pos >= 0) & (pos <= q) & ((pos < s) | (pos > q - w))
+        vis = keep | recent
+        # a padding query sees only itself (its output is never used; this avoids empty rows)
+        L = self.query_pos.shape[1]
+        n_old = self.pos.shape[-1] - L
+        own = torch.zeros_like(vis)
+        own[..., torch.arange(L), n_old + torch.arange(L)] = True
+        return torch.where(q < 0, own, vis)
+
+
+class KVpopLayer(CacheLayerMixin):
+    """Fixed-budget storage of one layer. Tensors: keys/values ``[b, h, B, d]``, pos ``[b, h, B]``
+    int64 (-1 empty), prio ``[b, h, B]`` float32, seen ``[b]`` real tokens seen per row."""
+
+    is_compileable = False
+    is_sliding = False
+
+    def __init__(self, cache, layer_idx: int):
+        super().__init__()
+        self.cache = cache
+        self.layer_idx = layer_idx
+        cfg = cache.kvpop_config
+        self.sinks, self.window, self.topk = cfg.sinks, cfg.window, cfg.topk
+        self.budget = cfg.budget
+        self.seen_total = 0  # tokens seen including padding (what generate counts)
+        self.plan: ChunkPlan | None = None
+
+    # -- transformers layer API ----------------------------------------------------------------
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        b, h, _, d = key_states.shape
+        self.cache.check_shape(self.layer_idx, h, d)
+        self.dtype, self.device = key_states.dtype, key_states.device
+        B = self.budget
+        self.keys = torch.zeros(b, h, B, d, dtype=key_states.dtype, device=self.device)
+        self.values = torch.zeros(b, h, B, value_states.shape[-1], dtype=value_states.dtype, device=self.device)
+        self.pos = torch.full((b, h, B), -1, dtype=torch.long, device=self.device)
+        self.prio = torch.full((b, h, B), NEG_INF, dtype=torch.float32, device=self.device)
+        self.seen = torch.zeros(b, dtype=torch.long, device=self.device)
+        scorer = self.cache.scorer_for(self.device)
+        self.state = scorer.init_state(self.layer_idx, b, self.device) if scorer.stateful else None
+        self.is_initialized = True
+
+    def get_seq_length(self) -> int:
+        return self.seen_total
+
+    def get_max_length(self) -> int:
+        return -1  # any sequence length fits: memory is fixed at B entries
+
+    def stored_length(self, seen_total: int | None = None) -> int:
+        """Slots in use (a prefix of the layout when there is no padding): ``min(seen, B)``."""
+        return min(self.seen_total if seen_total is None else seen_total, self.budget)
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        if query_length == 1:
+            kv_length = self.stored_length(self.seen_total + 1)
+        else:
+            kv_length = self.stored_length() + query_length
+        return kv_length, self.seen_total + query_length - kv_length
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        if key_states.shape[0] != self.keys.shape[0]:
+            raise ValueError(
+                f"KVpopCache was filled with batch size {self.keys.shape[0]} but got {key_states.shape[0]}; "
+                "call `cache.reset()` (or use a new cache) for a different batch."
+            )
+        if self.plan is not None:  # the last chunk's exact plan was not used: stock attention ran
+            self.plan = None
+            self.cache.warn_stock_attention()
+        valid = self.cache.take_padding(self.layer_idx, key_states.shape[0], key_states.shape[2])
+        if key_states.shape[2] == 1 and valid is None:
+            keys, values = self.decode_step(key_states, value_states)
+            self.plan = None
+        else:
+            keys, values = self.update_chunk(key_states, value_states, valid)
+        self.cache.register_pending(self, keys)
+        return keys, values
+
+    def reset(self) -> None:
+        if self.is_initialized:
+            self.keys.zero_()
+            self.values.zero_()
+            self.pos.fill_(-1)
+            self.prio.fill_(NEG_INF)
+            self.seen.zero_()
+            if self.state is not None:
+                scorer = self.cache.scorer_for(self.device)
+                self.state = scorer.init_state(self.layer_idx, self.keys.shape[0], self.device)
+        self.seen_total = 0
+        self.plan = None
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        self._select_batch(beam_idx)
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        self._select_batch(indices)
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        if not self.is_initialized:
+            return
+        for name in ("keys", "values", "pos", "prio", "seen"):
+            setattr(self, name, getattr(self, name).repeat_interleave(repeats, dim=0))
+        if self.state is not None:
+            self.state = tuple(x.repeat_interleave(repeats, dim=0) for x in self.state)
+
+    def _select_batch(self, idx: torch.Tensor) -> None:
+        if not self.is_initialized:
+            return
+        idx = idx.to(self.device)
+        for name in ("keys", "values", "pos", "prio", "seen"):
+            setattr(self, name, getattr(self, name).index_select(0, idx))
+        if self.state is not None:
+            self.state = tuple(x.index_select(0, idx) for x in self.state)
+
+    def crop(self, max_length: int) -> None:
+        raise NotImplementedError(
+            "KVpopCache evicts tokens permanently, so it cannot be cropped (assisted/speculative decoding "
+            "and contrastive search need a cache that can roll back); use DynamicCache for those modes."
+        )
+
+    # -- priorities --------------------------------------------------------------------------
+    def _priority(self, scores: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """``p_t = r_t - floor(t / n) * log_gamma_h`` (block-aligned recency decay, DESIGN.md §1)."""
+        log_gamma = self.cache.log_gamma_for(self.layer_idx, self.device)
+        if log_gamma is None:
+            return scores.float()
+        blocks = torch.div(positions.clamp_min(0), self.cache.kvpop_config.decay_step, rounding_mode="floor")
+        return scores.float() - blocks.float() * log_gamma.float()[None, :, None]
+
+    def _score(self, k_new, v_new, valid_new, k_read, v_read, pos_read):
+        """Scores of the tokens read at each new position; advances the stateful scorer."""
+        scorer = self.cache.scorer_for(self.device)
+        if scorer.stateful:
+            self.state, r = scorer.absorb_and_read(self.layer_idx, self.state, k_new, v_new, valid_new, k_read, v_read)
+        else:
+            r = scorer.score(self.layer_idx, k_read, v_read, pos_read)
+        return self._priority(r, pos_read)
+
+    def _reads_at_entry(self) -> bool:
+        scorer = self.cache.scorer_for(self.device)
+        return scorer.stateful and not getattr(scorer, "delayed", True)
+
+    # -- one new token per row: vectorised, no host synchronisation ---------------------------
+    def decode_step(self, k_new: torch.Tensor, v_new: torch.Tensor):
+        s, w, k = self.sinks, self.window, self.topk
+        b, h, _, d = k_new.shape
+        t = self.seen  # [b] real position of the new token
+        ring_slot = s + torch.remainder(t - s, w)
+        slot = torch.where(t < s, t, ring_slot)  # where the new token goes
+        slot_idx = slot.view(b, 1, 1).expand(b, h, 1)
+        leaving_pos = self.pos.gather(2, slot_idx)  # token currently in that slot ([b,h,1])
+        leaving = (t - w >= s).view(b, 1, 1) & (leaving_pos >= s)
+        kd = slot_idx[..., None].expand(b, h, 1, d)
+        k_leave = self.keys.gather(2, kd)
+        v_leave = self.values.gather(2, slot_idx[..., None].expand(b, h, 1, self.values.shape[-1]))
+        if self._reads_at_entry():
+            p_new = self._score(k_new, v_new, None, k_new, v_new, t.view(b, 1, 1).expand(b, h, 1))
+            p_leave = self.prio.gather(2, slot_idx)
+        else:
+            p_leave = self._score(k_new, v_new, None, k_leave, v_leave, leaving_pos)
+            p_new = torch.full_like(p_leave, NEG_INF)
+
+        if k > 0:
+            lo = s + w
+            prio_tk, pos_tk = self.prio[:, :, lo:], self.pos[:, :, lo:]
+            weakest_p = prio_tk.min(-1, keepdim=True).values
+            big = torch.iinfo(torch.long).max
+            m = torch.where(prio_tk == weakest_p, pos_tk, big).argmin(-1, keepdim=True)  # [b,h,1]
+            replace = leaving & (p_leave >= weakest_p)  # a tie goes to the newer token
+            m_slot = m + lo
+            md = m_slot[..., None].expand(b, h, 1, d)
+            self.keys.scatter_(2, md, torch.where(replace[..., None], k_leave, self.keys.gather(2, md)))
+            mv = m_slot[..., None].expand(b, h, 1, self.values.shape[-1])
+            self.values.scatter_(2, mv, torch.where(replace[..., None], v_leave, self.values.gather(2, mv)))
+            self.pos.scatter_(2, m_slot, torch.where(replace, leaving_pos, self.pos.gather(2, m_slot)))
+            self.prio.scatter_(2, m_slot, torch.where(replace, p_leave, self.prio.gather(2, m_slot)))
+
+        self.keys.scatter_(2, kd, k_new.to(self.keys.dtype))
+        self.values.scatter_(2, slot_idx[..., None].expand(b, h, 1, self.values.shape[-1]), v_new.to(self.values.dtype))
+        self.pos.scatter_(2, slot_idx, t.view(b, 1, 1).expand(b, h, 1))
+        self.prio.scatter_(2, slot_idx, p_new)
+        self.seen = self.seen + 1
+        self.seen_total += 1
+        n = self.stored_length()
+        return self.keys[:, :, :n], self.values[:, :, :n]
+
+    # -- many new tokens: exact selection over old slots + new tokens ------------------------
+    def update_chunk(self, k_new: torch.Tensor, v_new: torch.Tensor, valid: torch.Tensor | None):
+        s, w, k, B = self.sinks, self.window, self.topk, self.budget
+        b, h, L, d = k_new.shape
+        dev = k_new.device
+        if valid is None:
+            valid = torch.ones(b, L, dtype=torch.bool, device=dev)
+        n_old = self.stored_length()
+        C = n_old + L
+        n_real = valid.sum(-1)  # [b]
+        n_pad = L - n_real
+        qpos = torch.where(valid, self.seen[:, None] + valid.long().cumsum(-1) - 1, -1)  # [b, L]
+
+        cand_k = torch.cat([self.keys[:, :, :n_old], k_new.to(self.keys.dtype)], dim=2)
+        cand_v = torch.cat([self.values[:, :, :n_old], v_new.to(self.values.dtype)], dim=2)
+        cand_pos = torch.cat([self.pos[:, :, :n_old], qpos[:, None, :].expand(b, h, L)], dim=2)
+        cand_prio = torch.cat([self.prio[:, :, :n_old], self.prio.new_full((b, h, L), NEG_INF)], dim=2)
+
+        # the token leaving the window at each query: u = q - w (old ring slot or a new token)
+        u = qpos - w  # [b, L]
+        has_leave = valid & (u >= s)
+        old_slot = s + torch.remainder(u - s, w)
+        new_idx = n_old + n_pad[:, None] + (u - self.seen[:, None])
+        leave_idx = torch.where(u < self.seen[:, None], old_slot, new_idx)
+        leave_idx = torch.where(has_leave, leave_idx, 0).clamp(0, C - 1)
+        li = leave_idx[:, None, :].expand(b, h, L)
+        k_leave = cand_k.gather(2, li[..., None].expand(b, h, L, d))
+        v_leave = cand_v.gather(2, li[..., None].expand(b, h, L, cand_v.shape[-1]))
+        pos_leave = cand_pos.gather(2, li)
+
+        dump = torch.full_like(li, C)  # scatter target for queries without a leaving token
+        target = torch.where(has_leave[:, None, :], li, dump)
+        prio_ext = torch.cat([cand_prio, cand_prio.new_full((b, h, 1), NEG_INF)], dim=2)
+        if self._reads_at_entry():
+            p_entry = self._score(k_new, v_new, valid, k_new, v_new, qpos[:, None, :].expand(b, h, L))
+            prio_ext[:, :, n_old:C] = torch.where(valid[:, None, :], p_entry, NEG_INF)
+            p_leave = prio_ext.gather(2, li)
+        else:
+            p_leave = self._score(k_new, v_new, valid, k_leave, v_leave, pos_leave)
+        prio_ext.scatter_(2, target, p_leave)
+        cand_prio = prio_ext[:, :, :C]
+
+        # rank candidates: priority descending, ties to the newer (larger) position
+        by_pos = cand_pos.argsort(dim=-1, descending=True, stable=True)
+        order = by_pos.gather(-1, cand_prio.gather(-1, by_pos).argsort(dim=-1, descending=True, stable=True))
+
+        # final state: the selection at each row's last real query
+        q_end = (self.seen + n_real - 1)[:, None, None]  # [b,1,1]
+        pos_sorted = cand_pos.gather(-1, order)
+        elig_sorted = (pos_sorted >= s) & (pos_sorted <= q_end - w)
+        kept_before = elig_sorted.cumsum(-1) - elig_sorted.long()
+        keep_sorted = elig_sorted & (kept_before < k)
+        dest_sorted = torch.where(keep_sorted, s + w + kept_before, B)
+        dest = torch.empty_like(dest_sorted).scatter_(-1, order, dest_sorted)
+        is_sink = (cand_pos >= 0) & (cand_pos < s)
+        in_window = (cand_pos >= s) & (cand_pos > q_end - w) & (cand_pos <= q_end)
+        dest = torch.where(is_sink, cand_pos, dest)
+        dest = torch.where(in_window, s + torch.remainder(cand_pos - s, w), dest)
+
+        new_k = cand_k.new_zeros(b, h, B + 1, d).scatter_(2, dest[..., None].expand(b, h, C, d), cand_k)
+        new_v = cand_v.new_zeros(b, h, B + 1, cand_v.shape[-1]).scatter_(
+            2, dest[..., None].expand(b, h, C, cand_v.shape[-1]), cand_v)
+        new_pos = cand_pos.new_full((b, h, B + 1), -1).scatter_(2, dest, cand_pos)
+        new_prio = cand_prio.new_full((b, h, B + 1), NEG_INF).scatter_(2, dest, cand_prio)
+        self.keys.copy_(new_k[:, :, :B])
+        self.values.copy_(new_v[:, :, :B])
+        self.pos.copy_(new_pos[:, :, :B])
+        self.prio.copy_(new_prio[:, :, :B])
+        self.seen = self.seen + n_real
+        self.seen_total += L
+        self.plan = ChunkPlan(cand_k, cand_v, cand_pos, order, qpos, s, w, k)
+        return cand_k, cand_v

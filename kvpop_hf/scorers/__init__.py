@@ -1,0 +1,34 @@
+"""Scorers that rank cached tokens for eviction, selectable by name."""
+
+from __future__ import annotations
+
+from .base import Scorer
+from .heuristics import KNormScorer, RandomScorer, StreamingScorer
+from .mlp import MLPScorer
+from .mlstm import MLSTMScorer
+
+SCORERS: dict[str, type[Scorer]] = {
+    "streaming": StreamingScorer,
+    "knorm": KNormScorer,
+    "random": RandomScorer,
+    "mlp": MLPScorer,
+    "mlstm": MLSTMScorer,
+}
+
+
+def build_scorer(name: str, num_layers: int, num_kv_heads: int, head_dim: int, **kwargs) -> Scorer:
+    """Instantiate a scorer by name for a model of the given shape."""
+    if name not in SCORERS:
+        raise ValueError(f"Unknown scorer {name!r}. Available scorers: {sorted(SCORERS)}; or pass a `Scorer` module.")
+    return SCORERS[name](num_layers, num_kv_heads, head_dim, **kwargs)
+
+
+def scorer_name(scorer: Scorer) -> str:
+    for name, cls in SCORERS.items():
+        if type(scorer) is cls:
+            return name
+    return type(scorer).__name__
+
+
+__all__ = ["Scorer", "SCORERS", "build_scorer", "scorer_name", "StreamingScorer", "KNormScorer", "RandomScorer",
+           "MLPScorer", "MLSTMScorer"]

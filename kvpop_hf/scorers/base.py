@@ -1,0 +1,73 @@
+"""The scorer interface: a module that turns cached (key, value) pairs into importance scores.
+
+A scorer serves every layer of one model; `layer_idx` selects the layer's weights.
+Shapes: keys/values ``[batch, kv_heads, n, head_dim]``, positions ``[batch, kv_heads, n]``
+(int64, real-token index, -1 for no token), scores ``[batch, kv_heads, n]`` float32.
+
+Stateless scorers give ``r_t = f(k_t, v_t, t)``. Stateful scorers (``stateful = True``) carry a
+per-layer memory that absorbs every token in order; the token ``u = q - w`` leaving the
+protected window is scored from the memory after it absorbed token ``q`` (delayed scoring,
+KVpop arXiv:2607.05061, Sec. 3).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class Scorer(nn.Module):
+    """Base class. Subclasses implement :meth:`score` (stateless) or the stateful trio."""
+
+    stateful: bool = False
+    #: True when the scorer has trainable weights that a checkpoint must carry.
+    learned: bool = False
+
+    def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int):
+        super().__init__()
+        self.num_layers = num_layers
+        self.num_kv_heads = num_kv_heads
+        self.head_dim = head_dim
+
+    def config_dict(self) -> dict:
+        """Constructor keyword arguments (besides the model shape) needed to rebuild the scorer."""
+        return {}
+
+    # -- stateless ---------------------------------------------------------------------------
+    def score(self, layer_idx: int, keys: torch.Tensor, values: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    # -- stateful ----------------------------------------------------------------------------
+    def init_state(self, layer_idx: int, batch_size: int, device: torch.device) -> tuple[torch.Tensor, ...]:
+        raise NotImplementedError
+
+    def absorb_and_read(
+        self,
+        layer_idx: int,
+        state: tuple[torch.Tensor, ...],
+        new_keys: torch.Tensor,
+        new_values: torch.Tensor,
+        new_valid: torch.Tensor,
+        read_keys: torch.Tensor,
+        read_values: torch.Tensor,
+    ) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
+        """Absorb ``n`` new tokens in order and read one score after each of them.
+
+        new_keys/new_values ``[b, h, n, d]``; new_valid ``[b, n]`` bool (False: padding, skipped);
+        read_keys/read_values ``[b, h, n, d]``: the token read after absorbing new token j.
+        Returns the new state and scores ``[b, h, n]``.
+        """
+        raise NotImplementedError
+
+
+def headwise_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """Per-head linear map. x ``[b, h, n, i]``, weight ``[h, i, o]``, bias ``[h, o]`` -> ``[b, h, n, o]``."""
+    out = torch.einsum("bhni,hio->bhno", x, weight)
+    if bias is not None:
+        out = out + bias[None, :, None, :]
+    return out
+
+
+def scorer_input(keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """The learned scorers' input ``x = [k; v]`` in float32, ``[b, h, n, 2d]`` (paper Sec. 3.3)."""
+    return torch.cat([keys, values], dim=-1).float()

@@ -1,0 +1,98 @@
+"""Stateful learned scorer: a head-wise mLSTM memory with delayed readout (KVpop, arXiv:2607.05061 Eqs. 9-11).
+
+Every token ``j`` is written into the memory: ``C <- f_j C + i_j k~_j v~_j^T``, ``n <- f_j n + i_j k~_j``.
+With delayed scoring, the token ``u = q - w`` that leaves the protected window at query ``q`` is
+scored from the memory *after* token ``q`` was absorbed::
+
+    h_{u|q} = q~_u^T C_q / max(|q~_u^T n_q|, 1),     r_u = a^T SiLU(RMSNorm(h_{u|q})) + b
+
+so the scorer sees the ``w`` tokens that followed ``u`` before deciding. ``delayed=False`` reads
+immediately after ``u`` itself was absorbed (the paper's ablation, Fig. 5).
+
+Choices not fixed by the paper (documented here): sigmoid input gate (bounded, no stabiliser
+needed), log-sigmoid forget gate with bias initialised to 3, feature size ``state_dim``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from .base import Scorer, headwise_linear, scorer_input
+from .mlstm_ops import mlstm_chunkwise, mlstm_step
+
+
+class MLSTMScorer(Scorer):
+    """Parameters (per layer l, KV head h): ``wq/wk/wv[l]`` ``[h, 2d, state_dim]``, gate weights
+    ``wi/wf[l]`` ``[h, 2d]`` with biases ``bi/bf[l]`` ``[h]``, readout ``a[l]`` ``[h, state_dim]``, ``b[l]`` ``[h]``."""
+
+    stateful = True
+    learned = True
+
+    def __init__(self, num_layers, num_kv_heads, head_dim, state_dim: int = 32, delayed: bool = True,
+                 chunk_size: int = 128, seed: int = 0):
+        super().__init__(num_layers, num_kv_heads, head_dim)
+        self.state_dim = int(state_dim)
+        self.delayed = bool(delayed)
+        self.chunk_size = int(chunk_size)
+        gen = torch.Generator().manual_seed(seed)
+        d_in = 2 * head_dim
+        shape = (num_layers, num_kv_heads)
+
+        def proj(out):
+            return nn.Parameter(torch.randn(*shape, d_in, out, generator=gen) / math.sqrt(d_in))
+
+        self.wq, self.wk, self.wv = proj(self.state_dim), proj(self.state_dim), proj(self.state_dim)
+        self.wi = nn.Parameter(torch.randn(*shape, d_in, generator=gen) / math.sqrt(d_in))
+        self.wf = nn.Parameter(torch.randn(*shape, d_in, generator=gen) / math.sqrt(d_in))
+        self.bi = nn.Parameter(torch.zeros(*shape))
+        self.bf = nn.Parameter(torch.full(shape, 3.0))
+        self.a = nn.Parameter(torch.randn(*shape, self.state_dim, generator=gen) / math.sqrt(self.state_dim))
+        self.b = nn.Parameter(torch.zeros(*shape))
+
+    def config_dict(self):
+        return {"state_dim": self.state_dim, "delayed": self.delayed, "chunk_size": self.chunk_size}
+
+    # -- pieces ------------------------------------------------------------------------------
+    def write_features(self, layer_idx, keys, values, valid=None):
+        """k~ ``[b,h,n,ds]``, v~ ``[b,h,n,ds]``, log f ``[b,h,n]``, i ``[b,h,n]`` (padding: f=1, i=0)."""
+        x = scorer_input(keys, values)
+        k = headwise_linear(x, self.wk[layer_idx].float())
+        v = headwise_linear(x, self.wv[layer_idx].float())
+        log_f = F.logsigmoid(torch.einsum("bhni,hi->bhn", x, self.wf[layer_idx].float()) + self.bf[layer_idx].float()[None, :, None])
+        i_gate = torch.sigmoid(torch.einsum("bhni,hi->bhn", x, self.wi[layer_idx].float()) + self.bi[layer_idx].float()[None, :, None])
+        if valid is not None:
+            valid = valid[:, None, :].expand_as(log_f)
+            log_f = torch.where(valid, log_f, torch.zeros_like(log_f))
+            i_gate = torch.where(valid, i_gate, torch.zeros_like(i_gate))
+        return k, v, log_f, i_gate
+
+    def read_features(self, layer_idx, keys, values):
+        """q~ ``[b,h,n,ds]`` (scaled by ds^-1/2)."""
+        x = scorer_input(keys, values)
+        return headwise_linear(x, self.wq[layer_idx].float()) / math.sqrt(self.state_dim)
+
+    def readout(self, layer_idx, h):
+        """``r = a^T SiLU(RMSNorm(h)) + b``; h ``[b,h,n,ds]`` -> ``[b,h,n]``."""
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)
+        return torch.einsum("bhns,hs->bhn", F.silu(h), self.a[layer_idx].float()) + self.b[layer_idx].float()[None, :, None]
+
+    # -- Scorer interface --------------------------------------------------------------------
+    def init_state(self, layer_idx, batch_size, device):
+        C = torch.zeros(batch_size, self.num_kv_heads, self.state_dim, self.state_dim, device=device)
+        n = torch.zeros(batch_size, self.num_kv_heads, self.state_dim, device=device)
+        return (C, n)
+
+    def absorb_and_read(self, layer_idx, state, new_keys, new_values, new_valid, read_keys, read_values):
+        k, v, log_f, i_gate = self.write_features(layer_idx, new_keys, new_values, new_valid)
+        q = self.read_features(layer_idx, read_keys, read_values)
+        C, n = state
+        if k.shape[2] == 1:
+            C, n, h = mlstm_step(C, n, k[:, :, 0], v[:, :, 0], log_f[:, :, 0], i_gate[:, :, 0], q[:, :, 0])
+            h = h[:, :, None]
+        else:
+            C, n, h = mlstm_chunkwise(C, n, k, v, log_f, i_gate, q, self.chunk_size)
+        return (C, n), self.readout(layer_idx, h)

@@ -1,0 +1,123 @@
+"""Tiny random-init models of real architectures (no download) and an independent reference
+implementation of the eviction contract (DESIGN.md §1), used by the tests."""
+
+from __future__ import annotations
+
+import torch
+from torch.nn import functional as F
+from transformers import (AttentionInterface, AttentionMaskInterface, LlamaConfig, MistralConfig, Qwen2Config,
+                          Qwen3Config, AutoModelForCausalLM)
+
+VOCAB = 256
+
+
+def tiny_config(arch: str = "qwen3", layers: int = 2, **overrides):
+    common = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096)
+    common.update(overrides)
+    if arch == "qwen3":
+        return Qwen3Config(head_dim=16, **common)
+    if arch == "llama":
+        return LlamaConfig(**common)
+    if arch == "qwen2":
+        return Qwen2Config(**common)
+    if arch == "mistral":
+        return MistralConfig(sliding_window=None, **common)
+    raise ValueError(arch)
+
+
+def tiny_model(arch: str = "qwen3", attn: str = "kvpop", seed: int = 0, layers: int = 2, **overrides):
+    """A random-init model; norm weights are randomised so keys have distinct norms (DESIGN.md §3)."""
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(tiny_config(arch, layers, **overrides), attn_implementation=attn)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.copy_(0.5 + torch.rand_like(p))
+    return model.eval()
+
+
+def distinct_ids(batch: int, length: int, seed: int = 0) -> torch.Tensor:
+    """Token ids without repeats inside a row (repeats tie priorities exactly)."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.stack([torch.randperm(VOCAB, generator=g)[:length] for _ in range(batch)])
+
+
+# ---------------------------------------------------------------- independent reference
+def reference_priorities(scorer, layer_idx, k, v, window, log_gamma=None, decay_step=64):
+    """Static priority of every token of a whole sequence, k/v ``[b, h, S, d]`` -> ``[b, h, S]``.
+
+    Stateful scorers absorb the whole sequence and read token u after absorbing u + w (delayed)
+    or after u itself (immediate); tokens never read get -inf (they never become eligible)."""
+    b, h, S, _ = k.shape
+    pos = torch.arange(S).view(1, 1, S).expand(b, h, S)
+    if scorer.stateful:
+        state = scorer.init_state(layer_idx, b, k.device)
+        valid = torch.ones(b, S, dtype=torch.bool)
+        if getattr(scorer, "delayed", True):
+            src = (torch.arange(S) - window).clamp_min(0)
+            _, r_read = scorer.absorb_and_read(layer_idx, state, k, v, valid, k[:, :, src], v[:, :, src])
+            r = torch.full((b, h, S), float("-inf"))
+            r[:, :, : max(S - window, 0)] = r_read[:, :, window:]
+        else:
+            _, r = scorer.absorb_and_read(layer_idx, state, k, v, valid, k, v)
+    else:
+        r = scorer.score(layer_idx, k, v, pos)
+    r = r.float()
+    if log_gamma is not None:
+        r = r - torch.div(pos, decay_step, rounding_mode="floor").float() * log_gamma.view(1, -1, 1)
+    return r
+
+
+def contract_mask(prio, sinks, window, topk):
+    """Brute force R(q): ``[b, h, S, S]`` bool from priorities ``[b, h, S]`` (loops over q)."""
+    b, h, S = prio.shape
+    mask = torch.zeros(b, h, S, S, dtype=torch.bool)
+    t = torch.arange(S)
+    for q in range(S):
+        mask[:, :, q, : min(sinks, q + 1)] = True
+        mask[:, :, q, max(q - window + 1, 0): q + 1] = True
+        elig = [u for u in range(sinks, q - window + 1)]
+        if not elig or topk == 0:
+            continue
+        for bi in range(b):
+            for hi in range(h):
+                best = sorted(elig, key=lambda u: (prio[bi, hi, u].item(), u), reverse=True)[:topk]
+                mask[bi, hi, q, best] = True
+    return mask
+
+
+class ReferenceAttention:
+    """An attention function for whole sequences (no cache) that applies the contract mask built
+    layer by layer from that layer's own keys, values and the scorer."""
+
+    def __init__(self, scorer, sinks, window, topk, log_gamma=None, decay_step=64):
+        self.scorer, self.s, self.w, self.k = scorer, sinks, window, topk
+        self.log_gamma, self.decay_step = log_gamma, decay_step
+        self.masks = {}
+
+    def __call__(self, module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+        li = module.layer_idx
+        lg = None if self.log_gamma is None else self.log_gamma[li]
+        prio = reference_priorities(self.scorer, li, key, value, self.w, lg, self.decay_step)
+        mask = contract_mask(prio, self.s, self.w, self.k)
+        self.masks[li] = mask
+        groups = query.shape[1] // key.shape[1]
+        m = mask.repeat_interleave(groups, dim=1)
+        out = F.scaled_dot_product_attention(query, key.repeat_interleave(groups, 1),
+                                             value.repeat_interleave(groups, 1), attn_mask=m, scale=scaling)
+        return out.transpose(1, 2).contiguous(), None
+
+
+def reference_logits(model, ids, scorer, sinks, window, topk, log_gamma=None, decay_step=64):
+    ref = ReferenceAttention(scorer, sinks, window, topk, log_gamma, decay_step)
+    AttentionInterface.register("kvpop_ref", ref)
+    AttentionMaskInterface.register("kvpop_ref", lambda *a, **k: None)
+    old = model.config._attn_implementation
+    model.set_attn_implementation("kvpop_ref")
+    try:
+        with torch.no_grad():
+            logits = model(ids, use_cache=False).logits
+    finally:
+        model.set_attn_implementation(old)
+    return logits, ref.masks
