@@ -38,8 +38,15 @@ def save(directory, config: KVpopConfig, scorer: torch.nn.Module, log_gamma: tor
         weights.unlink()
 
 
+def _looks_local(path: Path) -> bool:
+    text = str(path)
+    return path.exists() or path.is_absolute() or text.startswith(".") or text.count("/") > 1 or os.sep != "/" and os.sep in text
+
+
 def _resolve(repo_id_or_path, filename, required, **kwargs) -> str | None:
     path = Path(repo_id_or_path)
+    if _looks_local(path) and not path.is_dir():
+        raise FileNotFoundError(f"{path} is not a directory; pass a KVpop checkpoint directory or a Hub repo id.")
     if path.is_dir():
         file = path / filename
         if file.is_file():

@@ -1,0 +1,34 @@
+"""Quality testbed: seeded long-context tasks and a small offline tokenizer."""
+
+from .tasks import (
+    FAMILIES,
+    MIN_LENGTH,
+    Problem,
+    cwe,
+    fwe,
+    make_problem,
+    mixture,
+    niah_multikey,
+    reasoning,
+    training_example,
+    vt,
+)
+from .tokenizer import build_tokenizer, count_tokens, extract_answer, normalize
+
+__all__ = [
+    "FAMILIES",
+    "MIN_LENGTH",
+    "Problem",
+    "build_tokenizer",
+    "count_tokens",
+    "cwe",
+    "extract_answer",
+    "fwe",
+    "make_problem",
+    "mixture",
+    "niah_multikey",
+    "normalize",
+    "reasoning",
+    "training_example",
+    "vt",
+]

@@ -1,0 +1,686 @@
+"""Seeded long-context task generators for the KV-eviction quality testbed.
+
+Every generator returns a :class:`Problem` whose ``prompt`` ends exactly where
+the model has to start generating. All text is *canonical* (see
+:mod:`kvpop_hf.testbed.vocab`): whitespace-separated words, punctuation as
+separate words, ``"\\n"`` between lines, so it tokenizes without ``<unk>``
+and round-trips through :func:`kvpop_hf.testbed.tokenizer.normalize`.
+
+Length convention
+-----------------
+``length`` is measured in tokens of the testbed tokenizer and refers to the
+full training sequence ``<bos> prompt target <eos>`` where ``target`` is
+:meth:`Problem.target` (for ``reasoning`` that is the whole reference trace
+plus the answer line; for the other families it is ``" " + answer``). The
+generators pad with filler so the total hits ``length`` exactly (at worst a
+couple of tokens short); ``meta["n_tokens"]`` holds the exact count.
+
+Families
+--------
+``reasoning``      facts ``x17 = 4`` scattered among filler and ``z``-distractors,
+                   a small mod-10 program over them, and a step-by-step trace.
+``vt``             RULER-style variable tracking (``VAR a = 12345``, ``VAR b = VAR a``).
+``niah_multikey``  several key -> value needles (numbers or UUID-like), query one.
+``cwe``            common-words extraction (a few words repeated many times).
+``fwe``            frequent-words extraction (Zipf-distributed words, top 3).
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+import random
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
+
+from .tokenizer import ANSWER_MARKER, count_tokens, encode_plain
+from .vocab import ENTITY_WORDS, FILLER_WORDS, PSEUDO_WORDS
+
+__all__ = [
+    "Problem",
+    "FAMILIES",
+    "MIN_LENGTH",
+    "make_problem",
+    "reasoning",
+    "vt",
+    "niah_multikey",
+    "cwe",
+    "fwe",
+    "training_example",
+    "mixture",
+]
+
+MIN_LENGTH = 64
+_HEX = "0123456789abcdef"
+
+
+# --------------------------------------------------------------------------- #
+# Problem container
+# --------------------------------------------------------------------------- #
+@dataclass
+class Problem:
+    family: str
+    prompt: str
+    answer: str
+    meta: dict = field(default_factory=dict)
+
+    @property
+    def target(self) -> str:
+        """What the model should generate after ``prompt`` (``<eos>`` excluded).
+
+        ``reasoning``: ``"\\n" + trace + "\\nanswer : " + answer``;
+        other families: ``" " + answer``.
+        """
+        if self.family == "reasoning":
+            return "\n" + self.meta["trace"] + f"\n{ANSWER_MARKER} " + self.answer
+        return " " + self.answer
+
+    @property
+    def answer_prompt(self) -> str:
+        """Prompt for answer-only evaluation: for ``reasoning`` the reference
+        trace is appended (teacher-forced) and the prompt ends with
+        ``"answer :"``; for the other families this is just ``prompt``."""
+        if self.family == "reasoning":
+            return self.prompt + "\n" + self.meta["trace"] + "\n" + ANSWER_MARKER
+        return self.prompt
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+# --------------------------------------------------------------------------- #
+# helpers
+# --------------------------------------------------------------------------- #
+def _as_rng(seed_or_rng: int | random.Random, family: str) -> random.Random:
+    if isinstance(seed_or_rng, random.Random):
+        return seed_or_rng
+    if isinstance(seed_or_rng, bool) or not isinstance(seed_or_rng, int):
+        raise ValueError(f"seed must be an int or random.Random, got {seed_or_rng!r}")
+    # string seeds are hashed with sha512 by `random` -> stable across runs
+    return random.Random(f"kvpop-testbed:{family}:{seed_or_rng}")
+
+
+def _check_length(length: Any, family: str) -> int:
+    if isinstance(length, bool) or not isinstance(length, int):
+        raise ValueError(f"{family}: length must be an int (tokens), got {length!r}")
+    if length < MIN_LENGTH:
+        raise ValueError(f"{family}: length={length} is too small; minimum is {MIN_LENGTH} tokens")
+    return length
+
+
+def _too_small(family: str, length: int, need: int, what: str) -> ValueError:
+    return ValueError(
+        f"{family}: length={length} is too small for {what}; need at least {need} tokens "
+        f"(increase length or reduce the knobs)"
+    )
+
+
+def _filler_lines(rng: random.Random, budget: int) -> list[str]:
+    """Pseudo-word sentences costing exactly ``budget`` tokens including one
+    newline per line (a sentence of k words costs k + 2). Budgets of 1-2 cannot
+    be met and are left unused."""
+    lines: list[str] = []
+    rem = budget
+    while rem >= 3:
+        k = rem - 2 if rem <= 22 else rng.randint(6, 14)
+        lines.append(" ".join(rng.choice(FILLER_WORDS) for _ in range(k)) + " .")
+        rem -= k + 2
+    return lines
+
+
+def _interleave(rng: random.Random, filler: list[str],
+                groups: Sequence[Sequence[tuple[str, Any]]]) -> list[tuple[str, Any]]:
+    """Insert event lines (``(line, tag)``) at random places among ``filler``.
+
+    The order inside each group is preserved; groups interleave randomly.
+    Returns ``(line, tag)`` pairs; filler lines get tag ``None``.
+    """
+    n = len(filler)
+    slots: list[tuple[int, float, int, str, Any]] = []
+    for g in groups:
+        gkey = rng.random()
+        idxs = sorted(rng.randint(0, n) for _ in g)
+        for j, (i, (line, tag)) in enumerate(zip(idxs, g)):
+            slots.append((i, gkey, j, line, tag))
+    slots.sort(key=lambda s: (s[0], s[1], s[2]))
+    out: list[tuple[str, Any]] = []
+    k = 0
+    for i in range(n + 1):
+        while k < len(slots) and slots[k][0] == i:
+            out.append((slots[k][3], slots[k][4]))
+            k += 1
+        if i < n:
+            out.append((filler[i], None))
+    return out
+
+
+def _cost(lines: Iterable[str]) -> int:
+    """Tokens of the lines plus one newline token per line."""
+    return sum(count_tokens(l) + 1 for l in lines)
+
+
+def _finish(family: str, head: list[str], body: list[tuple[str, Any]], tail: list[str],
+            target: str) -> tuple[str, int, dict]:
+    """Join lines into the prompt; return (prompt, n_tokens, {tag: token_pos})."""
+    lines = head + [l for l, _ in body] + tail
+    prompt = "\n".join(lines)
+    pos: dict = {}
+    cur = 1 + _cost(head)  # after <bos> and the head lines (+newlines)
+    for line, tag in body:
+        if tag is not None:
+            pos[tag] = cur
+        cur += count_tokens(line) + 1
+    n_tokens = 1 + count_tokens(prompt) + count_tokens(target) + 1
+    return prompt, n_tokens, pos
+
+
+def _fixed_cost(head: list[str], tail: list[str], target: str) -> int:
+    """Tokens of everything except body lines: <bos>, head/tail lines and the
+    newlines joining them, target, <eos>. Body lines then cost count + 1."""
+    lines = head + tail
+    return 1 + sum(count_tokens(l) for l in lines) + (len(lines) - 1) + count_tokens(target) + 1
+
+
+def _number(rng: random.Random, digits: int) -> str:
+    return str(rng.randint(1, 9)) + "".join(str(rng.randint(0, 9)) for _ in range(digits - 1))
+
+
+def _uuid(rng: random.Random, groups: Sequence[int] = (8, 4, 4, 4, 12)) -> str:
+    return "-".join("".join(rng.choice(_HEX) for _ in range(g)) for g in groups)
+
+
+# --------------------------------------------------------------------------- #
+# reasoning traces
+# --------------------------------------------------------------------------- #
+def _apply(a: int, op: str, b: int) -> int:
+    return (a + b) % 10 if op == "+" else (a - b) % 10
+
+
+def _trace_line(name: str, operands: list[str], ops: list[str], values: dict) -> tuple[str, int]:
+    expr = [operands[0]]
+    for op, o in zip(ops, operands[1:]):
+        expr += [op, o]
+    vals = [values[o] for o in operands]
+    parts = [f"{name} = {' '.join(expr)}"]
+    # reduce left to right, one binary op per "=" so every step is single-digit
+    cur, rest_ops, rest_vals = vals[0], list(ops), vals[1:]
+    while rest_ops:
+        s = [str(cur)]
+        for op, v in zip(rest_ops, rest_vals):
+            s += [op, str(v)]
+        parts.append(" ".join(s))
+        cur = _apply(cur, rest_ops[0], rest_vals[0])
+        rest_ops, rest_vals = rest_ops[1:], rest_vals[1:]
+    parts.append(str(cur))
+    return " = ".join(parts) + " .", cur
+
+
+def reasoning(seed: int | random.Random = 0, length: int = 1024, n_facts: int | None = None,
+              steps: int | None = None, hops: int = 2, distractor_density: float = 0.1,
+              rules_first: bool = False) -> Problem:
+    """Mod-10 multi-step reasoning over facts scattered in a long context.
+
+    The body holds ``fact : x17 = 4 .`` lines (``n_facts``), ``note : z17 = 3 .``
+    distractors and pseudo-word filler. A program of ``steps`` rules
+    (``rule : y2 = y1 - x40 .``, each combining ``hops`` operands; from step 2
+    on one operand is the previous result, so the answer depends on every
+    step) is stated after the body (before it if ``rules_first``). The prompt
+    ends with ``"trace :"``; the reference trace (``meta["trace"]``) evaluates
+    one rule per line, restating the operands' values and reducing one binary
+    operation per ``=``::
+
+        y2 = y1 - x40 + x8 = 1 - 9 + 8 = 2 + 8 = 0 .
+
+    and is followed by ``answer : <value of the last y>``.
+
+    Knobs: ``n_facts`` (default ``clamp(length // 96, 6, 64)``), ``steps``
+    (default ``clamp(length // 256, 3, 12)``), ``hops`` >= 2 operands per
+    step, ``distractor_density`` in [0, 1): share of the filler token budget
+    spent on ``z`` distractor statements.
+    """
+    fam = "reasoning"
+    length = _check_length(length, fam)
+    rng = _as_rng(seed, fam)
+    n_facts = max(6, min(64, length // 96)) if n_facts is None else n_facts
+    steps = max(3, min(12, length // 256)) if steps is None else steps
+    if not isinstance(hops, int) or hops < 2:
+        raise ValueError(f"{fam}: hops must be an int >= 2 (operands per step), got {hops!r}")
+    if not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"{fam}: steps must be an int >= 1, got {steps!r}")
+    if not isinstance(n_facts, int) or n_facts < hops:
+        raise ValueError(f"{fam}: n_facts must be an int >= hops={hops}, got {n_facts!r}")
+    if not 0.0 <= distractor_density < 1.0:
+        raise ValueError(f"{fam}: distractor_density must be in [0, 1), got {distractor_density!r}")
+
+    id_range = max(100, 4 * n_facts)
+    facts = {f"x{i}": rng.randint(0, 9) for i in rng.sample(range(id_range), n_facts)}
+    fact_names = list(facts)
+    values: dict[str, int] = dict(facts)
+
+    # program: each x operand preferably a fact not used yet
+    pool: list[str] = []
+    rules: list[list] = []
+    trace_lines: list[str] = []
+    for s in range(1, steps + 1):
+        name = f"y{s}"
+        operands: list[str] = [] if s == 1 else [f"y{s - 1}"]
+        while len(operands) < hops:
+            if not pool:
+                pool = fact_names[:]
+                rng.shuffle(pool)
+            cand = pool.pop()
+            if cand not in operands:
+                operands.append(cand)
+        rng.shuffle(operands)
+        ops = [rng.choice("+-") for _ in range(hops - 1)]
+        line, val = _trace_line(name, operands, ops, values)
+        values[name] = val
+        rules.append([name, operands, ops])
+        trace_lines.append(line)
+    answer = str(values[f"y{steps}"])
+    trace = "\n".join(trace_lines)
+
+    rule_lines = []
+    for name, operands, ops in rules:
+        expr = [operands[0]]
+        for op, o in zip(ops, operands[1:]):
+            expr += [op, o]
+        rule_lines.append(f"rule : {name} = {' '.join(expr)} .")
+
+    head = ["problem : all arithmetic is mod ten ."] + (rule_lines if rules_first else [])
+    tail = ([] if rules_first else rule_lines) + [f"question : what is y{steps} ?", "trace :"]
+    target = "\n" + trace + f"\n{ANSWER_MARKER} " + answer
+
+    fact_lines = [(f"fact : {n} = {v} .", n) for n, v in facts.items()]
+    rng.shuffle(fact_lines)
+    body_budget = length - _fixed_cost(head, tail, target)
+    need = _cost(l for l, _ in fact_lines)
+    if body_budget < need:
+        raise _too_small(fam, length, length - body_budget + need,
+                         f"n_facts={n_facts}, steps={steps}, hops={hops}")
+    free = body_budget - need
+    distractors: dict[str, int] = {}
+    d_lines: list[tuple[str, Any]] = []
+    d_cost = 0
+    while True:
+        zi = rng.randrange(id_range)
+        zname = f"z{zi}"
+        if zname in distractors:
+            if len(distractors) >= id_range:
+                break
+            continue
+        zval = rng.randint(0, 9)
+        line = f"note : {zname} = {zval} ."
+        c = count_tokens(line) + 1
+        if d_cost + c > distractor_density * free:
+            break
+        distractors[zname] = zval
+        d_lines.append((line, None))
+        d_cost += c
+    filler = _filler_lines(rng, free - d_cost)
+    body = _interleave(rng, filler, [[e] for e in fact_lines] + [[d] for d in d_lines])
+    prompt, n_tokens, pos = _finish(fam, head, body, tail, target)
+    meta = {
+        "facts": facts,
+        "distractors": distractors,
+        "rules": rules,
+        "values": values,
+        "trace": trace,
+        "fact_token_pos": pos,
+        "target_token_start": n_tokens - 1 - count_tokens(target),
+        "n_tokens": n_tokens,
+        "knobs": {"length": length, "n_facts": n_facts, "steps": steps, "hops": hops,
+                  "distractor_density": distractor_density, "rules_first": rules_first},
+    }
+    return Problem(fam, prompt, answer, meta)
+
+
+# --------------------------------------------------------------------------- #
+# RULER-style families
+# --------------------------------------------------------------------------- #
+def vt(seed: int | random.Random = 0, length: int = 1024, num_chains: int = 1,
+       num_hops: int = 4) -> Problem:
+    """Variable tracking: chains ``VAR a = 12345 .``, ``VAR b = VAR a .`` ...
+
+    ``num_chains`` chains (chain 0 is queried; the others are distractors with
+    different values) of ``num_hops`` re-assignments each, spread through
+    filler. Answer: the ``num_hops + 1`` names of chain 0 in assignment order,
+    space separated.
+    """
+    fam = "vt"
+    length = _check_length(length, fam)
+    rng = _as_rng(seed, fam)
+    if not isinstance(num_chains, int) or num_chains < 1:
+        raise ValueError(f"{fam}: num_chains must be an int >= 1, got {num_chains!r}")
+    if not isinstance(num_hops, int) or num_hops < 1:
+        raise ValueError(f"{fam}: num_hops must be an int >= 1, got {num_hops!r}")
+    n_names = num_chains * (num_hops + 1)
+    if n_names > len(ENTITY_WORDS):
+        raise ValueError(f"{fam}: num_chains * (num_hops + 1) must be <= {len(ENTITY_WORDS)}")
+    names = rng.sample(ENTITY_WORDS, n_names)
+    vals: list[str] = []
+    while len(vals) < num_chains:
+        v = _number(rng, 5)
+        if v not in vals:
+            vals.append(v)
+    chains = [names[c * (num_hops + 1):(c + 1) * (num_hops + 1)] for c in range(num_chains)]
+    groups = []
+    for c, chain in enumerate(chains):
+        g = [(f"VAR {chain[0]} = {vals[c]} .", (c, 0))]
+        g += [(f"VAR {chain[h]} = VAR {chain[h - 1]} .", (c, h)) for h in range(1, len(chain))]
+        groups.append(g)
+    answer = " ".join(chains[0])
+    head = ["memorize the variable assignments below ."]
+    tail = [f"question : find all variables that are assigned the value {vals[0]} .", ANSWER_MARKER]
+    target = " " + answer
+    body_budget = length - _fixed_cost(head, tail, target)
+    need = _cost(l for g in groups for l, _ in g)
+    if body_budget < need:
+        raise _too_small(fam, length, length - body_budget + need,
+                         f"num_chains={num_chains}, num_hops={num_hops}")
+    body = _interleave(rng, _filler_lines(rng, body_budget - need), groups)
+    prompt, n_tokens, pos = _finish(fam, head, body, tail, target)
+    meta = {
+        "chains": chains,
+        "values": vals,
+        "statement_token_pos": [[pos[(c, h)] for h in range(num_hops + 1)] for c in range(num_chains)],
+        "n_tokens": n_tokens,
+        "knobs": {"length": length, "num_chains": num_chains, "num_hops": num_hops},
+    }
+    return Problem(fam, prompt, answer, meta)
+
+
+def niah_multikey(seed: int | random.Random = 0, length: int = 1024, num_needles: int = 4,
+                  value_kind: str = "number", value_digits: int = 7,
+                  uuid_groups: Sequence[int] = (8, 4, 4, 4, 12)) -> Problem:
+    """Multi-key needle in a haystack.
+
+    ``num_needles`` lines ``one of the special magic numbers for <k1> <k2> is :
+    <value> .`` (keys are distinct pseudo-word pairs) among filler; one key is
+    queried. ``value_kind="number"`` gives ``value_digits``-digit numbers,
+    ``"uuid"`` gives hex strings grouped by ``uuid_groups`` joined with ``-``.
+    """
+    fam = "niah_multikey"
+    length = _check_length(length, fam)
+    rng = _as_rng(seed, fam)
+    if value_kind not in ("number", "uuid"):
+        raise ValueError(f"{fam}: value_kind must be 'number' or 'uuid', got {value_kind!r}")
+    if not isinstance(num_needles, int) or num_needles < 1:
+        raise ValueError(f"{fam}: num_needles must be an int >= 1, got {num_needles!r}")
+    if not isinstance(value_digits, int) or value_digits < 1:
+        raise ValueError(f"{fam}: value_digits must be an int >= 1, got {value_digits!r}")
+    if not uuid_groups or any((not isinstance(g, int)) or g < 1 for g in uuid_groups):
+        raise ValueError(f"{fam}: uuid_groups must be positive ints, got {uuid_groups!r}")
+    if 2 * num_needles > len(ENTITY_WORDS):
+        raise ValueError(f"{fam}: num_needles must be <= {len(ENTITY_WORDS) // 2}")
+    kw = rng.sample(ENTITY_WORDS, 2 * num_needles)
+    keys = [f"{kw[2 * i]} {kw[2 * i + 1]}" for i in range(num_needles)]
+    values: list[str] = []
+    while len(values) < num_needles:
+        v = _number(rng, value_digits) if value_kind == "number" else _uuid(rng, uuid_groups)
+        if v not in values:
+            values.append(v)
+    noun, nouns = ("number", "numbers") if value_kind == "number" else ("uuid", "uuids")
+    needles = [(f"one of the special magic {nouns} for {k} is : {v} .", i)
+               for i, (k, v) in enumerate(zip(keys, values))]
+    q = rng.randrange(num_needles)
+    answer = values[q]
+    head = [f"some special magic {nouns} are hidden in the text below . memorize them ."]
+    tail = [f"question : what is the special magic {noun} for {keys[q]} mentioned in the text ?",
+            ANSWER_MARKER]
+    target = " " + answer
+    body_budget = length - _fixed_cost(head, tail, target)
+    need = _cost(l for l, _ in needles)
+    if body_budget < need:
+        raise _too_small(fam, length, length - body_budget + need,
+                         f"num_needles={num_needles}, value_kind={value_kind!r}")
+    body = _interleave(rng, _filler_lines(rng, body_budget - need), [[n] for n in needles])
+    prompt, n_tokens, pos = _finish(fam, head, body, tail, target)
+    meta = {
+        "needles": dict(zip(keys, values)),
+        "query_key": keys[q],
+        "needle_token_pos": [pos[i] for i in range(num_needles)],
+        "n_tokens": n_tokens,
+        "knobs": {"length": length, "num_needles": num_needles, "value_kind": value_kind,
+                  "value_digits": value_digits, "uuid_groups": list(uuid_groups)},
+    }
+    return Problem(fam, prompt, answer, meta)
+
+
+def _word_lines(words: list[str], per_line: int) -> list[str]:
+    return [" ".join(words[i:i + per_line]) for i in range(0, len(words), per_line)]
+
+
+def _max_words(budget: int, per_line: int) -> int:
+    """Largest W with W + ceil(W / per_line) <= budget (words + newlines)."""
+    w = max(0, budget * per_line // (per_line + 1))
+    while w > 0 and w + math.ceil(w / per_line) > budget:
+        w -= 1
+    return w
+
+
+def cwe(seed: int | random.Random = 0, length: int = 1024, n_common: int = 10,
+        freq_common: int | None = None, freq_uncommon: int = 3,
+        words_per_line: int = 16) -> Problem:
+    """Common-words extraction.
+
+    A shuffled list where ``n_common`` words occur ``freq_common`` times each
+    and every other word at most ``freq_common - 2`` times (normally
+    ``freq_uncommon``; raised automatically when the pseudo-word pool would
+    run out at long lengths). Answer: the common words in order of first
+    appearance. ``freq_common`` defaults to ``clamp(0.25 * n_words /
+    n_common, 4, 30)``.
+    """
+    fam = "cwe"
+    length = _check_length(length, fam)
+    rng = _as_rng(seed, fam)
+    for nm, v, lo in (("n_common", n_common, 1), ("freq_uncommon", freq_uncommon, 1),
+                      ("words_per_line", words_per_line, 1)):
+        if not isinstance(v, int) or v < lo:
+            raise ValueError(f"{fam}: {nm} must be an int >= {lo}, got {v!r}")
+    if freq_common is not None and (not isinstance(freq_common, int) or freq_common < 3):
+        raise ValueError(f"{fam}: freq_common must be an int >= 3, got {freq_common!r}")
+    if n_common >= len(PSEUDO_WORDS):
+        raise ValueError(f"{fam}: n_common must be < {len(PSEUDO_WORDS)}")
+    head = ["read the list of words below and track how often each word appears ."]
+    tail = [f"question : what are the {n_common} most common words in the list above ? "
+            "give them in order of first appearance .", ANSWER_MARKER]
+    # the target is n_common single-token words
+    fixed = _fixed_cost(head, tail, "") + n_common
+    n_words = _max_words(length - fixed, words_per_line)
+    auto = freq_common is None
+    fc = max(4, min(30, int(0.25 * n_words / n_common))) if auto else freq_common
+    n_avail = len(PSEUDO_WORDS) - n_common
+    while True:
+        u = n_words - n_common * fc
+        fu = max(freq_uncommon, math.ceil(max(u, 0) / n_avail))
+        if fu + 2 <= fc or not auto:
+            break
+        fc = fu + 2
+    if u < 0:
+        raise _too_small(fam, length, fixed + n_common * fc + math.ceil(n_common * fc / words_per_line),
+                         f"n_common={n_common}, freq_common={fc}")
+    if fu + 2 > fc:
+        raise ValueError(f"{fam}: freq_common={fc} must exceed the uncommon frequency {fu} by >= 2 "
+                         f"(increase freq_common or lower freq_uncommon/length)")
+    n_unc, r = divmod(u, fu)
+    chosen = rng.sample(PSEUDO_WORDS, n_common + n_unc + (1 if r else 0))
+    common, uncommon = chosen[:n_common], chosen[n_common:]
+    counts = {w: fc for w in common}
+    counts.update({w: fu for w in uncommon[:n_unc]})
+    if r:
+        counts[uncommon[n_unc]] = r
+    words = [w for w, c in counts.items() for _ in range(c)]
+    rng.shuffle(words)
+    first = {}
+    for i, w in enumerate(words):
+        first.setdefault(w, i)
+    answer = " ".join(sorted(common, key=first.__getitem__))
+    body = [(l, None) for l in _word_lines(words, words_per_line)]
+    target = " " + answer
+    prompt, n_tokens, _ = _finish(fam, head, body, tail, target)
+    meta = {
+        "common_words": sorted(common, key=first.__getitem__),
+        "freq_common": fc,
+        "freq_uncommon": fu,
+        "n_words": len(words),
+        "n_tokens": n_tokens,
+        "knobs": {"length": length, "n_common": n_common, "freq_common": freq_common,
+                  "freq_uncommon": freq_uncommon, "words_per_line": words_per_line},
+    }
+    return Problem(fam, prompt, answer, meta)
+
+
+def fwe(seed: int | random.Random = 0, length: int = 1024, alpha: float = 2.0,
+        vocab_size: int | None = None, top_k: int = 3, words_per_line: int = 16,
+        max_tries: int = 100) -> Problem:
+    """Frequent-words extraction.
+
+    Words are sampled i.i.d. from a truncated Zipf law ``p(rank r) ~ r**-alpha``
+    over ``vocab_size`` pseudo-words (default ``clamp(n_words // 8, 32,
+    pool)``); samples are redrawn until the ``top_k`` counts are strictly
+    ordered and above the next one. Answer: the ``top_k`` words, most
+    frequent first.
+    """
+    fam = "fwe"
+    length = _check_length(length, fam)
+    rng = _as_rng(seed, fam)
+    if not isinstance(top_k, int) or top_k < 1:
+        raise ValueError(f"{fam}: top_k must be an int >= 1, got {top_k!r}")
+    if not isinstance(words_per_line, int) or words_per_line < 1:
+        raise ValueError(f"{fam}: words_per_line must be an int >= 1, got {words_per_line!r}")
+    if not (isinstance(alpha, (int, float)) and alpha > 0):
+        raise ValueError(f"{fam}: alpha must be > 0, got {alpha!r}")
+    head = ["read the text below and track how often each word appears ."]
+    tail = [f"question : what are the {top_k} most frequent words in the text above ? "
+            "give them in order of frequency .", ANSWER_MARKER]
+    fixed = _fixed_cost(head, tail, "") + top_k
+    n_words = _max_words(length - fixed, words_per_line)
+    if n_words < 4 * (top_k + 1):
+        raise _too_small(fam, length, fixed + 5 * (top_k + 1), f"top_k={top_k}")
+    if vocab_size is None:
+        vocab_size = max(32, min(len(PSEUDO_WORDS), n_words // 8))
+    if not isinstance(vocab_size, int) or not top_k < vocab_size <= len(PSEUDO_WORDS):
+        raise ValueError(f"{fam}: vocab_size must be an int in ({top_k}, {len(PSEUDO_WORDS)}], "
+                         f"got {vocab_size!r}")
+    ranked = rng.sample(PSEUDO_WORDS, vocab_size)
+    cum, tot = [], 0.0
+    for r in range(vocab_size):
+        tot += (r + 1) ** -float(alpha)
+        cum.append(tot)
+    for _ in range(max_tries):
+        idx = rng.choices(range(vocab_size), cum_weights=cum, k=n_words)
+        counts: dict[str, int] = {}
+        for i in idx:
+            counts[ranked[i]] = counts.get(ranked[i], 0) + 1
+        top = sorted(counts.items(), key=lambda kv: -kv[1])[:top_k + 1]
+        cs = [c for _, c in top] + [0]
+        if len(top) >= top_k and all(cs[i] > cs[i + 1] for i in range(top_k)):
+            break
+    else:
+        raise ValueError(f"{fam}: could not draw a strictly ordered top-{top_k} in {max_tries} "
+                         f"tries (alpha={alpha}, n_words={n_words}); raise alpha or length")
+    words = [ranked[i] for i in idx]
+    answer_words = [w for w, _ in top[:top_k]]
+    body = [(l, None) for l in _word_lines(words, words_per_line)]
+    target = " " + " ".join(answer_words)
+    prompt, n_tokens, _ = _finish(fam, head, body, tail, target)
+    meta = {
+        "top_words": answer_words,
+        "top_counts": [c for _, c in top[:top_k + 1]],
+        "n_words": n_words,
+        "vocab_size": vocab_size,
+        "n_tokens": n_tokens,
+        "knobs": {"length": length, "alpha": alpha, "vocab_size": vocab_size, "top_k": top_k,
+                  "words_per_line": words_per_line},
+    }
+    return Problem(fam, prompt, " ".join(answer_words), meta)
+
+
+# --------------------------------------------------------------------------- #
+# dispatch, training examples, mixtures
+# --------------------------------------------------------------------------- #
+_REGISTRY: dict[str, Callable[..., Problem]] = {
+    "reasoning": reasoning,
+    "vt": vt,
+    "niah_multikey": niah_multikey,
+    "cwe": cwe,
+    "fwe": fwe,
+}
+FAMILIES: tuple[str, ...] = tuple(_REGISTRY)
+
+
+def make_problem(family: str, length: int = 1024, seed: int = 0, **knobs: Any) -> Problem:
+    """Generate one problem of ``family`` (see :data:`FAMILIES`).
+
+    Same arguments -> identical text. Unknown families or knobs raise
+    ``ValueError`` naming the valid choices.
+    """
+    if family not in _REGISTRY:
+        raise ValueError(f"unknown family {family!r}; valid families: {', '.join(FAMILIES)}")
+    fn = _REGISTRY[family]
+    valid = [p for p in inspect.signature(fn).parameters if p not in ("seed", "length")]
+    bad = sorted(set(knobs) - set(valid))
+    if bad:
+        raise ValueError(f"{family}: unknown knob(s) {bad}; valid knobs: {', '.join(valid)}")
+    return fn(seed, length=length, **knobs)
+
+
+def training_example(problem: Problem, tokenizer: Any, mode: str = "trace",
+                     prompt_loss: bool = False) -> dict:
+    """Tokenize ``<bos> context target <eos>`` with labels.
+
+    ``mode="trace"`` (default): context = ``problem.prompt``, target =
+    ``problem.target`` (for ``reasoning`` the whole trace + answer line is
+    supervised). ``mode="answer"``: context = ``problem.answer_prompt`` (the
+    reference trace is part of the context) and only ``" " + answer`` is
+    supervised. Context positions get label -100 unless ``prompt_loss``.
+    ``tokenizer`` is the HF tokenizer from :func:`build_tokenizer` (or the raw
+    backend). Returns ``{"input_ids": [...], "labels": [...]}``.
+    """
+    if mode not in ("trace", "answer"):
+        raise ValueError(f"mode must be 'trace' or 'answer', got {mode!r}")
+    if mode == "trace":
+        context, target = problem.prompt, problem.target
+    else:
+        context, target = problem.answer_prompt, " " + problem.answer
+    bos = tokenizer.token_to_id("<bos>") if not hasattr(tokenizer, "bos_token_id") else tokenizer.bos_token_id
+    eos = tokenizer.token_to_id("<eos>") if not hasattr(tokenizer, "eos_token_id") else tokenizer.eos_token_id
+    ctx_ids = [bos] + encode_plain(tokenizer, context)
+    tgt_ids = encode_plain(tokenizer, target) + [eos]
+    labels = ([-100] + ctx_ids[1:] if prompt_loss else [-100] * len(ctx_ids)) + tgt_ids
+    return {"input_ids": ctx_ids + tgt_ids, "labels": labels}
+
+
+def mixture(families: Sequence[str] | Mapping[str, float] = FAMILIES, n: int | None = 1000,
+            length_range: int | tuple[int, int] = (512, 2048), seed: int = 0,
+            knobs: Mapping[str, Mapping[str, Any]] | None = None) -> Iterator[Problem]:
+    """Seeded stream of problems for training.
+
+    ``families``: names (uniform) or ``{name: weight}``; ``n``: number of
+    problems (``None`` = endless); ``length_range``: ``(lo, hi)`` inclusive,
+    or a single int; ``knobs``: ``{family: {knob: value}}`` passed to the
+    generator. Each problem gets its own derived seed, so the stream is
+    reproducible for a given ``seed``.
+    """
+    if isinstance(families, Mapping):
+        names, weights = list(families), [float(w) for w in families.values()]
+    else:
+        names, weights = list(families), None
+    if not names:
+        raise ValueError("families must not be empty")
+    for f in names:
+        if f not in _REGISTRY:
+            raise ValueError(f"unknown family {f!r}; valid families: {', '.join(FAMILIES)}")
+    lo, hi = (length_range, length_range) if isinstance(length_range, int) else tuple(length_range)
+    if lo > hi or lo < MIN_LENGTH:
+        raise ValueError(f"length_range must satisfy {MIN_LENGTH} <= lo <= hi, got {length_range!r}")
+    knobs = dict(knobs or {})
+    rng = random.Random(f"kvpop-testbed-mixture:{seed}")
+    i = 0
+    while n is None or i < n:
+        fam = rng.choices(names, weights=weights)[0]
+        length = rng.randint(lo, hi)
+        pseed = rng.getrandbits(48)
+        yield make_problem(fam, length=length, seed=pseed, **dict(knobs.get(fam, {})))
+        i += 1

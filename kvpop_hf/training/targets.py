@@ -1,0 +1,305 @@
+"""Future-attention regression targets for KVpop training.
+
+Notation
+--------
+* ``q``  query states  ``[B, Hq, S, D]``
+* ``k``  key states    ``[B, Hkv, S, D]`` (GQA: ``Hq = G * Hkv``; query head ``j``
+  belongs to KV head ``j // G``, same convention as HF ``repeat_kv``)
+* ``lse`` per-query log-sum-exp of the (scaled) attention scores, ``[B, Hq, S]``,
+  natural log.  With the dense causal LSE (:func:`dense_causal_lse`) the
+  probabilities below are the exact dense attention probabilities; with the LSE
+  of a sparse forward pass they are the paper's approximation.  The formula is
+  the same in both cases, only the ``lse`` input differs.
+
+For query ``d`` and key ``t``::
+
+    A[d, t] = exp(scale * q_d . k_t - LSE_d)
+
+Future-attention mass of key ``t`` for query head ``j`` with window ``w >= 1``::
+
+    m_t = (1 / N_t) * sum_{d = t + w}^{S - 1} A[d, t],   N_t = max(1, S - (t + w))
+
+(``m_t = 0`` if there is no such ``d``.)  Target per KV head ``h``:
+
+* ``agg="log_mean"``: ``r[h, t] = log(eps + mean_{j in group h} m_t^{(j)})``
+* ``agg="mean_log"``: ``r[h, t] = mean_{j in group h} log(eps + m_t^{(j)})``
+
+Backends of :func:`future_attention_target`
+-------------------------------------------
+* ``"flex"``: a *transposed* FlexAttention pass.  Flex queries are the keys
+  (expanded to ``Hq`` heads), flex keys are the original queries, the
+  ``score_mod`` subtracts ``lse[b, h, kv_idx]`` (the LSE of the original query
+  ``d = kv_idx``) and the block mask keeps ``kv_idx >= q_idx + window``.  The
+  LSE flex returns for flex-query ``t`` is then ``log sum_{d >= t+w} A[d, t]``.
+  On CPU flex runs eagerly; on CUDA it is ``torch.compile``-d (lazily, once).
+* ``"chunked"``: the same transposed computation in plain torch over chunks of
+  keys, ``O(S * chunk)`` memory per (batch, head).
+
+All maths is float32 regardless of the input dtype.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from typing import Optional
+
+import torch
+
+__all__ = [
+    "dense_causal_lse",
+    "future_attention_target_reference",
+    "future_attention_target",
+]
+
+_AGGS = ("log_mean", "mean_log")
+_BACKENDS = ("flex", "chunked")
+
+
+# ---------------------------------------------------------------------------
+# validation helpers
+# ---------------------------------------------------------------------------
+
+
+def _check_qk(q: torch.Tensor, k: torch.Tensor) -> tuple[int, int, int, int, int]:
+    if not isinstance(q, torch.Tensor) or not isinstance(k, torch.Tensor):
+        raise ValueError("q and k must be torch.Tensors")
+    if q.dim() != 4:
+        raise ValueError(f"q must be [B, Hq, S, D], got shape {tuple(q.shape)}")
+    if k.dim() != 4:
+        raise ValueError(f"k must be [B, Hkv, S, D], got shape {tuple(k.shape)}")
+    B, Hq, S, D = q.shape
+    Bk, Hkv, Sk, Dk = k.shape
+    if Bk != B:
+        raise ValueError(f"batch mismatch: q has B={B}, k has B={Bk}")
+    if Sk != S:
+        raise ValueError(f"sequence mismatch: q has S={S}, k has S={Sk}")
+    if Dk != D:
+        raise ValueError(f"head-dim mismatch: q has D={D}, k has D={Dk}")
+    if Hkv < 1 or Hq % Hkv != 0:
+        raise ValueError(f"Hq={Hq} must be a positive multiple of Hkv={Hkv}")
+    if S < 1 or D < 1:
+        raise ValueError(f"empty sequence or head dim: S={S}, D={D}")
+    return B, Hq, Hkv, S, D
+
+
+def _check_common(q, k, lse, window, eps, agg):
+    B, Hq, Hkv, S, D = _check_qk(q, k)
+    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+        raise ValueError(f"window must be an int >= 1, got {window!r}")
+    if agg not in _AGGS:
+        raise ValueError(f"agg must be one of {_AGGS}, got {agg!r}")
+    if not (isinstance(eps, (int, float)) and eps > 0):
+        raise ValueError(f"eps must be a positive number, got {eps!r}")
+    if not isinstance(lse, torch.Tensor) or tuple(lse.shape) != (B, Hq, S):
+        shape = tuple(lse.shape) if isinstance(lse, torch.Tensor) else type(lse)
+        raise ValueError(f"lse must have shape {(B, Hq, S)}, got {shape}")
+    return B, Hq, Hkv, S, D
+
+
+def _scale(scale: Optional[float], D: int) -> float:
+    return float(D) ** -0.5 if scale is None else float(scale)
+
+
+def _expand_kv(k: torch.Tensor, Hq: int) -> torch.Tensor:
+    """[B, Hkv, S, D] -> [B, Hq, S, D] (head j uses KV head j // G)."""
+    Hkv = k.shape[1]
+    G = Hq // Hkv
+    if G == 1:
+        return k
+    return k.repeat_interleave(G, dim=1)
+
+
+def _prep_lse(lse: torch.Tensor) -> torch.Tensor:
+    """float32 LSE; a query with no visible key (LSE = -inf) attends nowhere, so
+    map it to +inf => all its A[d, t] become exp(-inf) = 0 instead of NaN/inf."""
+    lse = lse.float()
+    return torch.where(torch.isneginf(lse), torch.full_like(lse, math.inf), lse)
+
+
+def _counts(S: int, window: int, device) -> torch.Tensor:
+    t = torch.arange(S, device=device, dtype=torch.float32)
+    return torch.clamp(S - (t + window), min=1.0)
+
+
+def _aggregate(log_sum: torch.Tensor, Hkv: int, window: int, eps: float, agg: str) -> torch.Tensor:
+    """log_sum [B, Hq, S] = log sum_{d>=t+w} A[d,t] (-inf if empty) -> r [B, Hkv, S]."""
+    B, Hq, S = log_sum.shape
+    G = Hq // Hkv
+    log_sum = log_sum.float()
+    # Guard: anything that is not a finite number or -inf (NaN) is treated as empty.
+    log_sum = torch.where(torch.isnan(log_sum), torch.full_like(log_sum, -math.inf), log_sum)
+    log_m = log_sum - torch.log(_counts(S, window, log_sum.device))  # [B, Hq, S]
+    log_m = log_m.view(B, Hkv, G, S)
+    log_eps = torch.full((), math.log(eps), dtype=torch.float32, device=log_m.device)
+    if agg == "log_mean":
+        # log(eps + mean_j m_j) = logaddexp(log eps, logsumexp_j log m_j - log G)
+        lm = torch.logsumexp(log_m, dim=2) - math.log(G)
+        # logsumexp over all -inf yields -inf in torch; make it explicit anyway
+        lm = torch.where(torch.isnan(lm), torch.full_like(lm, -math.inf), lm)
+        r = torch.logaddexp(log_eps.expand_as(lm), lm)
+    else:
+        r = torch.logaddexp(log_eps.expand_as(log_m), log_m).mean(dim=2)
+    return r.contiguous()
+
+
+# ---------------------------------------------------------------------------
+# dense LSE
+# ---------------------------------------------------------------------------
+
+
+def dense_causal_lse(q: torch.Tensor, k: torch.Tensor, scale: Optional[float] = None,
+                     chunk: int = 1024) -> torch.Tensor:
+    """Exact dense causal LSE ``[B, Hq, S]`` (float32, natural log).
+
+    ``LSE_d = logsumexp_{t <= d} scale * q_d . k_t``, computed over query chunks
+    of size ``chunk`` so that at most a ``chunk x S`` slice of the score map
+    exists at a time.
+    """
+    B, Hq, Hkv, S, D = _check_qk(q, k)
+    if not isinstance(chunk, int) or chunk < 1:
+        raise ValueError(f"chunk must be an int >= 1, got {chunk!r}")
+    sc = _scale(scale, D)
+    qf = q.float()
+    kf = _expand_kv(k.float(), Hq)
+    out = torch.empty(B, Hq, S, dtype=torch.float32, device=q.device)
+    for d0 in range(0, S, chunk):
+        d1 = min(S, d0 + chunk)
+        s = torch.matmul(qf[:, :, d0:d1], kf[:, :, :d1].transpose(-1, -2)) * sc  # [B,Hq,c,d1]
+        d_idx = torch.arange(d0, d1, device=q.device)[:, None]
+        t_idx = torch.arange(d1, device=q.device)[None, :]
+        s = s.masked_fill(t_idx > d_idx, -math.inf)
+        out[:, :, d0:d1] = torch.logsumexp(s, dim=-1)
+    return out
+
+
+# ---------------------------------------------------------------------------
+# reference (materialised)
+# ---------------------------------------------------------------------------
+
+
+def future_attention_target_reference(q, k, lse, window, eps=1e-6, agg="log_mean",
+                                      scale=None) -> torch.Tensor:
+    """Obviously-correct oracle: materialises the full ``S x S`` map of
+    ``A[d, t] = exp(scale q_d.k_t - LSE_d)``, sums it over ``d >= t + window``,
+    divides by ``N_t`` and aggregates per KV head.  Returns float32 ``[B, Hkv, S]``.
+    """
+    B, Hq, Hkv, S, D = _check_common(q, k, lse, window, eps, agg)
+    sc = _scale(scale, D)
+    qf = q.float()
+    kf = _expand_kv(k.float(), Hq)
+    scores = torch.matmul(qf, kf.transpose(-1, -2)) * sc  # [B, Hq, S(d), S(t)]
+    P = torch.exp(scores - _prep_lse(lse)[..., :, None])
+    d_idx = torch.arange(S, device=q.device)[:, None]
+    t_idx = torch.arange(S, device=q.device)[None, :]
+    P = torch.where(d_idx >= t_idx + window, P, torch.zeros_like(P))
+    m = P.sum(dim=2) / _counts(S, window, q.device)  # [B, Hq, S(t)]
+    G = Hq // Hkv
+    m = m.view(B, Hkv, G, S)
+    if agg == "log_mean":
+        r = torch.log(eps + m.mean(dim=2))
+    else:
+        r = torch.log(eps + m).mean(dim=2)
+    return r
+
+
+# ---------------------------------------------------------------------------
+# transposed passes
+# ---------------------------------------------------------------------------
+
+_COMPILED_FLEX = None
+
+
+def _flex_fn(device: torch.device):
+    """Eager flex on CPU, compiled (once, lazily) on CUDA."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    global _COMPILED_FLEX
+    if device.type == "cuda":
+        if _COMPILED_FLEX is None:
+            _COMPILED_FLEX = torch.compile(flex_attention, dynamic=False)
+        return _COMPILED_FLEX
+    return flex_attention
+
+
+def _flex_log_sum(qf, kf_exp, lse_f, window: int, sc: float) -> torch.Tensor:
+    """Transposed flex pass.  Returns ``log sum_{d >= t+w} A[d, t]`` [B, Hq, S]."""
+    import torch.nn.attention.flex_attention as _fa
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    B, Hq, S, D = qf.shape
+    device = qf.device
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        # flex q_idx = original key t, flex kv_idx = original query d
+        return kv_idx >= q_idx + window
+
+    def score_mod(score, b, h, q_idx, kv_idx):
+        return score - lse_f[b, h, kv_idx]
+
+    block_mask = create_block_mask(mask_mod, None, None, S, S, device=device)
+    # the output is discarded: a tiny dummy value tensor (must share S with keys)
+    v = torch.zeros(B, Hq, S, 16, dtype=torch.float32, device=device)
+    fn = _flex_fn(device)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "called without torch.compile" / return_lse deprecation
+        if hasattr(_fa, "AuxRequest"):
+            _, aux = fn(kf_exp, qf, v, score_mod=score_mod, block_mask=block_mask, scale=sc,
+                        return_aux=_fa.AuxRequest(lse=True))
+            log_sum = aux.lse
+        else:
+            _, log_sum = fn(kf_exp, qf, v, score_mod=score_mod, block_mask=block_mask, scale=sc,
+                            return_lse=True)
+    log_sum = log_sum.float()
+    # Fully-masked rows (t + w > S - 1): torch 2.13 eager flex returns -inf here;
+    # enforce it regardless of version/backend (some kernels return 0 or finite junk).
+    t = torch.arange(S, device=device)
+    empty = (t + window > S - 1)
+    log_sum = torch.where(empty, torch.full_like(log_sum, -math.inf), log_sum)
+    return log_sum
+
+
+def _chunked_log_sum(qf, kf_exp, lse_f, window: int, sc: float, chunk: int) -> torch.Tensor:
+    """Plain-torch transposed pass over key chunks: ``[B, Hq, chunk, S]`` at a time."""
+    B, Hq, S, D = qf.shape
+    device = qf.device
+    out = torch.full((B, Hq, S), -math.inf, dtype=torch.float32, device=device)
+    last_t = S - 1 - window  # keys beyond this have no future query
+    if last_t < 0:
+        return out
+    for t0 in range(0, last_t + 1, chunk):
+        t1 = min(last_t + 1, t0 + chunk)
+        d0 = t0 + window  # smallest query any key of the chunk can see
+        s = torch.matmul(kf_exp[:, :, t0:t1], qf[:, :, d0:].transpose(-1, -2)) * sc  # [B,Hq,c,S-d0]
+        s = s - lse_f[:, :, None, d0:]
+        t_idx = torch.arange(t0, t1, device=device)[:, None]
+        d_idx = torch.arange(d0, S, device=device)[None, :]
+        s = s.masked_fill(d_idx < t_idx + window, -math.inf)
+        out[:, :, t0:t1] = torch.logsumexp(s, dim=-1)
+    return out
+
+
+def future_attention_target(q, k, lse, window, eps=1e-6, agg="log_mean", scale=None,
+                            backend="flex", chunk: int = 512) -> torch.Tensor:
+    """Future-attention target ``r`` ``[B, Hkv, S]`` (float32) via a transposed pass.
+
+    See the module docstring for the definition.  ``backend="flex"`` uses
+    FlexAttention with swapped roles (keys as queries); ``backend="chunked"``
+    does the same in plain torch over ``chunk`` keys at a time.  Keys with no
+    future query (``t + window > S - 1``) get ``log(eps)``.
+    """
+    B, Hq, Hkv, S, D = _check_common(q, k, lse, window, eps, agg)
+    if backend not in _BACKENDS:
+        raise ValueError(f"backend must be one of {_BACKENDS}, got {backend!r}")
+    if backend == "chunked" and (not isinstance(chunk, int) or chunk < 1):
+        raise ValueError(f"chunk must be an int >= 1, got {chunk!r}")
+    sc = _scale(scale, D)
+    with torch.no_grad():
+        qf = q.detach().float().contiguous()
+        kf_exp = _expand_kv(k.detach().float(), Hq).contiguous()
+        lse_f = _prep_lse(lse.detach()).contiguous()
+        if backend == "flex":
+            log_sum = _flex_log_sum(qf, kf_exp, lse_f, window, sc)
+        else:
+            log_sum = _chunked_log_sum(qf, kf_exp, lse_f, window, sc, chunk)
+        return _aggregate(log_sum, Hkv, window, eps, agg)

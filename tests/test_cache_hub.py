@@ -1,0 +1,111 @@
+"""save_pretrained / from_pretrained / Hub repo ids through huggingface_hub (offline local cache)."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from helpers import distinct_ids, tiny_model
+from kvpop_hf import KVpopCache
+from kvpop_hf.hub import CONFIG_NAME, WEIGHTS_NAME
+
+
+def _scores(cache, layer=1):
+    g = torch.Generator().manual_seed(0)
+    k, v = torch.randn(2, 2, 9, 16, generator=g), torch.randn(2, 2, 9, 16, generator=g)
+    pos = torch.arange(9).expand(2, 2, 9)
+    sc = cache.scorer
+    if sc.stateful:
+        state = sc.init_state(layer, 2, k.device)
+        return sc.absorb_and_read(layer, state, k, v, torch.ones(2, 9, dtype=torch.bool), k, v)[1]
+    return sc.score(layer, k, v, pos)
+
+
+@pytest.mark.parametrize("scorer", ["mlp", "mlstm", "knorm"])
+def test_save_load_local_dir_bit_identical(tmp_path, scorer):
+    model = tiny_model("qwen3")
+    cache = KVpopCache(model.config, sinks=3, window=5, topk=7, scorer=scorer, log_gamma=-0.1, decay_step=8)
+    with torch.no_grad():
+        for p in cache.scorer.parameters():
+            p.add_(torch.randn_like(p) * 0.1)  # "trained" weights
+    cache.save_pretrained(tmp_path)
+    assert json.loads((tmp_path / CONFIG_NAME).read_text())["topk"] == 7
+    loaded = KVpopCache.from_pretrained(tmp_path, model.config)
+    assert loaded.kvpop_config == cache.kvpop_config
+    assert torch.equal(_scores(loaded), _scores(cache))
+    assert torch.equal(loaded.log_gamma, cache.log_gamma)
+    ids = distinct_ids(1, 30)
+    a = model.generate(ids, past_key_values=cache, max_new_tokens=10, do_sample=False, pad_token_id=0)
+    b = model.generate(ids, past_key_values=loaded, max_new_tokens=10, do_sample=False, pad_token_id=0)
+    assert torch.equal(a, b)
+
+
+def _fake_hub_cache(root, repo_id, src):
+    """Lay out `src` as a snapshot of `repo_id` in a huggingface_hub cache directory."""
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    repo_dir = root / ("models--" + repo_id.replace("/", "--"))
+    snap = repo_dir / "snapshots" / commit
+    snap.mkdir(parents=True)
+    for f in src.iterdir():
+        shutil.copy(f, snap / f.name)
+    (repo_dir / "refs").mkdir()
+    (repo_dir / "refs" / "main").write_text(commit)
+
+
+def test_load_repo_id_from_offline_hf_cache(tmp_path):
+    model = tiny_model("qwen3")
+    cache = KVpopCache(model.config, sinks=3, window=5, topk=7, scorer="mlstm")
+    cache.save_pretrained(tmp_path / "ckpt")
+    hub_cache = tmp_path / "hub"
+    _fake_hub_cache(hub_cache, "kvpop-org/tiny-qwen3-kvpop", tmp_path / "ckpt")
+    expect = _scores(cache)
+    torch.save(expect, tmp_path / "expect.pt")
+    # a fresh process, so HF_HUB_OFFLINE is read by huggingface_hub at import time
+    code = (
+        "import torch, sys; sys.path.insert(0, 'tests'); from kvpop_hf import KVpopCache; "
+        "from test_cache_hub import _scores; "
+        "c = KVpopCache.from_pretrained('kvpop-org/tiny-qwen3-kvpop'); "
+        f"assert torch.equal(_scores(c), torch.load(r'{tmp_path / 'expect.pt'}')); print('OK')"
+    )
+    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_HUB_CACHE=str(hub_cache), HF_HOME=str(tmp_path / "home"))
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    res = subprocess.run([sys.executable, "-c", code], env=env, cwd=root, capture_output=True, text=True)
+    assert res.returncode == 0 and "OK" in res.stdout, res.stderr[-2000:]
+
+
+def test_checkpoint_shape_mismatch_is_rejected(tmp_path):
+    model = tiny_model("qwen3")
+    KVpopCache(model.config, scorer="mlp").save_pretrained(tmp_path)
+    other = tiny_model("qwen3", layers=3)
+    with pytest.raises(ValueError, match="num_layers=2"):
+        KVpopCache.from_pretrained(tmp_path, other.config)
+    other = tiny_model("qwen3", num_key_value_heads=4)
+    with pytest.raises(ValueError, match="num_kv_heads"):
+        KVpopCache.from_pretrained(tmp_path, other.config)
+    # without the model config the mismatch is caught at the first update, before attention runs
+    loaded = KVpopCache.from_pretrained(tmp_path)
+    with pytest.raises(ValueError, match="KV heads"):
+        other(distinct_ids(1, 5), past_key_values=loaded)
+
+
+def test_corrupt_or_missing_weights(tmp_path):
+    model = tiny_model("qwen3")
+    KVpopCache(model.config, scorer="mlp").save_pretrained(tmp_path)
+    (tmp_path / WEIGHTS_NAME).write_bytes(b"not a safetensors file")
+    with pytest.raises(ValueError, match="corrupt"):
+        KVpopCache.from_pretrained(tmp_path)
+    (tmp_path / WEIGHTS_NAME).unlink()
+    with pytest.raises(FileNotFoundError, match=WEIGHTS_NAME):
+        KVpopCache.from_pretrained(tmp_path)
+    with pytest.raises(FileNotFoundError, match="not a directory"):
+        KVpopCache.from_pretrained(tmp_path / "nowhere")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FileNotFoundError, match=CONFIG_NAME):
+        KVpopCache.from_pretrained(tmp_path / "empty")
+    (tmp_path / CONFIG_NAME).write_text("{broken")
+    with pytest.raises(ValueError, match="not valid JSON"):
+        KVpopCache.from_pretrained(tmp_path)

@@ -1,0 +1,306 @@
+"""Tests for the testbed task generators and tokenizer (fast, CPU only)."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import Counter
+
+import pytest
+
+from kvpop_hf.testbed import (
+    FAMILIES,
+    build_tokenizer,
+    count_tokens,
+    extract_answer,
+    make_problem,
+    mixture,
+    normalize,
+    training_example,
+)
+from kvpop_hf.testbed import generate
+
+LENGTHS = (512, 2048)
+SEEDS = (0, 1)
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return build_tokenizer()
+
+
+def _problems():
+    for fam in FAMILIES:
+        for length in LENGTHS:
+            for seed in SEEDS:
+                yield fam, length, seed
+
+
+# ----------------------------------------------------------------- determinism
+@pytest.mark.parametrize("family", FAMILIES)
+def test_deterministic_per_seed(family):
+    a = make_problem(family, length=1024, seed=7)
+    b = make_problem(family, length=1024, seed=7)
+    c = make_problem(family, length=1024, seed=8)
+    assert a.to_dict() == b.to_dict()
+    assert a.prompt != c.prompt
+
+
+def test_mixture_deterministic_and_covers_families():
+    a = [p.to_dict() for p in mixture(FAMILIES, n=20, length_range=(256, 600), seed=3)]
+    b = [p.to_dict() for p in mixture(FAMILIES, n=20, length_range=(256, 600), seed=3)]
+    assert a == b
+    assert {p["family"] for p in a} == set(FAMILIES)
+    assert all(256 * 0.9 <= p["meta"]["n_tokens"] <= 600 for p in a)
+    only = list(mixture({"vt": 1.0, "cwe": 0.0}, n=5, length_range=512, seed=0))
+    assert {p.family for p in only} == {"vt"}
+
+
+# ------------------------------------------------------------- token lengths
+@pytest.mark.parametrize("family,length,seed", list(_problems()))
+def test_length_and_tokenizer_roundtrip(tok, family, length, seed):
+    p = make_problem(family, length=length, seed=seed)
+    ex = training_example(p, tok)
+    n = len(ex["input_ids"])
+    assert abs(n - length) <= 0.1 * length, (family, length, n)
+    assert n == p.meta["n_tokens"]
+    assert tok.unk_token_id not in ex["input_ids"]
+    # round trip: canonical text survives encode/decode modulo whitespace
+    assert normalize(p.prompt) == p.prompt
+    ids = tok(p.prompt, add_special_tokens=False)["input_ids"]
+    assert len(ids) == count_tokens(p.prompt)
+    assert normalize(tok.decode(ids)) == p.prompt
+    # the generated part decodes to something extract_answer maps to the answer
+    tgt = ex["input_ids"][len(ex["input_ids"]) - sum(l != -100 for l in ex["labels"]):]
+    assert extract_answer(tok.decode(tgt, skip_special_tokens=False)) == p.answer
+    assert extract_answer(tok.decode(tgt, skip_special_tokens=True)) == p.answer
+    assert normalize(tok.decode(tgt, skip_special_tokens=True)) == normalize(p.target)
+
+
+def test_knobbed_lengths(tok):
+    cases = [
+        ("reasoning", dict(hops=3, steps=6, n_facts=30, distractor_density=0.3, rules_first=True)),
+        ("niah_multikey", dict(value_kind="uuid", num_needles=8)),
+        ("vt", dict(num_chains=3, num_hops=3)),
+        ("cwe", dict(n_common=5, freq_common=20)),
+        ("fwe", dict(alpha=1.5)),
+    ]
+    for fam, knobs in cases:
+        p = make_problem(fam, length=2048, seed=5, **knobs)
+        ids = training_example(p, tok)["input_ids"]
+        assert abs(len(ids) - 2048) <= 205 and tok.unk_token_id not in ids, fam
+
+
+# ---------------------------------------------------------- answer checking
+_FACT = re.compile(r"^fact : (x\d+) = (\d) \.$")
+_RULE = re.compile(r"^rule : (y\d+) = (.+) \.$")
+
+
+def _eval_left_to_right(tokens):
+    acc = int(tokens[0])
+    for op, v in zip(tokens[1::2], tokens[2::2]):
+        acc = (acc + int(v)) % 10 if op == "+" else (acc - int(v)) % 10
+    return acc
+
+
+def _check_reasoning(p):
+    lines = p.prompt.split("\n")
+    facts = dict((m.group(1), int(m.group(2))) for m in map(_FACT.match, lines) if m)
+    rules = [(m.group(1), m.group(2).split()) for m in map(_RULE.match, lines) if m]
+    assert len(facts) == p.meta["knobs"]["n_facts"]
+    assert lines[-1] == "trace :" and lines[-2] == f"question : what is {rules[-1][0]} ?"
+    env = dict(facts)
+    trace = p.meta["trace"].split("\n")
+    assert len(trace) == len(rules)
+    for line, (name, expr) in zip(trace, rules):
+        assert line.endswith(" .")
+        parts = line[:-2].split(" = ")
+        assert parts[0] == name and parts[1].split() == expr
+        # restated operand values must match the facts / earlier results
+        subst = [str(env[t]) if t not in "+-" else t for t in expr]
+        assert parts[2].split() == subst
+        # every further "=" performs exactly one binary operation
+        for prev, cur in zip(parts[2:], parts[3:]):
+            pt, ct = prev.split(), cur.split()
+            assert len(ct) == len(pt) - 2
+            assert ct == [str(_eval_left_to_right(pt[:3]))] + pt[3:]
+        env[name] = _eval_left_to_right(expr_values := parts[2].split())
+        assert parts[-1] == str(env[name]) and len(expr_values) >= 3
+    assert p.answer == str(env[rules[-1][0]])
+    # distractors never feed the program
+    assert not any(t.startswith("z") for _, e in rules for t in e)
+
+
+def _check_vt(p):
+    assign = {}
+    order = []
+    for line in p.prompt.split("\n"):
+        m = re.match(r"^VAR (\w+) = (?:VAR (\w+)|(\d+)) \.$", line)
+        if m:
+            name, src, val = m.groups()
+            assign[name] = val if val else assign[src]  # source must already be defined
+            order.append(name)
+    q = re.search(r"assigned the value (\d+) \.\nanswer :$", p.prompt).group(1)
+    assert p.answer == " ".join(n for n in order if assign[n] == q)
+
+
+def _check_niah(p):
+    kind = p.meta["knobs"]["value_kind"]
+    noun = "numbers" if kind == "number" else "uuids"
+    needles = dict(re.findall(rf"^one of the special magic {noun} for (\w+ \w+) is : (\S+) \.$",
+                              p.prompt, flags=re.M))
+    assert len(needles) == p.meta["knobs"]["num_needles"]
+    key = re.search(r"for (\w+ \w+) mentioned in the text \?\nanswer :$", p.prompt).group(1)
+    assert p.answer == needles[key]
+    if kind == "uuid":
+        assert re.fullmatch(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}", p.answer)
+    else:
+        assert re.fullmatch(r"[1-9]\d{6}", p.answer)
+
+
+def _body_words(p):
+    lines = p.prompt.split("\n")
+    return " ".join(lines[1:-2]).split()
+
+
+def _check_cwe(p):
+    words = _body_words(p)
+    counts = Counter(words)
+    n = int(re.search(r"what are the (\d+) most common", p.prompt).group(1))
+    ranked = counts.most_common()
+    top = {w for w, _ in ranked[:n]}
+    assert ranked[n - 1][1] > ranked[n][1]  # unambiguous top-n
+    first = sorted(top, key=words.index)
+    assert p.answer == " ".join(first)
+
+
+def _check_fwe(p):
+    words = _body_words(p)
+    ranked = Counter(words).most_common()
+    cs = [c for _, c in ranked[:4]]
+    assert cs[0] > cs[1] > cs[2] > cs[3]
+    assert p.answer == " ".join(w for w, _ in ranked[:3])
+
+
+_CHECKERS = {"reasoning": _check_reasoning, "vt": _check_vt, "niah_multikey": _check_niah,
+             "cwe": _check_cwe, "fwe": _check_fwe}
+
+
+@pytest.mark.parametrize("family,length,seed", list(_problems()))
+def test_answers_recomputed(family, length, seed):
+    _CHECKERS[family](make_problem(family, length=length, seed=seed))
+
+
+@pytest.mark.parametrize("knobs", [dict(hops=3), dict(hops=4, steps=5, rules_first=True),
+                                   dict(distractor_density=0.5)])
+def test_reasoning_knobs(knobs):
+    for seed in range(3):
+        p = make_problem("reasoning", length=1536, seed=seed, **knobs)
+        _check_reasoning(p)
+        if knobs.get("rules_first"):
+            assert p.prompt.split("\n")[1].startswith("rule :")
+        if knobs.get("distractor_density"):
+            assert len(p.meta["distractors"]) > 0
+
+
+def test_more_families_knobs():
+    _check_niah(make_problem("niah_multikey", length=1024, seed=2, value_kind="uuid"))
+    _check_vt(make_problem("vt", length=1024, seed=2, num_chains=4, num_hops=2))
+    _check_cwe(make_problem("cwe", length=4096, seed=2, n_common=3))
+
+
+def test_reasoning_delays():
+    p = make_problem("reasoning", length=4096, seed=0)
+    pos = p.meta["fact_token_pos"]
+    start = p.meta["target_token_start"]
+    delays = [start - pos[x] for x in pos]
+    assert max(delays) > 1000 and min(delays) > 0
+
+
+# ----------------------------------------------------------- training example
+def test_training_example_masks(tok):
+    p = make_problem("reasoning", length=512, seed=0)
+    ex = training_example(p, tok)
+    sup = [t for t, l in zip(ex["input_ids"], ex["labels"]) if l != -100]
+    assert sup == ex["labels"][-len(sup):]
+    assert ex["input_ids"][0] == tok.bos_token_id and sup[-1] == tok.eos_token_id
+    assert normalize(tok.decode(sup, skip_special_tokens=True)) == normalize(p.target)
+    assert "y1 =" in tok.decode(sup)  # the trace is supervised
+    ans = training_example(p, tok, mode="answer")
+    sup2 = [t for t, l in zip(ans["input_ids"], ans["labels"]) if l != -100]
+    assert tok.decode(sup2, skip_special_tokens=True).strip() == p.answer
+    assert len(ans["input_ids"]) == len(ex["input_ids"])  # same tokens, different mask
+    q = make_problem("vt", length=512, seed=0)
+    ex = training_example(q, tok)
+    sup = [t for t, l in zip(ex["input_ids"], ex["labels"]) if l != -100]
+    assert tok.decode(sup, skip_special_tokens=True).strip() == q.answer
+    full = training_example(q, tok, prompt_loss=True)
+    assert full["labels"][0] == -100 and full["labels"][1:] == full["input_ids"][1:]
+
+
+def test_extract_answer_robust():
+    assert extract_answer(" 1234567 <eos> question : junk") == "1234567"
+    assert extract_answer("\ny1 = x3 + x4 = 1 + 2 = 3 .\n answer :   7 \n<eos>") == "7"
+    assert extract_answer("  kelo   mabu\n\nmore") == "kelo mabu"
+    assert normalize("a  b \n  c\t d ") == "a b\nc d"
+
+
+# ------------------------------------------------------------------ tokenizer
+def test_tokenizer_basics(tok):
+    assert 300 <= len(tok) <= 2500
+    assert tok.convert_ids_to_tokens(tok("x17 = 4 .")["input_ids"]) == \
+        ["<bos>", "x", "##1", "##7", "=", "4", "."]
+    assert tok.pad_token == "<pad>" and tok.eos_token == "<eos>" and tok.bos_token == "<bos>"
+    assert "token_type_ids" not in tok("a b")
+
+
+def test_save_load_offline(tok, tmp_path, monkeypatch):
+    from transformers import AutoTokenizer
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    tok.save_pretrained(tmp_path)
+    loaded = AutoTokenizer.from_pretrained(str(tmp_path), local_files_only=True)
+    p = make_problem("niah_multikey", length=512, seed=4, value_kind="uuid")
+    assert loaded(p.prompt)["input_ids"] == tok(p.prompt)["input_ids"]
+    assert (loaded.bos_token_id, loaded.eos_token_id, loaded.pad_token_id) == \
+        (tok.bos_token_id, tok.eos_token_id, tok.pad_token_id)
+    assert normalize(loaded.decode(loaded(p.prompt)["input_ids"], skip_special_tokens=True)) == p.prompt
+
+
+# ------------------------------------------------------------------ bad input
+def test_bad_inputs():
+    with pytest.raises(ValueError, match="valid families: reasoning"):
+        make_problem("nope", length=512, seed=0)
+    with pytest.raises(ValueError, match="too small"):
+        make_problem("vt", length=10, seed=0)
+    with pytest.raises(ValueError, match="too small"):
+        make_problem("reasoning", length=128, seed=0, n_facts=40)
+    with pytest.raises(ValueError, match="too small"):
+        make_problem("cwe", length=100, seed=0, freq_common=30)
+    with pytest.raises(ValueError, match="valid knobs"):
+        make_problem("vt", length=512, seed=0, hops=3)
+    with pytest.raises(ValueError, match="value_kind"):
+        make_problem("niah_multikey", length=512, seed=0, value_kind="word")
+    with pytest.raises(ValueError, match="hops"):
+        make_problem("reasoning", length=512, seed=0, hops=1)
+    with pytest.raises(ValueError, match="length must be an int"):
+        make_problem("fwe", length="512", seed=0)
+    with pytest.raises(ValueError, match="unknown family"):
+        next(mixture(["vt", "bogus"], n=1))
+
+
+# ------------------------------------------------------------------------ CLI
+def test_cli(tmp_path, capsys):
+    out = tmp_path / "x.jsonl"
+    generate.main(["--family", "reasoning", "--n", "3", "--length", "512", "--seed", "0",
+                   "--out", str(out)])
+    recs = [json.loads(l) for l in out.read_text().splitlines()]
+    assert len(recs) == 3 and {"prompt", "answer", "family", "meta", "target"} <= set(recs[0])
+    assert recs[0]["prompt"] == make_problem("reasoning", length=512, seed=0).prompt
+    assert "trace" in recs[0]["meta"]
+    generate.main(["--family", "niah_multikey", "--n", "1", "--length", "512",
+                   "--knob", "value_kind=uuid"])
+    rec = json.loads(capsys.readouterr().out)
+    assert rec["meta"]["knobs"]["value_kind"] == "uuid"
+    with pytest.raises(SystemExit):
+        generate.main(["--family", "vt", "--length", "20"])
