@@ -10,5 +10,14 @@ from .scorers import SCORERS, Scorer, build_scorer
 
 _register_attention()
 
-__all__ = ["KVpopCache", "KVpopConfig", "Scorer", "SCORERS", "build_scorer"]
+
+def __getattr__(name):  # the training stack is imported on first use
+    if name in ("KVpopTrainer", "KVpopTrainingArguments"):
+        from . import training
+
+        return getattr(training, name)
+    raise AttributeError(f"module 'kvpop_hf' has no attribute {name!r}")
+
+
+__all__ = ["KVpopCache", "KVpopConfig", "Scorer", "SCORERS", "build_scorer", "KVpopTrainer", "KVpopTrainingArguments"]
 __version__ = "0.1.0"

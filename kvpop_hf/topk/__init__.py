@@ -54,8 +54,8 @@ def running_topk(
     Args:
         prio: ``[..., S]`` float priorities (e.g. ``[B, H, S]``).
         sinks: ``>= 0``; window: ``>= 1``; k: ``>= 0``.
-        backend: ``"auto"`` (Triton if ``prio.is_cuda`` or
-            ``TRITON_INTERPRET=1``, else torch), ``"torch"``/``"reference"``,
+        backend: ``"auto"`` (Triton if ``prio.is_cuda``, else torch; the
+            CPU interpreter is for tests only), ``"torch"``/``"reference"``,
             or ``"triton"``.
 
     Returns:
@@ -65,8 +65,7 @@ def running_topk(
         raise ValueError(f"backend must be one of {_BACKENDS}, got {backend!r}")
     _validate(prio, sinks, window, k)
     if backend == "auto":
-        use_triton = prio.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"
-        backend = "triton" if use_triton else "torch"
+        backend = "triton" if prio.is_cuda else "torch"
     if backend == "triton":
         return running_topk_triton(prio, sinks, window, k)
     return running_topk_reference(prio, sinks, window, k)

@@ -1,0 +1,50 @@
+"""Fill `model_cards/kvpop_template.md` for a KVpopTrainer run and write it as README.md."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+TEMPLATE = Path(__file__).resolve().parents[2] / "model_cards" / "kvpop_template.md"
+
+
+def _last_logged(history: list[dict], key: str):
+    for entry in reversed(history):
+        if key in entry:
+            return entry[key]
+    return None
+
+
+def render_model_card(config, *, model_name: str, repo: str, dataset: str, steps: int, history: list[dict],
+                      ref_len: int | None = None, quality: dict | None = None) -> str:
+    if not TEMPLATE.is_file():
+        raise FileNotFoundError(f"Model card template {TEMPLATE} is missing; install kvpop-hf from its repository.")
+    rows = dict(quality or {})
+    for key in ("boundary_loss", "distill_loss", "topk_recall", "teacher_keep_rate"):
+        value = _last_logged(history, key)
+        if value is not None and key not in rows:
+            rows[key] = round(float(value), 4)
+    quality_md = "\n".join(["| metric | value |", "|---|---|"] + [f"| {k} | {v} |" for k, v in rows.items()])
+    compression = f"{1 - config.budget / ref_len:.0%} of the KV cache removed" if ref_len else "n/a"
+    return TEMPLATE.read_text().format(
+        model_name=model_name, repo=repo, base_model=config.base_model or "unknown", budget=config.budget,
+        sinks=config.sinks, window=config.window, topk=config.topk, scorer=config.scorer,
+        scorer_kwargs=json.dumps(config.scorer_kwargs) if config.scorer_kwargs else "",
+        decay="none" if config.log_gamma is None else f"log gamma = {config.log_gamma}, step {config.decay_step}",
+        ref_len=ref_len or "n/a", compression=compression, dataset=dataset, steps=steps,
+        quality=quality_md if rows else "No quality metrics were recorded.")
+
+
+def write_model_card(trainer, model_name=None, dataset=None, kvpop_quality=None, reference_length=None, **_):
+    out = trainer.args.output_dir
+    os.makedirs(out, exist_ok=True)
+    name = model_name or Path(out).name
+    repo = trainer.args.hub_model_id or name
+    ref_len = reference_length or getattr(trainer, "max_seq_len_seen", None)
+    if isinstance(dataset, (list, tuple)):
+        dataset = ", ".join(map(str, dataset))
+    text = render_model_card(trainer.kvpop_config, model_name=name, repo=repo, dataset=dataset or "unspecified",
+                             steps=trainer.state.global_step, history=trainer.state.log_history, ref_len=ref_len,
+                             quality=kvpop_quality)
+    Path(out, "README.md").write_text(text)

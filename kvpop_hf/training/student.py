@@ -1,0 +1,158 @@
+"""The student forward used in training: attention implementation ``"kvpop_train"``.
+
+Inside :func:`student_forward` every layer (KVpop, arXiv:2607.05061 Sec. 3):
+
+1. scores its detached keys/values with the scorer -> student priorities ``p^ [b, h, S]``;
+2. runs the running top-k on ``p^`` -> per-query cutoff ranks -> exact fixed-budget sparse attention
+   (FlexAttention), returning the output and each query's LSE;
+3. computes the future-attention target with the transposed pass (LSE from the sparse forward,
+   or from a dense pass with ``target_lse="dense"``), the teacher priorities and the teacher's
+   running top-k -> boundary tokens and keep/drop labels;
+4. records the boundary loss and the recall of the teacher's top-k by the student's.
+
+Outside that context the function is plain causal attention, so the same model serves as the
+dense teacher (e.g. a LoRA student with adapters disabled).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+
+import torch
+from torch.nn import functional as F
+from transformers import AttentionInterface, AttentionMaskInterface
+
+from ..topk import running_topk
+from .losses import balance_weights, boundary_loss, margin_weights
+from .priorities import sequence_priorities
+from .sparse_attention import sparse_attention, sparse_attention_reference
+from .targets import dense_causal_lse, future_attention_target
+
+TRAIN_ATTN_NAME = "kvpop_train"
+
+
+@dataclass
+class StudentSettings:
+    sinks: int
+    window: int
+    topk: int
+    decay_step: int = 64
+    tau: float = 1.0
+    omega: str = "none"  # none | margin | balance | margin+balance
+    target_lse: str = "sparse"  # sparse (paper) | dense (exact)
+    target_agg: str = "log_mean"
+    target_eps: float = 1e-6
+    topk_backend: str = "auto"
+    attention_backend: str = "auto"  # flex | reference | auto (flex unless CPU autograd, unsupported there)
+    target_backend: str = "auto"  # flex | chunked | auto (flex on CUDA, chunked on CPU)
+    recall_queries: int = 8
+
+
+@dataclass
+class StudentRecord:
+    """Per-forward results, one entry per layer."""
+
+    boundary: dict = field(default_factory=dict)
+    recall: dict = field(default_factory=dict)
+    keep_rate: dict = field(default_factory=dict)
+
+
+_ACTIVE: list = [None]  # (scorer, log_gamma, settings, record) while a student forward runs
+
+
+@contextlib.contextmanager
+def student_forward(scorer, settings: StudentSettings, log_gamma: torch.Tensor | None = None):
+    """Run the model's forward under this context to get the sparse student and its losses."""
+    record = StudentRecord()
+    previous = _ACTIVE[0]
+    _ACTIVE[0] = (scorer, log_gamma, settings, record)
+    try:
+        yield record
+    finally:
+        _ACTIVE[0] = previous
+
+
+def topk_recall(student, teacher, sinks: int, window: int, n_queries: int) -> torch.Tensor:
+    """Mean over sampled queries of |TopK_student ∩ TopK_teacher| / |TopK_teacher| (paper Fig. 7)."""
+    S = student.rank.shape[-1]
+    first = sinks + window  # first query with an eligible token
+    if S <= first:
+        return torch.tensor(float("nan"))
+    q = torch.linspace(first, S - 1, n_queries, device=student.rank.device).round().long().unique()
+    t = torch.arange(S, device=q.device)
+    elig = (t[None, :] >= sinks) & (t[None, :] <= q[:, None] - window)  # [nq, S]
+
+    def kept(res):
+        return elig & (res.rank[..., None, :] <= res.cutoff[..., q][..., None])
+
+    ks, kt = kept(student), kept(teacher)
+    inter = (ks & kt).sum(-1).float()
+    denom = kt.sum(-1).float().clamp_min(1)
+    return (inter / denom).mean()
+
+
+def kvpop_train_attention(module, query, key, value, attention_mask, scaling=None, dropout: float = 0.0, **kwargs):
+    """query ``[b, Hq, S, d]``, key/value ``[b, Hkv, S, d]`` (whole sequences) -> (``[b, S, Hq, d]``, None)."""
+    active = _ACTIVE[0]
+    groups = query.shape[1] // key.shape[1]
+    if active is None:
+        mask = attention_mask if isinstance(attention_mask, torch.Tensor) else None
+        out = F.scaled_dot_product_attention(query, key.repeat_interleave(groups, 1),
+                                             value.repeat_interleave(groups, 1), attn_mask=mask, scale=scaling,
+                                             is_causal=mask is None and query.shape[2] > 1)
+        return out.transpose(1, 2).contiguous(), None
+    scorer, log_gamma, st, record = active
+    li = module.layer_idx
+    lg = None if log_gamma is None else log_gamma[li]
+    prio = sequence_priorities(scorer, li, key.detach(), value.detach(), st.window, lg, st.decay_step)
+    student = running_topk(prio.detach(), st.sinks, st.window, st.topk, backend=st.topk_backend)
+    backend = st.attention_backend
+    if backend == "auto":
+        needs_grad = torch.is_grad_enabled() and (query.requires_grad or key.requires_grad)
+        backend = "reference" if (query.device.type == "cpu" and needs_grad) else "flex"
+    attend = sparse_attention if backend == "flex" else sparse_attention_reference
+    out, lse = attend(query, key, value, student, st.sinks, st.window, scaling)
+    with torch.no_grad():
+        q_d, k_d = query.detach(), key.detach()
+        lse_used = lse.detach() if st.target_lse == "sparse" else dense_causal_lse(q_d, k_d, scaling)
+        backend = st.target_backend
+        if backend == "auto":
+            backend = "flex" if query.is_cuda else "chunked"
+        r_tgt = future_attention_target(q_d, k_d, lse_used, st.window, eps=st.target_eps, agg=st.target_agg,
+                                        scale=scaling, backend=backend)
+        S = r_tgt.shape[-1]
+        p_tgt = r_tgt
+        if lg is not None:
+            blocks = torch.div(torch.arange(S, device=r_tgt.device), st.decay_step, rounding_mode="floor").float()
+            p_tgt = r_tgt - blocks.view(1, 1, S) * lg.detach().float().view(1, -1, 1)
+        teacher = running_topk(p_tgt, st.sinks, st.window, st.topk, backend=st.topk_backend)
+        t_new = (torch.arange(S, device=prio.device) - st.window).view(1, 1, S).expand_as(teacher.boundary)
+        omega = None
+        valid = teacher.boundary >= 0
+        if "margin" in st.omega:
+            omega = margin_weights(p_tgt, t_new, teacher.boundary, valid=valid)
+        if "balance" in st.omega:
+            bal = balance_weights(teacher.keep_new, valid)
+            omega = bal if omega is None else omega * bal
+        record.recall[li] = topk_recall(student, teacher, st.sinks, st.window, st.recall_queries)
+        record.keep_rate[li] = teacher.keep_new[valid].float().mean() if valid.any() else torch.tensor(float("nan"))
+    record.boundary[li] = boundary_loss(prio, t_new, teacher.boundary, teacher.keep_new, tau=st.tau, omega=omega,
+                                        valid=valid)
+    return out.transpose(1, 2).contiguous(), None
+
+
+def _train_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mask_function=None,
+                attention_mask=None, **kwargs):
+    if attention_mask is not None and not bool(attention_mask.all()):
+        raise ValueError("KVpop training needs unpadded sequences (the sparse mask is defined on real token "
+                         "positions): batch sequences of equal length or use a batch size of 1.")
+    return None
+
+
+def register() -> None:
+    AttentionInterface.register(TRAIN_ATTN_NAME, kvpop_train_attention)
+    AttentionMaskInterface.register(TRAIN_ATTN_NAME, _train_mask)
+
+
+register()

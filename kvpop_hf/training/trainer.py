@@ -1,0 +1,270 @@
+"""KVpopTrainer: retrofit a causal LM with KVpop scorers at a fixed budget (KVpop, arXiv:2607.05061).
+
+Loss per batch: ``distill_weight * KL(teacher || student) + boundary_weight * mean_layers L_bnd``
+where the student runs the exact fixed-budget sparse attention (``"kvpop_train"``) and the
+teacher is the frozen dense model: a separate copy, or the same weights with LoRA adapters
+disabled when the student is a PEFT model. Scorer inputs are detached from the backbone.
+
+Every checkpoint directory holds the model (``config.json`` + ``model.safetensors``) *and* the
+scorer (``kvpop_config.json`` + ``kvpop_scorer.safetensors``), so
+``AutoModelForCausalLM.from_pretrained(d)`` and ``KVpopCache.from_pretrained(d)`` load from it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import json
+import math
+import os
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+from transformers import Trainer, TrainingArguments
+
+from .. import hub
+from ..cache import KVpopCache
+from ..config import KVpopConfig, model_shape
+from ..scorers import build_scorer
+from .losses import distillation_loss
+from .student import TRAIN_ATTN_NAME, StudentSettings, student_forward
+
+SCORER_ATTR = "kvpop_scorer"
+LOG_GAMMA_ATTR = "kvpop_log_gamma"
+
+
+@dataclass
+class KVpopTrainingArguments(TrainingArguments):
+    """`TrainingArguments` plus the KVpop budget, scorer and loss settings."""
+
+    sinks: int = field(default=4, metadata={"help": "s: first tokens always kept."})
+    window: int = field(default=256, metadata={"help": "w: protected recent window."})
+    topk: int = field(default=1788, metadata={"help": "k: long-range slots per KV head."})
+    scorer: str = field(default="mlstm", metadata={"help": "mlp | mlstm (learned scorers)."})
+    scorer_kwargs: str = field(default="{}", metadata={"help": "JSON dict of scorer options, e.g. '{\"state_dim\": 32}'."})
+    log_gamma: float | None = field(default=None, metadata={"help": "Initial log decay per head (<0); None: no decay."})
+    learn_decay: bool = field(default=False, metadata={"help": "Learn the per-head decay gamma_h."})
+    decay_step: int = field(default=64, metadata={"help": "n: decay block size."})
+    tau: float = field(default=1.0, metadata={"help": "Boundary loss temperature."})
+    omega: str = field(default="none", metadata={"help": "Boundary loss weights: none | margin | balance | margin+balance."})
+    boundary_weight: float = field(default=1.0)
+    distill_weight: float = field(default=1.0)
+    distill_temperature: float = field(default=1.0)
+    target_lse: str = field(default="sparse", metadata={"help": "sparse (paper's approximation) | dense (exact)."})
+    target_agg: str = field(default="log_mean", metadata={"help": "log_mean | mean_log (over query heads)."})
+    scorer_learning_rate: float | None = field(default=None, metadata={"help": "Scorer LR (default: learning_rate)."})
+    train_backbone: bool = field(default=True, metadata={"help": "False: train the scorer only (no teacher needed)."})
+    topk_backend: str = field(default="auto")
+
+    def __post_init__(self):
+        super().__post_init__()
+        self.remove_unused_columns = False
+        KVpopConfig(sinks=self.sinks, window=self.window, topk=self.topk, scorer=self.scorer,
+                    log_gamma=self.log_gamma, decay_step=self.decay_step)  # validates
+        if self.scorer not in ("mlp", "mlstm"):
+            raise ValueError(f"KVpopTrainer trains learned scorers: scorer must be 'mlp' or 'mlstm', got {self.scorer!r}.")
+        if self.omega not in ("none", "margin", "balance", "margin+balance"):
+            raise ValueError(f"omega must be none | margin | balance | margin+balance, got {self.omega!r}.")
+        if self.target_lse not in ("sparse", "dense"):
+            raise ValueError(f"target_lse must be 'sparse' or 'dense', got {self.target_lse!r}.")
+        if self.learn_decay and self.log_gamma is None:
+            raise ValueError("learn_decay=True needs an initial log_gamma (< 0).")
+        try:
+            kwargs = json.loads(self.scorer_kwargs) if isinstance(self.scorer_kwargs, str) else dict(self.scorer_kwargs)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"scorer_kwargs must be a JSON object: {err}") from err
+        self.scorer_kwargs = json.dumps(kwargs)
+
+    def kvpop_config(self, model_config) -> KVpopConfig:
+        layers, heads, head_dim = model_shape(model_config)
+        return KVpopConfig(sinks=self.sinks, window=self.window, topk=self.topk, scorer=self.scorer,
+                           scorer_kwargs=json.loads(self.scorer_kwargs), log_gamma=self.log_gamma,
+                           decay_step=self.decay_step, num_layers=layers, num_kv_heads=heads, head_dim=head_dim,
+                           base_model=getattr(model_config, "_name_or_path", None) or None)
+
+
+def _base_model(model):
+    """The transformers model under PEFT / DDP wrappers."""
+    model = getattr(model, "module", model)
+    if hasattr(model, "get_base_model"):
+        model = model.get_base_model()
+    return model
+
+
+class KVpopTrainer(Trainer):
+    """A `transformers.Trainer` that retrofits KVpop scorers (and optionally distils the backbone).
+
+    Args:
+        model: the causal LM to retrofit (a PEFT LoRA model is supported).
+        args: `KVpopTrainingArguments`.
+        teacher_model: the frozen dense teacher. Default: the same model with adapters disabled for
+            PEFT models, else a frozen deep copy (not needed when ``train_backbone=False``).
+        scorer: an existing `Scorer` to continue training (default: a fresh one from ``args``).
+    """
+
+    loss_is_scaled_for_ga = False  # we return the mean loss of one micro-batch
+
+    def __init__(self, model=None, args: KVpopTrainingArguments = None, teacher_model=None, scorer=None, **kwargs):
+        if not isinstance(args, KVpopTrainingArguments):
+            raise ValueError("KVpopTrainer needs `args=KVpopTrainingArguments(...)`.")
+        base = _base_model(model)
+        self.kvpop_config = args.kvpop_config(base.config)
+        cfg = self.kvpop_config
+        if scorer is None:
+            scorer = build_scorer(cfg.scorer, cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, **cfg.scorer_kwargs)
+        scorer.requires_grad_(True)
+        # the scorer lives inside the model so that optimisers, DDP/FSDP and checkpoints see it
+        base.add_module(SCORER_ATTR, scorer)
+        if args.log_gamma is not None:
+            lg = torch.full((cfg.num_layers, cfg.num_kv_heads), float(args.log_gamma))
+            base.register_parameter(LOG_GAMMA_ATTR, nn.Parameter(lg, requires_grad=args.learn_decay))
+        self.is_peft = hasattr(model, "disable_adapter")
+        if not args.train_backbone:
+            for name, p in base.named_parameters():
+                if not name.startswith((SCORER_ATTR, LOG_GAMMA_ATTR)):
+                    p.requires_grad_(False)
+            teacher_model = None
+        elif teacher_model is None and not self.is_peft and args.distill_weight > 0:
+            teacher_model = copy.deepcopy(base)
+            for attr in (SCORER_ATTR, LOG_GAMMA_ATTR):
+                if hasattr(teacher_model, attr):
+                    delattr(teacher_model, attr)
+        if teacher_model is not None:
+            teacher_model.requires_grad_(False).eval()
+        self.teacher_model = teacher_model
+        base.set_attn_implementation(TRAIN_ATTN_NAME)
+        super().__init__(model=model, args=args, **kwargs)
+        self.model_accepts_loss_kwargs = False
+        self.settings = StudentSettings(sinks=args.sinks, window=args.window, topk=args.topk,
+                                        decay_step=args.decay_step, tau=args.tau, omega=args.omega,
+                                        target_lse=args.target_lse, target_agg=args.target_agg,
+                                        topk_backend=args.topk_backend)
+        self._kvpop_logs: dict[str, list[float]] = {}
+
+    # -- parts --------------------------------------------------------------------------------
+    @property
+    def scorer(self):
+        return getattr(_base_model(self.model), SCORER_ATTR)
+
+    def _log_gamma(self, model):
+        return getattr(_base_model(model), LOG_GAMMA_ATTR, None)
+
+    def create_optimizer(self, model=None):
+        if self.optimizer is None and self.args.scorer_learning_rate is not None:
+            scorer_params = [p for n, p in self.model.named_parameters()
+                             if p.requires_grad and (SCORER_ATTR in n or LOG_GAMMA_ATTR in n)]
+            ids = {id(p) for p in scorer_params}
+            other = [p for p in self.model.parameters() if p.requires_grad and id(p) not in ids]
+            optim_cls, optim_kwargs = Trainer.get_optimizer_cls_and_kwargs(self.args, self.model)
+            groups = [{"params": scorer_params, "lr": self.args.scorer_learning_rate, "weight_decay": 0.0}]
+            if other:
+                groups.append({"params": other, "weight_decay": self.args.weight_decay})
+            self.optimizer = optim_cls(groups, **optim_kwargs)
+            return self.optimizer
+        return super().create_optimizer(model) if model is not None else super().create_optimizer()
+
+    def _teacher_logits(self, model, inputs):
+        with torch.no_grad():
+            if self.teacher_model is not None:
+                return self.teacher_model(input_ids=inputs["input_ids"]).logits
+            if self.is_peft:
+                with model.disable_adapter() if hasattr(model, "disable_adapter") else \
+                        getattr(model, "module", model).disable_adapter():
+                    return model(input_ids=inputs["input_ids"]).logits
+        return None
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        ids = inputs["input_ids"]
+        self.max_seq_len_seen = max(getattr(self, "max_seq_len_seen", 0), ids.shape[1])
+        mask = inputs.get("attention_mask")
+        if mask is not None and not bool(mask.all()):
+            raise ValueError("KVpopTrainer needs unpadded batches (the eviction contract is defined on real "
+                             "token positions): use equal-length sequences per batch or batch size 1.")
+        args = self.args
+        teacher_logits = self._teacher_logits(model, inputs) if args.distill_weight > 0 and args.train_backbone else None
+        with student_forward(self.scorer, self.settings, self._log_gamma(model)) as record:
+            outputs = model(input_ids=ids)
+        logits = outputs.logits
+        labels = inputs.get("labels")
+        token_mask = None
+        if labels is not None:
+            token_mask = torch.zeros_like(labels, dtype=torch.bool)
+            token_mask[:, :-1] = labels[:, 1:] != -100  # positions that predict a supervised token
+        b_loss = torch.stack(list(record.boundary.values())).mean()
+        loss = args.boundary_weight * b_loss
+        logs = {"boundary_loss": b_loss.item()}
+        if teacher_logits is not None:
+            d_loss = distillation_loss(logits, teacher_logits, args.distill_temperature, token_mask)
+            loss = loss + args.distill_weight * d_loss
+            logs["distill_loss"] = d_loss.item()
+        elif not args.train_backbone and labels is not None:
+            with torch.no_grad():
+                lm = nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten(),
+                                                 ignore_index=-100)
+            logs["student_lm_loss"] = lm.item()
+        recalls = torch.stack([r for r in record.recall.values()])
+        logs["topk_recall"] = recalls.nanmean().item()
+        for li, r in record.recall.items():
+            logs[f"topk_recall/layer_{li}"] = r.item()
+        logs["teacher_keep_rate"] = torch.stack(list(record.keep_rate.values())).nanmean().item()
+        for key, value in logs.items():
+            self._kvpop_logs.setdefault(key, []).append(value)
+        return (loss, outputs) if return_outputs else loss
+
+    def log(self, logs, start_time=None):
+        for key, values in self._kvpop_logs.items():
+            finite = [v for v in values if not math.isnan(v)]
+            if finite:
+                logs[key] = sum(finite) / len(finite)
+        self._kvpop_logs = {}
+        if start_time is None:
+            return super().log(logs)
+        return super().log(logs, start_time)
+
+    # -- checkpoints: model files + KVpop files in the same directory -------------------------------
+    def kvpop_cache(self) -> KVpopCache:
+        """A `KVpopCache` with the current scorer (a copy), ready for `model.generate`."""
+        cache = KVpopCache(scorer=copy.deepcopy(self.scorer).float(), kvpop_config=copy.deepcopy(self.kvpop_config))
+        lg = self._log_gamma(self.model)
+        if lg is not None:
+            cache.log_gamma = lg.detach().float().cpu().clone()
+        return cache
+
+    def _save(self, output_dir=None, state_dict=None):
+        output_dir = output_dir if output_dir is not None else self.args.output_dir
+        if state_dict is None:
+            state_dict = self.model.state_dict()
+        state_dict = {k: v for k, v in state_dict.items() if SCORER_ATTR not in k and LOG_GAMMA_ATTR not in k}
+        base = _base_model(self.model)
+        scorer = base._modules.pop(SCORER_ATTR)
+        lg = base._parameters.pop(LOG_GAMMA_ATTR, None)
+        attn = base.config._attn_implementation
+        base.config._attn_implementation = "sdpa"  # the saved config loads anywhere
+        try:
+            super()._save(output_dir, state_dict=state_dict)
+        finally:
+            base.config._attn_implementation = attn
+            base.add_module(SCORER_ATTR, scorer)
+            if lg is not None:
+                base.register_parameter(LOG_GAMMA_ATTR, lg)
+        hub.save(output_dir, self.kvpop_config, scorer, None if lg is None else lg.detach())
+
+    def _load_from_checkpoint(self, resume_from_checkpoint, model=None):
+        super()._load_from_checkpoint(resume_from_checkpoint, model)
+        _, state, log_gamma = hub.load(resume_from_checkpoint)
+        hub.load_scorer_state(self.scorer, state, resume_from_checkpoint)
+        lg = self._log_gamma(self.model)
+        if lg is not None and log_gamma is not None:
+            with torch.no_grad():
+                lg.copy_(log_gamma)
+
+    def create_model_card(self, **kwargs):
+        from .model_card import write_model_card
+
+        if self.is_world_process_zero():
+            write_model_card(self, **kwargs)
+
+    def push_to_hub(self, commit_message="End of KVpop retrofit", blocking=True, **kwargs):
+        """Saves the model, the scorer and a model card, then uploads them (see `Trainer.push_to_hub`)."""
+        return super().push_to_hub(commit_message=commit_message, blocking=blocking, **kwargs)

@@ -1,0 +1,123 @@
+"""KVpopTrainer on tiny random-init models (CPU)."""
+
+import copy
+import json
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from helpers import distinct_ids, tiny_model
+from kvpop_hf import KVpopCache
+from kvpop_hf.training import KVpopTrainer, KVpopTrainingArguments, StudentSettings, student_forward
+
+BUDGET = dict(sinks=2, window=5, topk=6)
+
+
+def dataset(n=8, length=40, seed=0):
+    ids = distinct_ids(n, length, seed=seed)
+    return [{"input_ids": r, "labels": r.clone()} for r in ids]
+
+
+def args(tmp_path, **kw):
+    base = dict(output_dir=str(tmp_path / "out"), per_device_train_batch_size=2, max_steps=3, learning_rate=1e-3,
+                logging_steps=1, save_strategy="no", report_to=[], use_cpu=True, disable_tqdm=True, seed=0,
+                scorer="mlstm", scorer_kwargs='{"state_dim": 8}', **BUDGET)
+    base.update(kw)
+    return KVpopTrainingArguments(**base)
+
+
+def test_student_forward_matches_cache():
+    model = tiny_model("qwen3")
+    ids = distinct_ids(2, 36)
+    for scorer in ("mlp", "mlstm"):
+        cache = KVpopCache(model.config, scorer=scorer, log_gamma=-0.3, decay_step=4, **BUDGET)
+        with torch.no_grad():
+            expect = model(ids, past_key_values=cache).logits
+        model.set_attn_implementation("kvpop_train")
+        for backend in ("flex", "reference"):
+            st = StudentSettings(decay_step=4, attention_backend=backend, **BUDGET)
+            with torch.no_grad(), student_forward(cache.scorer, st, cache.log_gamma) as rec:
+                got = model(ids).logits
+            torch.testing.assert_close(got, expect, atol=2e-5, rtol=0)
+            assert set(rec.boundary) == {0, 1} and all(torch.isfinite(v) for v in rec.boundary.values())
+        model.set_attn_implementation("kvpop")
+
+
+def test_train_save_load_resume(tmp_path):
+    model = tiny_model("qwen3", attn="sdpa")
+    a = args(tmp_path, save_strategy="steps", save_steps=3)
+    trainer = KVpopTrainer(model=model, args=a, train_dataset=dataset())
+    before = copy.deepcopy(trainer.scorer.state_dict())
+    trainer.train()
+    logs = [e for e in trainer.state.log_history if "boundary_loss" in e]
+    assert logs and all(k in logs[0] for k in ("distill_loss", "topk_recall", "topk_recall/layer_1", "loss"))
+    assert any(not torch.equal(before[k], v) for k, v in trainer.scorer.state_dict().items())
+    ckpt = tmp_path / "out" / "checkpoint-3"
+    lm = AutoModelForCausalLM.from_pretrained(ckpt)
+    cache = KVpopCache.from_pretrained(ckpt, lm.config)
+    for k, v in trainer.scorer.state_dict().items():
+        assert torch.equal(cache.scorer.state_dict()[k], v.float())
+    assert json.loads((ckpt / "kvpop_config.json").read_text())["topk"] == BUDGET["topk"]
+    lm.set_attn_implementation("kvpop")
+    out = lm.generate(distinct_ids(1, 20), past_key_values=cache, max_new_tokens=5, do_sample=False, pad_token_id=0)
+    assert out.shape[1] == 25
+    # resume continues from the checkpoint with the same scorer weights
+    model2 = tiny_model("qwen3", attn="sdpa", seed=1)
+    t2 = KVpopTrainer(model=model2, args=args(tmp_path, max_steps=4), train_dataset=dataset())
+    t2.train(resume_from_checkpoint=str(ckpt))
+    assert t2.state.global_step == 4
+
+
+def test_gradient_accumulation_scaling(tmp_path):
+    def scorer_after(bs, ga):
+        model = tiny_model("qwen3", attn="sdpa")
+        a = args(tmp_path, per_device_train_batch_size=bs, gradient_accumulation_steps=ga, max_steps=1,
+                 optim="sgd", learning_rate=1.0, max_grad_norm=0.0, lr_scheduler_type="constant")
+        t = KVpopTrainer(model=model, args=a, train_dataset=dataset(n=4))
+        t.train()
+        return t.scorer.state_dict(), dict(t.model.named_parameters())["lm_head.weight"].detach()
+
+    s1, w1 = scorer_after(4, 1)
+    s2, w2 = scorer_after(2, 2)
+    for k in s1:
+        torch.testing.assert_close(s1[k], s2[k], atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(w1, w2, atol=1e-5, rtol=1e-4)
+
+
+def test_lora_student_uses_adapter_free_teacher(tmp_path):
+    peft = pytest.importorskip("peft")
+    model = tiny_model("qwen3", attn="sdpa")
+    lora = peft.get_peft_model(model, peft.LoraConfig(r=4, target_modules=["q_proj", "v_proj"]))
+    t = KVpopTrainer(model=lora, args=args(tmp_path, max_steps=2), train_dataset=dataset())
+    assert t.teacher_model is None and t.is_peft
+    t.train()
+    assert "distill_loss" in t.state.log_history[0]
+
+
+def test_scorer_only_training_learns_the_boundary(tmp_path):
+    model = tiny_model("qwen3", attn="sdpa")
+    data = dataset(n=2, length=48) * 8
+    a = args(tmp_path, train_backbone=False, max_steps=30, learning_rate=1e-2, per_device_train_batch_size=2,
+             scorer="mlp", scorer_kwargs="{}")
+    before = copy.deepcopy(model.lm_head.weight.detach())
+    t = KVpopTrainer(model=model, args=a, train_dataset=data)
+    t.train()
+    assert torch.equal(model.lm_head.weight.detach(), before)  # backbone frozen
+    hist = [e for e in t.state.log_history if "boundary_loss" in e]
+    first, last = sum(e["boundary_loss"] for e in hist[:5]) / 5, sum(e["boundary_loss"] for e in hist[-5:]) / 5
+    assert last < first
+
+
+def test_bad_arguments(tmp_path):
+    with pytest.raises(ValueError, match="learned scorers"):
+        args(tmp_path, scorer="knorm")
+    with pytest.raises(ValueError, match="omega"):
+        args(tmp_path, omega="nope")
+    with pytest.raises(ValueError, match="window"):
+        args(tmp_path, window=0)
+    model = tiny_model("qwen3", attn="sdpa")
+    t = KVpopTrainer(model=model, args=args(tmp_path), train_dataset=dataset())
+    batch = {"input_ids": distinct_ids(2, 10), "attention_mask": torch.tensor([[1] * 10, [0] + [1] * 9])}
+    with pytest.raises(ValueError, match="unpadded"):
+        t.compute_loss(t.model, batch)
