@@ -60,6 +60,10 @@ class KVpopTrainingArguments(TrainingArguments):
     def __post_init__(self):
         super().__post_init__()
         self.remove_unused_columns = False
+        if self.ddp_find_unused_parameters is None:
+            # the scorer's gradient flows through the boundary loss, not through the logits, so DDP's
+            # unused-parameter search (which walks back from the outputs) would mark it ready twice
+            self.ddp_find_unused_parameters = False
         KVpopConfig(sinks=self.sinks, window=self.window, topk=self.topk, scorer=self.scorer,
                     log_gamma=self.log_gamma, decay_step=self.decay_step)  # validates
         if self.scorer not in ("mlp", "mlstm"):

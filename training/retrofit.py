@@ -1,0 +1,106 @@
+"""Retrofit a causal LM with KVpop scorers at a fixed budget (command-line front end of KVpopTrainer).
+
+Examples::
+
+    # the testbed teacher, generated reasoning traces, mLSTM scorer at B = 4 + 64 + 188
+    python training/retrofit.py --model checkpoints/teacher --dataset testbed:reasoning --seq_len 2048 \
+        --sinks 4 --window 64 --topk 188 --scorer mlstm --output_dir out/kvpop --max_steps 200
+
+    # your own model and a JSONL file with a "text" field per line, on several GPUs
+    accelerate launch --config_file training/accelerate_ddp.yaml training/retrofit.py \
+        --model Qwen/Qwen3-4B --dataset data.jsonl --seq_len 16384 --topk 1788 --output_dir out/q4b
+
+All `KVpopTrainingArguments` / `TrainingArguments` flags are accepted (``--help`` lists them).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, HfArgumentParser
+
+from kvpop_hf.training import KVpopTrainer, KVpopTrainingArguments
+
+
+@dataclass
+class ScriptArguments:
+    model: str = field(metadata={"help": "Model directory or Hub id (loaded with AutoModelForCausalLM)."})
+    dataset: str = field(default="testbed:reasoning", metadata={
+        "help": "testbed:<family>[,<family>...] (generated) or a .jsonl file with a 'text' field."})
+    seq_len: int = field(default=2048, metadata={"help": "Training sequence length (all sequences equal)."})
+    num_examples: int | None = field(default=None, metadata={"help": "Examples to build (default: enough for max_steps)."})
+    problem_seed: int = field(default=1234, metadata={"help": "Seed of the generated testbed problems."})
+    lora_rank: int = field(default=0, metadata={"help": ">0: train a LoRA student (teacher = adapters disabled)."})
+    dtype: str = field(default="float32", metadata={"help": "Model weights dtype: float32 | bfloat16."})
+
+
+def testbed_examples(families, tokenizer, seq_len, n, seed):
+    from kvpop_hf.testbed import make_problem, training_example
+
+    rng = random.Random(seed)
+    out = []
+    while len(out) < n:
+        family = families[len(out) % len(families)]
+        problem = make_problem(family, length=seq_len, seed=rng.randrange(1 << 30))
+        ex = training_example(problem, tokenizer, mode="trace")
+        ids, labels = ex["input_ids"], ex["labels"]
+        if len(ids) < seq_len:
+            continue  # generator undershot: skip rather than pad
+        out.append({"input_ids": torch.tensor(ids[:seq_len]), "labels": torch.tensor(labels[:seq_len])})
+    return out
+
+
+def jsonl_examples(path, tokenizer, seq_len, n):
+    """Concatenate documents (separated by EOS) and cut them into blocks of `seq_len` tokens."""
+    buf, out = [], []
+    with open(path) as fh:
+        for line in fh:
+            text = json.loads(line)["text"]
+            buf.extend(tokenizer(text, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id])
+            while len(buf) >= seq_len and len(out) < n:
+                block = torch.tensor(buf[:seq_len])
+                out.append({"input_ids": block, "labels": block.clone()})
+                buf = buf[seq_len:]
+            if len(out) >= n:
+                break
+    if not out:
+        raise ValueError(f"{path} holds fewer than seq_len={seq_len} tokens; lower --seq_len.")
+    return out
+
+
+def main(argv=None):
+    parser = HfArgumentParser((ScriptArguments, KVpopTrainingArguments))
+    script, args = parser.parse_args_into_dataclasses(args=argv)
+    tokenizer = AutoTokenizer.from_pretrained(script.model)
+    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[script.dtype]
+    model = AutoModelForCausalLM.from_pretrained(script.model, dtype=dtype)
+    n = script.num_examples or max(1, args.max_steps) * args.per_device_train_batch_size * \
+        args.gradient_accumulation_steps * max(1, args.world_size)
+    if script.dataset.startswith("testbed:"):
+        families = script.dataset.split(":", 1)[1].split(",")
+        data = testbed_examples(families, tokenizer, script.seq_len, n, script.problem_seed)
+    elif Path(script.dataset).is_file():
+        data = jsonl_examples(script.dataset, tokenizer, script.seq_len, n)
+    else:
+        raise ValueError(f"--dataset {script.dataset!r} is neither testbed:<families> nor an existing .jsonl file.")
+    if script.lora_rank > 0:
+        import peft
+
+        model = peft.get_peft_model(model, peft.LoraConfig(r=script.lora_rank, lora_alpha=2 * script.lora_rank,
+                                                            target_modules=["q_proj", "k_proj", "v_proj", "o_proj"]))
+    trainer = KVpopTrainer(model=model, args=args, train_dataset=data, processing_class=tokenizer)
+    trainer.train(resume_from_checkpoint=args.resume_from_checkpoint)
+    trainer.save_model()
+    trainer.create_model_card(dataset=script.dataset, reference_length=script.seq_len)
+    if args.push_to_hub:
+        trainer.push_to_hub()
+    return trainer
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
