@@ -248,8 +248,8 @@ def test_extract_answer_robust():
 # ------------------------------------------------------------------ tokenizer
 def test_tokenizer_basics(tok):
     assert 300 <= len(tok) <= 2500
-    assert tok.convert_ids_to_tokens(tok("x17 = 4 .")["input_ids"]) == \
-        ["<bos>", "x", "##1", "##7", "=", "4", "."]
+    assert tok.convert_ids_to_tokens(tok("x17 = 4 .")["input_ids"]) == ["<bos>", "x17", "=", "4", "."]
+    assert tok.convert_ids_to_tokens(tok("x300 = 42")["input_ids"]) == ["<bos>", "x30", "##0", "=", "4", "##2"]
     assert tok.pad_token == "<pad>" and tok.eos_token == "<eos>" and tok.bos_token == "<bos>"
     assert "token_type_ids" not in tok("a b")
 

@@ -14,8 +14,8 @@ from the pieces defined here:
 
 Canonical text is whitespace separated: punctuation is always written as a
 separate word (``x17 = 4 .``), and the only multi-character words that are
-split into several tokens are numbers, ``x``/``y``/``z`` variable names and
-UUID-like strings.
+split into several tokens are numbers, variable names beyond ``x255`` and
+UUID-like strings (``x0``..``x255``, ``y0``.., ``z0``.. are single tokens).
 """
 
 from __future__ import annotations
@@ -33,6 +33,9 @@ DIGITS = list("0123456789")
 HEX_LETTERS = list("abcdef")
 # single letters that start variable names (x17, y3, z40)
 NAME_LETTERS = ["x", "y", "z"]
+# whole variable names are single tokens (WordPiece matches the longest piece first), so a small
+# model can look a fact up by matching one token instead of a spelled-out name
+NAME_WORDS = [f"{letter}{i}" for letter in NAME_LETTERS for i in range(256)]
 
 PUNCT = [".", ",", ":", ";", "?", "=", "+", "-", "(", ")"]
 
@@ -99,6 +102,7 @@ def vocabulary() -> list[str]:
     toks += NAME_LETTERS
     toks += [CONT + "-"]  # hyphen inside UUID-like strings
     toks += PUNCT
+    toks += NAME_WORDS
     toks += FIXED_WORDS
     toks += PSEUDO_WORDS
     if len(set(toks)) != len(toks):  # pragma: no cover - guards edits above

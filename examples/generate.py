@@ -1,0 +1,256 @@
+"""Quick start: generate with a fixed-budget KVpopCache and compare with a DynamicCache.
+
+    python examples/generate.py                       # tiny random-init Qwen3, no download, CPU, < 60 s
+    python examples/generate.py --scorer mlstm --prompt-len 1024 --max-new-tokens 256
+    python examples/generate.py --checkpoint checkpoints/teacher   # a trained model + its tokenizer
+
+Without a checkpoint (the default unless ``checkpoints/teacher`` holds a ``config.json`` and a
+tokenizer) the model is a small random-init Qwen3 fed random token ids: the text is meaningless,
+but the cache mechanics (fixed budget, memory, speed, agreement with a full cache) are real.
+With a checkpoint the prompt is a ``reasoning`` problem from ``kvpop_hf.testbed`` and the script
+prints the reference answer and the answers extracted from both generations.
+
+The model runs with ``attn_implementation="kvpop"``, so every query of the prompt sees exactly its
+own fixed-budget set per KV head (the same set it would see when decoding token by token).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+import warnings
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+from transformers import AutoModelForCausalLM, DynamicCache, Qwen3Config
+from transformers.generation.streamers import BaseStreamer
+
+from kvpop_hf import SCORERS, KVpopCache  # importing kvpop_hf registers attn_implementation="kvpop"
+
+REPO = Path(__file__).resolve().parents[1]
+DEFAULT_CHECKPOINT = REPO / "checkpoints" / "teacher"
+# transformers >= 5.2x renames generate's `past_key_values` to `cache` (FutureWarning); the old name still
+# works and is the one every supported version (>= 5.17) accepts.
+warnings.filterwarnings("ignore", message=r".*`past_key_values` is deprecated.*", category=FutureWarning)
+
+
+class TqdmStreamer(BaseStreamer):
+    """Advances a tqdm bar once per generated token and records when each token arrived."""
+
+    def __init__(self, total: int, desc: str):
+        self.bar = tqdm(total=total, desc=desc, unit="tok", leave=True, dynamic_ncols=True)
+        self.times: list[float] = []
+        self._prompt_seen = False
+        self.start = time.perf_counter()
+
+    def put(self, value):
+        if not self._prompt_seen:  # generate() first hands over the prompt
+            self._prompt_seen = True
+            return
+        self.times.append(time.perf_counter())
+        self.bar.update(1)
+
+    def end(self):
+        self.bar.close()
+
+    def per_token_seconds(self) -> float:
+        """Median time between consecutive generated tokens (excludes the prefill + first token)."""
+        gaps = [b - a for a, b in zip(self.times, self.times[1:])]
+        return statistics.median(gaps) if gaps else float("nan")
+
+    def first_token_seconds(self) -> float:
+        return self.times[0] - self.start if self.times else float("nan")
+
+
+def has_checkpoint(path: Path) -> bool:
+    tok_files = ("tokenizer.json", "tokenizer_config.json")
+    return (path / "config.json").is_file() and any((path / f).is_file() for f in tok_files)
+
+
+def tiny_qwen3(args) -> torch.nn.Module:
+    torch.manual_seed(args.seed)
+    cfg = Qwen3Config(vocab_size=args.vocab, hidden_size=args.hidden, intermediate_size=2 * args.hidden,
+                      num_hidden_layers=args.layers, num_attention_heads=args.heads,
+                      num_key_value_heads=args.kv_heads, head_dim=args.head_dim,
+                      max_position_embeddings=max(4096, args.prompt_len + args.max_new_tokens + 8),
+                      bos_token_id=None, eos_token_id=None, pad_token_id=0)
+    model = AutoModelForCausalLM.from_config(cfg, attn_implementation="kvpop")
+    with torch.no_grad():  # random norm gains -> keys of distinct norms, so "knorm" has something to rank
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.copy_(0.5 + torch.rand_like(p))
+    return model.eval()
+
+
+def cache_bytes_dynamic(cache: DynamicCache) -> int:
+    total = 0
+    for layer in cache.layers:
+        for t in (getattr(layer, "keys", None), getattr(layer, "values", None)):
+            if isinstance(t, torch.Tensor):
+                total += t.numel() * t.element_size()
+    return total
+
+
+def fmt_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
+        n /= 1024
+    return str(n)
+
+
+def run_generate(model, ids, cache, args, desc, eos_token_id, pad_token_id):
+    streamer = TqdmStreamer(args.max_new_tokens, desc)
+    gen = dict(max_new_tokens=args.max_new_tokens, do_sample=False, pad_token_id=pad_token_id,
+               eos_token_id=eos_token_id, streamer=streamer, attention_mask=torch.ones_like(ids))
+    if eos_token_id is None:
+        gen["min_new_tokens"] = args.max_new_tokens
+    if args.prefill_chunk_size:
+        gen["prefill_chunk_size"] = args.prefill_chunk_size
+    t0 = time.perf_counter()
+    with torch.inference_mode():
+        out = model.generate(ids, past_key_values=cache, **gen)
+    wall = time.perf_counter() - t0
+    return out[0, ids.shape[1]:], streamer, wall
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--scorer", default="knorm", choices=sorted(SCORERS))
+    ap.add_argument("--sinks", type=int, default=4)
+    ap.add_argument("--window", type=int, default=64)
+    ap.add_argument("--topk", type=int, default=128)
+    ap.add_argument("--max-new-tokens", type=int, default=512)
+    ap.add_argument("--prompt-len", type=int, default=None,
+                    help="prompt tokens of random ids (default 128), or the testbed problem length with a "
+                         "checkpoint (default 512; the reasoning family needs >= ~170)")
+    ap.add_argument("--prefill-chunk-size", type=int, default=0, help="0: prefill the prompt in one forward")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--checkpoint", default=str(DEFAULT_CHECKPOINT),
+                    help="model dir with config.json + tokenizer; used only if it exists")
+    ap.add_argument("--random-model", action="store_true", help="ignore --checkpoint even if it exists")
+    ap.add_argument("--no-compare", action="store_true", help="skip the DynamicCache reference run")
+    g = ap.add_argument_group("random-init model shape (no checkpoint)")
+    g.add_argument("--vocab", type=int, default=1024)
+    g.add_argument("--hidden", type=int, default=256)
+    g.add_argument("--layers", type=int, default=4)
+    g.add_argument("--heads", type=int, default=8)
+    g.add_argument("--kv-heads", type=int, default=2)
+    g.add_argument("--head-dim", type=int, default=32)
+    args = ap.parse_args(argv)
+
+    ckpt = Path(args.checkpoint)
+    problem = tokenizer = None
+    if not args.random_model and has_checkpoint(ckpt):
+        from transformers import AutoTokenizer
+
+        from kvpop_hf.testbed import make_problem
+        from kvpop_hf.testbed.tokenizer import encode_plain
+
+        print(f"model: {ckpt} (checkpoint)")
+        tokenizer = AutoTokenizer.from_pretrained(ckpt)
+        model = AutoModelForCausalLM.from_pretrained(ckpt, attn_implementation="kvpop", dtype=torch.float32).eval()
+        problem = make_problem("reasoning", length=args.prompt_len or 512, seed=args.seed)
+        bos = [tokenizer.bos_token_id] if tokenizer.bos_token_id is not None else []
+        ids = torch.tensor([bos + encode_plain(tokenizer, problem.prompt)])
+        eos_token_id = tokenizer.eos_token_id
+        pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_token_id
+    else:
+        args.prompt_len = args.prompt_len or 128
+        if not args.random_model:
+            print(f"({ckpt} has no config.json + tokenizer: using a random-init model)")
+        model = tiny_qwen3(args)
+        n_params = sum(p.numel() for p in model.parameters())
+        print(f"model: random-init Qwen3, {args.layers} layers, hidden {args.hidden}, {args.heads} q heads / "
+              f"{args.kv_heads} KV heads x {args.head_dim}, vocab {args.vocab} ({n_params / 1e6:.1f} M params)")
+        g_ids = torch.Generator().manual_seed(args.seed)
+        ids = torch.randint(1, args.vocab, (1, args.prompt_len), generator=g_ids)
+        eos_token_id, pad_token_id = None, 0
+
+    cache = KVpopCache(model.config, sinks=args.sinks, window=args.window, topk=args.topk, scorer=args.scorer)
+    B = cache.budget
+    n_prompt = ids.shape[1]
+    print(f"budget: B = sinks {args.sinks} + window {args.window} + topk {args.topk} = {B} entries per layer "
+          f"and KV head; scorer {args.scorer!r}")
+    print(f"prompt: {n_prompt} tokens; max new tokens: {args.max_new_tokens}; torch threads: "
+          f"{torch.get_num_threads()}")
+
+    new_kv, st_kv, wall_kv = run_generate(model, ids, cache, args, f"KVpopCache({args.scorer})",
+                                          eos_token_id, pad_token_id)
+    n_new = len(new_kv)
+    seen = cache.get_seq_length()
+    stored = torch.stack([(cache.stored_positions(i) >= 0).sum(-1) for i in range(len(cache.layers))])
+    kv_bytes = cache.memory_bytes()
+    kv_only = sum(l.keys.numel() * l.keys.element_size() + l.values.numel() * l.values.element_size()
+                  for l in cache.layers if l.is_initialized)
+
+    dyn_new = dyn_bytes = st_dyn = wall_dyn = None
+    if not args.no_compare:
+        dyn = DynamicCache(config=model.config)
+        old_attn = model.config._attn_implementation
+        model.set_attn_implementation("sdpa")  # the stock path a DynamicCache user would run
+        try:
+            dyn_new, st_dyn, wall_dyn = run_generate(model, ids, dyn, args, "DynamicCache", eos_token_id,
+                                                     pad_token_id)
+        finally:
+            model.set_attn_implementation(old_attn)
+        dyn_bytes = cache_bytes_dynamic(dyn)
+
+    # the bytes a DynamicCache holds for this sequence: every seen token, keys + values, all layers / KV heads
+    cfg = cache.kvpop_config
+    elem = next(l for l in cache.layers if l.is_initialized).keys.element_size()
+    dyn_bytes_formula = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * seen * elem
+
+    print()
+    print("== KVpopCache ==")
+    print(f"tokens generated:            {n_new}")
+    print(f"tokens seen per head:        {seen}  (prompt {n_prompt} + generated {n_new} - 1 not yet cached)")
+    print(f"entries stored per head:     min {int(stored.min())} / max {int(stored.max())}  (budget {B}; "
+          f"{len(cache.layers)} layers x {cfg.num_kv_heads} KV heads)")
+    print(f"cache bytes (KVpop):         {fmt_bytes(kv_bytes)} total, of which keys+values {fmt_bytes(kv_only)} "
+          f"(the rest: positions, priorities, scorer state)")
+    if dyn_bytes is not None:
+        print(f"cache bytes (DynamicCache):  {fmt_bytes(dyn_bytes)} measured for the same sequence "
+              f"-> KVpop holds {kv_bytes / dyn_bytes:.1%} of it")
+    else:
+        print(f"cache bytes (DynamicCache):  {fmt_bytes(dyn_bytes_formula)} (computed: 2 x layers x KV heads x "
+              f"head_dim x {seen} tokens x {elem} B) -> KVpop holds {kv_bytes / dyn_bytes_formula:.1%} of it")
+    print(f"time per token (KVpop):      {1e3 * st_kv.per_token_seconds():.2f} ms median decode step; "
+          f"prefill + first token {1e3 * st_kv.first_token_seconds():.0f} ms; total {wall_kv:.2f} s")
+    if dyn_new is not None:
+        print(f"time per token (Dynamic):    {1e3 * st_dyn.per_token_seconds():.2f} ms median decode step; "
+              f"prefill + first token {1e3 * st_dyn.first_token_seconds():.0f} ms; total {wall_dyn:.2f} s")
+        n = min(len(new_kv), len(dyn_new))
+        same = (new_kv[:n] == dyn_new[:n])
+        agree = same.float().mean().item() if n else float("nan")
+        diff = (~same).nonzero()
+        first = int(diff[0]) if len(diff) else None
+        exact_until = max(0, min(n, B - n_prompt + 1))  # new tokens predicted while the context fits in B
+        print(f"greedy agreement with DynamicCache: {agree:.1%} of {n} tokens; first divergence at new token "
+              f"{first if first is not None else '-'}"
+              + ("" if first is None else f" (context {n_prompt + first} tokens)")
+              + f"; the context exceeds the budget from new token {exact_until} on "
+              f"(before that both caches hold every token, up to float noise)")
+        if exact_until > 0:
+            pre = same[:exact_until].float().mean().item()
+            print(f"  agreement while context <= budget: {pre:.1%} of {min(exact_until, n)} tokens")
+    if problem is not None:
+        from kvpop_hf.testbed import extract_answer
+
+        print()
+        print(f"problem answer:            {problem.answer}")
+        runs = [("KVpop", new_kv)] + ([("Dynamic", dyn_new)] if dyn_new is not None else [])
+        for name, toks in runs:
+            text = tokenizer.decode(toks, skip_special_tokens=False)
+            ans = extract_answer(text)
+            snippet = text if len(text) <= 160 else text[:80] + " ... " + text[-75:]
+            print(f"generated ({name}): {snippet!r}")
+            print(f"  extracted answer: {ans!r} -> {'correct' if ans == problem.answer else 'wrong'}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
