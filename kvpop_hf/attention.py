@@ -13,6 +13,8 @@ caches) the function is plain causal attention with padding.
 
 from __future__ import annotations
 
+import inspect
+import os
 from dataclasses import dataclass
 from typing import Callable
 
@@ -72,6 +74,70 @@ def _repeat_kv(x: torch.Tensor, groups: int) -> torch.Tensor:
     return x if groups == 1 else x.repeat_interleave(groups, dim=1)
 
 
+# -- multi-token chunks through FlexAttention (GPU): no dense [L x C] mask ---------------------------
+_CHUNK_MODES = ("auto", "flex", "dense")
+_CHUNK_MODE: list[str] = [os.environ.get("KVPOP_CHUNK_ATTENTION", "auto").lower()]
+_FLEX_FNS: dict[str, tuple[Callable, Callable, bool]] = {}
+
+
+def set_chunk_attention(mode: str) -> str:
+    """How multi-token chunks are attended: ``"auto"`` (FlexAttention on CUDA, dense SDPA mask otherwise),
+    ``"flex"`` (always FlexAttention; eager on CPU, for testing) or ``"dense"``. Returns the previous mode.
+    The default comes from the env var ``KVPOP_CHUNK_ATTENTION``."""
+    mode = mode.lower()
+    if mode not in _CHUNK_MODES:
+        raise ValueError(f"chunk attention mode must be one of {_CHUNK_MODES}, got {mode!r}")
+    old, _CHUNK_MODE[0] = _CHUNK_MODE[0], mode
+    return old
+
+
+def use_flex(query: torch.Tensor) -> bool:
+    mode = _CHUNK_MODE[0]
+    if mode not in _CHUNK_MODES:
+        raise ValueError(f"KVPOP_CHUNK_ATTENTION must be one of {_CHUNK_MODES}, got {mode!r}")
+    return mode == "flex" or (mode == "auto" and query.is_cuda)
+
+
+def _flex_fns(device_type: str):
+    """``(flex_attention, create_block_mask, supports_gqa)``; compiled once per process on CUDA."""
+    fns = _FLEX_FNS.get(device_type)
+    if fns is None:
+        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+        gqa = "enable_gqa" in inspect.signature(flex_attention).parameters
+        if device_type == "cuda":
+            # compiled: the kernel never builds scores or masks densely (create_block_mask is only used
+            # with KVPOP_FLEX_BLOCK_MASK=create; see flex_mask.build_block_mask)
+            dynamic = os.environ.get("KVPOP_FLEX_DYNAMIC")
+            dynamic = None if dynamic is None else dynamic.lower() in ("1", "true")
+            fns = (torch.compile(flex_attention, dynamic=dynamic), torch.compile(create_block_mask, dynamic=dynamic),
+                   gqa)
+        else:
+            fns = (flex_attention, create_block_mask, gqa)
+        _FLEX_FNS[device_type] = fns
+    return fns
+
+
+def _flex_chunk_attention(plan, query, key, value, scaling):
+    from .flex_mask import build_block_mask
+
+    b, hq, L, _ = query.shape
+    hkv, C = key.shape[1], key.shape[2]
+    groups = hq // hkv
+    flex, make_block_mask, gqa = _flex_fns(query.device.type)
+    cm = plan.compact()
+    if os.environ.get("KVPOP_FLEX_BLOCK_MASK", "tiled") == "create":
+        block_mask = make_block_mask(cm.mask_mod(groups), b, hq, L, C, device=query.device)
+    else:  # default: never holds the [b, Hq, L, C] grid (create_block_mask does, even compiled)
+        block_mask = build_block_mask(cm, groups)
+    key, value = key.to(query.dtype), value.to(query.dtype)
+    if groups > 1 and not gqa:
+        key, value = _repeat_kv(key, groups), _repeat_kv(value, groups)
+    kw = {"enable_gqa": True} if groups > 1 and gqa else {}
+    out = flex(query, key, value, block_mask=block_mask, scale=scaling, **kw)
+    return out.transpose(1, 2).contiguous()
+
+
 def kvpop_attention(module, query, key, value, attention_mask, scaling=None, dropout: float = 0.0, **kwargs):
     """query ``[b, Hq, L, d]``, key/value ``[b, Hkv, C, d]`` -> (out ``[b, L, Hq, d]``, None)."""
     layer_idx = getattr(module, "layer_idx", None)
@@ -100,8 +166,10 @@ def kvpop_attention(module, query, key, value, attention_mask, scaling=None, dro
         out = F.scaled_dot_product_attention(query, _repeat_kv(key, groups), _repeat_kv(value, groups),
                                              attn_mask=mask, scale=scaling)
         return out.transpose(1, 2).contiguous(), None
-    vis = plan.visibility()  # [b, hkv, L, C]
     layer.plan = None
+    if use_flex(query):
+        return _flex_chunk_attention(plan, query, key, value, scaling), None
+    vis = plan.visibility()  # [b, hkv, L, C]
     # group the G query heads of each KV head along the query axis: no copy of keys/values
     q = query.reshape(b, hkv, groups * L, d)
     mask = vis[:, :, None].expand(b, hkv, groups, L, vis.shape[-1]).reshape(b, hkv, groups * L, vis.shape[-1])

@@ -59,6 +59,16 @@ class ChunkPlan:
         own[..., torch.arange(L), n_old + torch.arange(L)] = True
         return torch.where(q < 0, own, vis)
 
+    def compact(self, reference: bool = False, backend: str | None = None):
+        """The same visibility without an ``[L x C]`` mask: a :class:`kvpop_hf.flex_mask.CompactChunkMask`
+        (``cand_rank``/``cand_pos [b,h,C]``, ``query_pos [b,L]``, ``cutoff [b,h,L]``) whose ``mask_mod``
+        equals ``visibility()``. ``cutoff`` comes from the running top-k (``O(C log C)`` on CUDA);
+        ``reference=True`` uses the plain ``O(L*C)`` count instead."""
+        from .flex_mask import compact_chunk_mask
+
+        return compact_chunk_mask(self.pos, self.order, self.query_pos, self.sinks, self.window, self.topk,
+                                  reference=reference, backend=backend)
+
 
 class KVpopLayer(CacheLayerMixin):
     """Fixed-budget storage of one layer. Tensors: keys/values ``[b, h, B, d]``, pos ``[b, h, B]``

@@ -1,0 +1,184 @@
+"""Compact per-head chunk masks for FlexAttention (no dense ``[L x C]`` mask is ever stored).
+
+A :class:`~kvpop_hf.layer.ChunkPlan` describes, per (batch row, KV head), ``C = n_old + L``
+candidates (stored slots, then the chunk's new tokens) and ``L`` queries. Query ``j`` at real
+position ``q_j`` sees candidate ``c`` (real position ``p_c``, rank ``r_c`` in the plan's ``order``)
+iff
+
+* ``0 <= p_c <= q_j`` and (``p_c < s`` or ``p_c > q_j - w``)            (sinks and window), or
+* ``s <= p_c <= q_j - w`` and ``r_c <= cutoff_j``                      (long-range top-k),
+
+where ``cutoff_j`` is the rank of the k-th best candidate eligible at ``q_j`` (``C`` if fewer than
+``k`` are eligible, ``-1`` if ``k == 0``). A padding query (``q_j < 0``) sees only its own new
+token, candidate ``n_old + j``. That is exactly ``ChunkPlan.visibility()``.
+
+``cutoff`` is computed with the running top-k machinery of :mod:`kvpop_hf.topk` through a small
+adapter (:func:`chunk_cutoff`): candidates are laid out as a sequence sorted by eligibility time
+(position), with priority ``-rank`` so that the sequence's priority ranks are the plan's ranks, and
+the running top-k with ``sinks=0, window=1`` answers "k-th best among the first ``n`` candidates"
+for every ``n``; query ``j`` reads it at ``n_j = #{c : s <= p_c <= q_j - w}`` (a ``searchsorted``).
+On CUDA the Fenwick-tree Triton kernel makes this ``O(C log C)`` time and ``O(C)`` memory per head.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+__all__ = ["CompactChunkMask", "chunk_cutoff", "chunk_cutoff_reference", "compact_chunk_mask", "dense_from_compact"]
+
+
+@dataclass
+class CompactChunkMask:
+    """Compact description of a chunk's visibility, everything ``O(L + C)`` per (row, KV head).
+
+    cand_rank ``[b,h,C]`` rank of each candidate in the plan's ``order`` (0 = best);
+    cand_pos ``[b,h,C]`` real positions (-1: none); query_pos ``[b,L]`` (-1: padding);
+    cutoff ``[b,h,L]``; own ``[b,L]`` the candidate index of each query's own new token.
+    """
+
+    cand_rank: torch.Tensor
+    cand_pos: torch.Tensor
+    query_pos: torch.Tensor
+    cutoff: torch.Tensor
+    own: torch.Tensor
+    sinks: int
+    window: int
+
+    def mask_mod(self, groups: int = 1):
+        """A FlexAttention ``mask_mod(b, h, q_idx, kv_idx)``; ``h`` is a query head (KV head ``h // groups``)."""
+        rank, pos, qpos, cutoff, own = self.cand_rank, self.cand_pos, self.query_pos, self.cutoff, self.own
+        s, w = self.sinks, self.window
+
+        def kvpop_mask_mod(b, h, q_idx, kv_idx):
+            hk = h // groups
+            q = qpos[b, q_idx]
+            p = pos[b, hk, kv_idx]
+            recent = (p >= 0) & (p <= q) & ((p < s) | (p > q - w))
+            kept = (p >= s) & (p <= q - w) & (rank[b, hk, kv_idx] <= cutoff[b, hk, q_idx])
+            return torch.where(q < 0, kv_idx == own[b, q_idx], recent | kept)
+
+        return kvpop_mask_mod
+
+
+def _topk_backend(device: torch.device, backend: str | None) -> str:
+    if backend is not None:
+        return backend
+    return "triton" if device.type == "cuda" else "torch"
+
+
+def chunk_cutoff(pos: torch.Tensor, order: torch.Tensor, query_pos: torch.Tensor, sinks: int, window: int,
+                 topk: int, backend: str | None = None) -> torch.Tensor:
+    """``cutoff [b,h,L]`` (int64) via the running top-k (see module docstring).
+
+    pos ``[b,h,C]``, order ``[b,h,C]`` (candidate indices, best first), query_pos ``[b,L]``.
+    ``backend``: a :func:`kvpop_hf.topk.running_topk` backend; default Triton on CUDA, torch otherwise.
+    """
+    from .topk import running_topk
+
+    b, h, C = pos.shape
+    L = query_pos.shape[-1]
+    dev = pos.device
+    if topk == 0:
+        return torch.full((b, h, L), -1, dtype=torch.long, device=dev)
+    rank = torch.empty_like(order).scatter_(-1, order, torch.arange(C, device=dev).expand_as(order))
+    # eligibility time: candidate c becomes eligible at query position pos_c + w (never if pos_c < s)
+    big = torch.iinfo(torch.long).max
+    key = torch.where(pos >= sinks, pos, big)
+    key_sorted, seq = key.sort(dim=-1, stable=True)  # seq[i]: candidate at sequence index i
+    # priority -rank: the running top-k's ranks are the plan's ranks; a last dummy is never eligible
+    pdtype = torch.float32 if C + 1 < (1 << 24) else torch.float64
+    prio = torch.cat([-rank.gather(-1, seq).to(pdtype), torch.full((b, h, 1), -float(C), dtype=pdtype, device=dev)], -1)
+    res = running_topk(prio, 0, 1, topk, backend=_topk_backend(dev, backend))  # [b,h,C+1]
+    # number of candidates eligible at each query = sequence prefix length = query index with window 1
+    thresh = (query_pos - window)[:, None, :].expand(b, h, L).contiguous()
+    n_elig = torch.searchsorted(key_sorted.contiguous(), thresh, right=True)  # [b,h,L] in 0..C
+    cutoff = res.cutoff.gather(-1, n_elig)
+    return cutoff.clamp_max(C)  # "fewer than k eligible" is C + 1 there, C here
+
+
+def chunk_cutoff_reference(pos: torch.Tensor, order: torch.Tensor, query_pos: torch.Tensor, sinks: int,
+                           window: int, topk: int) -> torch.Tensor:
+    """Plain ``O(L*C)`` reference of :func:`chunk_cutoff` (the same count as ``visibility()``)."""
+    b, h, C = pos.shape
+    L = query_pos.shape[-1]
+    if topk == 0:
+        return torch.full((b, h, L), -1, dtype=torch.long, device=pos.device)
+    pos_sorted = pos.gather(-1, order)[:, :, None, :]
+    q = query_pos[:, None, :, None]
+    elig = (pos_sorted >= sinks) & (pos_sorted <= q - window)
+    reached = elig.long().cumsum(-1) >= topk  # [b,h,L,C]
+    first = reached.long().argmax(-1)
+    return torch.where(reached.any(-1), first, C)
+
+
+def compact_chunk_mask(pos, order, query_pos, sinks, window, topk, reference: bool = False,
+                       backend: str | None = None) -> CompactChunkMask:
+    b, h, C = pos.shape
+    L = query_pos.shape[-1]
+    dev = pos.device
+    rank = torch.empty_like(order).scatter_(-1, order, torch.arange(C, device=dev).expand_as(order))
+    if reference:
+        cutoff = chunk_cutoff_reference(pos, order, query_pos, sinks, window, topk)
+    else:
+        cutoff = chunk_cutoff(pos, order, query_pos, sinks, window, topk, backend)
+    own = (C - L + torch.arange(L, device=dev)).expand(b, L)
+    return CompactChunkMask(rank, pos, query_pos, cutoff, own, sinks, window)
+
+
+def dense_from_compact(cm: CompactChunkMask, groups: int = 1) -> torch.Tensor:
+    """Evaluate the mask_mod on the full grid, ``[b, h*groups, L, C]`` bool (tests / debugging)."""
+    b, h, C = cm.cand_pos.shape
+    L = cm.query_pos.shape[-1]
+    dev = cm.cand_pos.device
+    mod = cm.mask_mod(groups)
+    bi = torch.arange(b, device=dev).view(b, 1, 1, 1)
+    hi = torch.arange(h * groups, device=dev).view(1, -1, 1, 1)
+    qi = torch.arange(L, device=dev).view(1, 1, L, 1)
+    ki = torch.arange(C, device=dev).view(1, 1, 1, C)
+    return mod(bi, hi, qi, ki).expand(b, h * groups, L, C)
+
+
+def _ordered(dense: torch.Tensor):
+    """Block-sparse rows from a dense ``[..., Qb, Kb]`` 0/1 map: (count ``[..., Qb]``, indices ``[..., Qb, Kb]``)."""
+    num = dense.sum(-1).to(torch.int32).contiguous()
+    idx = torch.argsort(dense, dim=-1, descending=True, stable=True).to(torch.int32).contiguous()
+    return num, idx
+
+
+def build_block_mask(cm: CompactChunkMask, groups: int, block: int = 128, max_tile_elems: int = 1 << 22):
+    """The FlexAttention ``BlockMask`` of ``cm`` for ``H = h * groups`` query heads, built tile by tile.
+
+    ``create_block_mask`` evaluates ``mask_mod`` on the whole ``[b, Hq, L, C]`` grid (seen on an H200 with
+    torch 2.11: the compiled version still allocates it); here the mask_mod is evaluated per KV head on
+    tiles of whole query blocks (at most ``max_tile_elems`` entries at a time, at least one block row) and
+    reduced to per-block partial/full flags, the same flags ``create_block_mask`` gives."""
+    from torch.nn.attention.flex_attention import BlockMask
+
+    b, h, C = cm.cand_pos.shape
+    L = cm.query_pos.shape[-1]
+    dev = cm.cand_pos.device
+    Qb, Kb = -(-L // block), -(-C // block)
+    Cp = Kb * block
+    mod = cm.mask_mod(1)  # per KV head; query heads share their KV head's mask
+    partial = torch.zeros(b, h, Qb, Kb, dtype=torch.int8, device=dev)
+    full = torch.zeros_like(partial)
+    rows = max(1, max_tile_elems // max(b * h * Cp * block, 1))  # query blocks per tile
+    bi = torch.arange(b, device=dev).view(b, 1, 1, 1)
+    hi = torch.arange(h, device=dev).view(1, h, 1, 1)
+    ki = torch.arange(Cp, device=dev).view(1, 1, 1, Cp)
+    for r0 in range(0, Qb, rows):
+        r1 = min(Qb, r0 + rows)
+        qi = torch.arange(r0 * block, r1 * block, device=dev).view(1, 1, -1, 1)
+        inside = (qi < L) & (ki < C)  # padding of the last blocks counts as masked, as in create_block_mask
+        m = mod(bi, hi, qi.clamp_max(L - 1), ki.clamp_max(C - 1)) & inside
+        s = m.view(b, h, r1 - r0, block, Kb, block).sum((3, 5), dtype=torch.int32)
+        full[:, :, r0:r1] = s == block * block
+        partial[:, :, r0:r1] = (s > 0) & (s < block * block)
+    if groups > 1:
+        partial, full = partial.repeat_interleave(groups, 1), full.repeat_interleave(groups, 1)
+    kv_num, kv_idx = _ordered(partial)
+    full_num, full_idx = _ordered(full)
+    return BlockMask.from_kv_blocks(kv_num, kv_idx, full_num, full_idx, BLOCK_SIZE=(block, block),
+                                    mask_mod=cm.mask_mod(groups), seq_lengths=(L, C))

@@ -1,0 +1,195 @@
+"""FlexAttention path for multi-token chunks: compact cutoff tensors == ChunkPlan.visibility(), and the
+flex path (forced on CPU, eager) gives the same logits as the dense SDPA-mask path and the reference."""
+
+import random
+import warnings
+
+import pytest
+import torch
+from torch.nn import functional as F
+
+from helpers import distinct_ids, reference_logits, tiny_model
+from kvpop_hf import KVpopCache
+from kvpop_hf.attention import _flex_chunk_attention, set_chunk_attention
+from kvpop_hf.flex_mask import chunk_cutoff, chunk_cutoff_reference, dense_from_compact
+from kvpop_hf.layer import ChunkPlan
+
+S, W, K = 2, 5, 6
+
+warnings.filterwarnings("ignore", message=".*flex_attention called without torch.compile.*")
+
+
+@pytest.fixture
+def chunk_mode():
+    old = set_chunk_attention("auto")
+    yield set_chunk_attention
+    set_chunk_attention(old)
+
+
+# ---------------------------------------------------------------- compact mask == visibility()
+def random_plan(gen: random.Random, b=2, h=3, d=8):
+    s, w, k = gen.randint(0, 3), gen.randint(1, 6), gen.choice([0, 1, 2, 5, 9])
+    n_old, L = gen.randint(0, 20), gen.randint(1, 16)
+    C = n_old + L
+    pos = torch.full((b, h, C), -1, dtype=torch.long)
+    qpos = torch.full((b, L), -1, dtype=torch.long)
+    for bi in range(b):
+        seen = gen.randint(n_old, 3 * n_old + 1)
+        n_pad = gen.randint(0, L)  # left padding, possibly the whole chunk
+        qpos[bi, n_pad:] = seen + torch.arange(L - n_pad)
+        pos[bi, :, n_old:] = qpos[bi]
+        for hi in range(h):
+            stored = gen.sample(range(seen), min(n_old, seen))
+            stored += [-1] * (n_old - len(stored))
+            gen.shuffle(stored)
+            pos[bi, hi, :n_old] = torch.tensor(stored, dtype=torch.long)
+    g = torch.Generator().manual_seed(gen.randint(0, 10**6))
+    order = torch.stack([torch.randperm(C, generator=g) for _ in range(b * h)]).view(b, h, C)
+    kv = torch.randn(b, h, C, d, generator=g)
+    return ChunkPlan(kv, kv.clone(), pos, order, qpos, s, w, k)
+
+
+def test_compact_cutoff_equals_visibility():
+    gen = random.Random(0)
+    for _ in range(120):
+        plan = random_plan(gen)
+        args = (plan.pos, plan.order, plan.query_pos, plan.sinks, plan.window, plan.topk)
+        ref = chunk_cutoff_reference(*args)
+        assert torch.equal(chunk_cutoff(*args), ref)
+        vis = plan.visibility()
+        for reference in (False, True):
+            cm = plan.compact(reference=reference)
+            assert torch.equal(cm.cutoff, ref)
+            assert torch.equal(dense_from_compact(cm), vis)
+        # the query-head mapping h -> h // G
+        cm = plan.compact()
+        assert torch.equal(dense_from_compact(cm, groups=2), vis.repeat_interleave(2, dim=1))
+
+
+def test_compact_cutoff_triton_backend():
+    """The CUDA adapter path (Fenwick Triton kernel), through the Triton interpreter on CPU."""
+    pytest.importorskip("triton")
+    from kvpop_hf.topk import fenwick_triton
+
+    if not fenwick_triton._is_interpreted():
+        pytest.skip("needs TRITON_INTERPRET=1 before the first import (tests/conftest.py sets it)")
+    gen = random.Random(2)
+    for _ in range(5):
+        plan = random_plan(gen)
+        args = (plan.pos, plan.order, plan.query_pos, plan.sinks, plan.window, plan.topk)
+        assert torch.equal(chunk_cutoff(*args, backend="triton"), chunk_cutoff_reference(*args))
+
+
+def test_cutoff_special_values():
+    # k == 0 -> -1; fewer than k eligible -> C
+    pos = torch.arange(6).view(1, 1, 6)
+    order = torch.arange(6).view(1, 1, 6)
+    qpos = torch.tensor([[3, 4, 5]])
+    assert chunk_cutoff(pos, order, qpos, 0, 2, 0).eq(-1).all()
+    cut = chunk_cutoff(pos, order, qpos, 0, 2, 3)  # eligible at q: 0..q-2 -> 2, 3, 4 tokens
+    assert cut.tolist() == [[[6, 2, 2]]]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_flex_chunk_attention_matches_dense_mask(dtype):
+    gen = random.Random(1)
+    g = torch.Generator().manual_seed(1)
+    for _ in range(6):
+        plan = random_plan(gen, b=2, h=2, d=16)
+        b, h, C, d = plan.keys.shape
+        L = plan.query_pos.shape[1]
+        groups = 3
+        q = torch.randn(b, h * groups, L, d, generator=g).to(dtype)
+        k, v = plan.keys.to(dtype), torch.randn(b, h, C, 12, generator=g).to(dtype)
+        scale = 0.37
+        out = _flex_chunk_attention(plan, q, k, v, scale)  # [b, L, Hq, dv]
+        mask = plan.visibility().repeat_interleave(groups, dim=1)
+        ref = F.scaled_dot_product_attention(q.float(), k.float().repeat_interleave(groups, 1),
+                                             v.float().repeat_interleave(groups, 1), attn_mask=mask, scale=scale)
+        assert out.dtype == dtype and out.shape == (b, L, h * groups, 12)
+        tol = 1e-5 if dtype == torch.float32 else 2e-2
+        torch.testing.assert_close(out.float(), ref.transpose(1, 2), atol=tol, rtol=0)
+
+
+# ---------------------------------------------------------------- whole models: flex == dense == reference
+def run_whole(model, ids, cache):
+    with torch.no_grad():
+        return model(ids, past_key_values=cache).logits
+
+
+def run_chunks(model, ids, cache, sizes=(3, 1, 7, 2, 9, 1, 5, 13)):
+    out, i = [], 0
+    with torch.no_grad():
+        for n in sizes * 10:
+            if i >= ids.shape[1]:
+                break
+            out.append(model(ids[:, i:i + n], past_key_values=cache).logits)
+            i += n
+    return torch.cat(out, 1)
+
+
+@pytest.mark.parametrize("scorer", ["knorm", "mlp", "mlstm"])
+def test_flex_logits_match_dense_and_reference(scorer, chunk_mode):
+    model = tiny_model("qwen3")  # 4 query heads over 2 KV heads
+    ids = distinct_ids(2, 40, seed=1)
+    make = lambda: KVpopCache(model.config, sinks=S, window=W, topk=K, scorer=scorer, log_gamma=-0.7, decay_step=4)
+    ref, _ = reference_logits(model, ids, make().scorer, S, W, K, make().log_gamma, 4)
+    for feed in (run_whole, run_chunks):
+        chunk_mode("dense")
+        dense = feed(model, ids, make())
+        chunk_mode("flex")
+        flex = feed(model, ids, make())
+        torch.testing.assert_close(flex, dense, atol=1e-5, rtol=0)
+        torch.testing.assert_close(flex, ref, atol=2e-5, rtol=0)
+
+
+@pytest.mark.parametrize("scorer", ["knorm", "mlstm"])
+def test_flex_left_padding_with_prefill_chunks(scorer, chunk_mode):
+    model = tiny_model("llama")
+    rows = [distinct_ids(1, n, seed=n)[0] for n in (30, 21, 26)]
+    width = max(len(r) for r in rows)
+    ids = torch.zeros(len(rows), width, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, r in enumerate(rows):
+        ids[i, width - len(r):] = r
+        mask[i, width - len(r):] = 1
+    kw = dict(sinks=2, window=6, topk=8, scorer=scorer)
+    gen = dict(max_new_tokens=4, do_sample=False, pad_token_id=0, return_dict_in_generate=True, output_logits=True)
+    outs = {}
+    for mode, chunk in (("dense", 7), ("flex", 7), ("flex", None)):
+        chunk_mode(mode)
+        extra = {} if chunk is None else {"prefill_chunk_size": chunk}
+        outs[mode, chunk] = model.generate(ids, attention_mask=mask, past_key_values=KVpopCache(model.config, **kw),
+                                           **gen, **extra)
+    base = outs["dense", 7]
+    for key, out in outs.items():
+        assert torch.equal(out.sequences, base.sequences), key
+        for a, b in zip(out.logits, base.logits):
+            torch.testing.assert_close(a, b, atol=2e-5, rtol=0)
+    # a padded row equals the unpadded row run alone (through the flex path)
+    chunk_mode("flex")
+    i, r = 1, rows[1]
+    single = model.generate(r[None], past_key_values=KVpopCache(model.config, **kw), **gen, prefill_chunk_size=7)
+    for a, b in zip(outs["flex", 7].logits, single.logits):
+        torch.testing.assert_close(a[i], b[0], atol=2e-5, rtol=0)
+
+
+def test_tiled_block_mask_equals_create_block_mask():
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    from kvpop_hf.flex_mask import build_block_mask
+
+    gen = random.Random(3)
+    for trial in range(6):
+        plan = random_plan(gen, b=2, h=2)
+        if trial % 2:  # longer chunks: several blocks of 16
+            plan = random_plan(gen, b=1, h=2)
+        cm = plan.compact()
+        L, C = plan.query_pos.shape[1], plan.pos.shape[-1]
+        for groups, block, tile in ((1, 8, 64), (3, 4, 1 << 22), (2, 128, 1 << 22)):
+            ours = build_block_mask(cm, groups, block=block, max_tile_elems=tile)
+            ref = create_block_mask(cm.mask_mod(groups), plan.pos.shape[0], 2 * groups, L, C, device="cpu",
+                                    BLOCK_SIZE=block)
+            assert torch.equal(ours.to_dense(), ref.to_dense())
+            for a, b in ((ours.full_kv_num_blocks, ref.full_kv_num_blocks), (ours.kv_num_blocks, ref.kv_num_blocks)):
+                assert torch.equal(a.long(), b.long())
