@@ -148,20 +148,28 @@ def _ordered(dense: torch.Tensor):
 
 
 def build_block_mask(cm: CompactChunkMask, groups: int, block: int = 128, max_tile_elems: int = 1 << 22):
-    """The FlexAttention ``BlockMask`` of ``cm`` for ``H = h * groups`` query heads, built tile by tile.
-
-    ``create_block_mask`` evaluates ``mask_mod`` on the whole ``[b, Hq, L, C]`` grid (seen on an H200 with
-    torch 2.11: the compiled version still allocates it); here the mask_mod is evaluated per KV head on
-    tiles of whole query blocks (at most ``max_tile_elems`` entries at a time, at least one block row) and
-    reduced to per-block partial/full flags, the same flags ``create_block_mask`` gives."""
-    from torch.nn.attention.flex_attention import BlockMask
-
+    """The FlexAttention ``BlockMask`` of ``cm`` for ``H = h * groups`` query heads (see :func:`tiled_block_mask`)."""
     b, h, C = cm.cand_pos.shape
     L = cm.query_pos.shape[-1]
-    dev = cm.cand_pos.device
+    return tiled_block_mask(cm.mask_mod(1), b, h, L, C, groups, cm.mask_mod(groups), cm.cand_pos.device,
+                            block, max_tile_elems)
+
+
+def tiled_block_mask(kv_mask_mod, b: int, h: int, L: int, C: int, groups: int, mask_mod, device,
+                     block: int = 128, max_tile_elems: int = 1 << 22):
+    """A ``BlockMask`` built tile by tile, never holding the whole ``[b, Hq, L, C]`` grid.
+
+    ``create_block_mask`` evaluates the mask on the whole grid (seen on an H200 with torch 2.11: the
+    compiled version still allocates it). Here ``kv_mask_mod(b, h, q, kv)`` is evaluated per KV head
+    ``h`` on tiles of whole query blocks (at most ``max_tile_elems`` entries at a time, at least one
+    block row) and reduced to per-block partial/full flags, the flags ``create_block_mask`` gives;
+    ``mask_mod`` (indexed by query head, ``Hq = h * groups``) is what FlexAttention applies inside
+    partial blocks. ``b``/``h`` may be 1 for a mask shared by all batch rows/heads."""
+    from torch.nn.attention.flex_attention import BlockMask
+
+    dev = device
     Qb, Kb = -(-L // block), -(-C // block)
     Cp = Kb * block
-    mod = cm.mask_mod(1)  # per KV head; query heads share their KV head's mask
     partial = torch.zeros(b, h, Qb, Kb, dtype=torch.int8, device=dev)
     full = torch.zeros_like(partial)
     rows = max(1, max_tile_elems // max(b * h * Cp * block, 1))  # query blocks per tile
@@ -172,8 +180,9 @@ def build_block_mask(cm: CompactChunkMask, groups: int, block: int = 128, max_ti
         r1 = min(Qb, r0 + rows)
         qi = torch.arange(r0 * block, r1 * block, device=dev).view(1, 1, -1, 1)
         inside = (qi < L) & (ki < C)  # padding of the last blocks counts as masked, as in create_block_mask
-        m = mod(bi, hi, qi.clamp_max(L - 1), ki.clamp_max(C - 1)) & inside
-        s = m.view(b, h, r1 - r0, block, Kb, block).sum((3, 5), dtype=torch.int32)
+        m = kv_mask_mod(bi, hi, qi.clamp_max(L - 1), ki.clamp_max(C - 1)) & inside
+        m = m.expand(b, h, (r1 - r0) * block, Cp)
+        s = m.reshape(b, h, r1 - r0, block, Kb, block).sum((3, 5), dtype=torch.int32)
         full[:, :, r0:r1] = s == block * block
         partial[:, :, r0:r1] = (s > 0) & (s < block * block)
     if groups > 1:
@@ -181,4 +190,4 @@ def build_block_mask(cm: CompactChunkMask, groups: int, block: int = 128, max_ti
     kv_num, kv_idx = _ordered(partial)
     full_num, full_idx = _ordered(full)
     return BlockMask.from_kv_blocks(kv_num, kv_idx, full_num, full_idx, BLOCK_SIZE=(block, block),
-                                    mask_mod=cm.mask_mod(groups), seq_lengths=(L, C))
+                                    mask_mod=mask_mod, seq_lengths=(L, C))

@@ -11,8 +11,9 @@ from __future__ import annotations
 import functools
 
 import torch
-from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+from torch.nn.attention.flex_attention import flex_attention
 
+from ..flex_mask import tiled_block_mask
 from ..topk import RunningTopK, sparse_mask_reference
 
 
@@ -31,13 +32,16 @@ def sparse_attention(query, key, value, topk: RunningTopK, sinks: int, window: i
     groups = hq // key.shape[1]
     rank, cutoff = topk.rank, topk.cutoff
 
-    def mask_mod(bi, h, q_idx, kv_idx):
-        hk = h // groups
+    def kv_mask_mod(bi, hk, q_idx, kv_idx):  # indexed by KV head
         recent = (kv_idx <= q_idx) & ((kv_idx < sinks) | (q_idx - kv_idx < window))
         kept = (kv_idx >= sinks) & (kv_idx <= q_idx - window) & (rank[bi, hk, kv_idx] <= cutoff[bi, hk, q_idx])
         return recent | kept
 
-    block_mask = create_block_mask(mask_mod, B=b, H=hq, Q_LEN=S, KV_LEN=S, device=query.device)
+    def mask_mod(bi, h, q_idx, kv_idx):
+        return kv_mask_mod(bi, h // groups, q_idx, kv_idx)
+
+    # built tile by tile: create_block_mask would evaluate the whole [b, Hq, S, S] grid
+    block_mask = tiled_block_mask(kv_mask_mod, b, key.shape[1], S, S, groups, mask_mod, query.device)
     kw = dict(block_mask=block_mask, scale=scale, return_lse=True)
     if groups > 1:
         kw["enable_gqa"] = True

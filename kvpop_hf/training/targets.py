@@ -225,7 +225,8 @@ def _flex_fn(device: torch.device):
 def _flex_log_sum(qf, kf_exp, lse_f, window: int, sc: float) -> torch.Tensor:
     """Transposed flex pass.  Returns ``log sum_{d >= t+w} A[d, t]`` [B, Hq, S]."""
     import torch.nn.attention.flex_attention as _fa
-    from torch.nn.attention.flex_attention import create_block_mask
+
+    from ..flex_mask import tiled_block_mask
 
     B, Hq, S, D = qf.shape
     device = qf.device
@@ -237,7 +238,8 @@ def _flex_log_sum(qf, kf_exp, lse_f, window: int, sc: float) -> torch.Tensor:
     def score_mod(score, b, h, q_idx, kv_idx):
         return score - lse_f[b, h, kv_idx]
 
-    block_mask = create_block_mask(mask_mod, None, None, S, S, device=device)
+    # shared by all batch rows and heads; built tile by tile (no S x S grid)
+    block_mask = tiled_block_mask(mask_mod, 1, 1, S, S, 1, mask_mod, device)
     # the output is discarded: a tiny dummy value tensor (must share S with keys)
     v = torch.zeros(B, Hq, S, 16, dtype=torch.float32, device=device)
     fn = _flex_fn(device)

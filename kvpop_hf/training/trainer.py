@@ -55,7 +55,9 @@ class KVpopTrainingArguments(TrainingArguments):
     target_agg: str = field(default="log_mean", metadata={"help": "log_mean | mean_log (over query heads)."})
     scorer_learning_rate: float | None = field(default=None, metadata={"help": "Scorer LR (default: learning_rate)."})
     train_backbone: bool = field(default=True, metadata={"help": "False: train the scorer only (no teacher needed)."})
-    topk_backend: str = field(default="auto")
+    topk_backend: str = field(default="auto", metadata={"help": "Running top-k: auto | triton | torch."})
+    attention_backend: str = field(default="auto", metadata={"help": "Student sparse attention: auto | flex | reference."})
+    target_backend: str = field(default="auto", metadata={"help": "Transposed target pass: auto | flex | chunked."})
 
     def __post_init__(self):
         super().__post_init__()
@@ -143,7 +145,8 @@ class KVpopTrainer(Trainer):
         self.settings = StudentSettings(sinks=args.sinks, window=args.window, topk=args.topk,
                                         decay_step=args.decay_step, tau=args.tau, omega=args.omega,
                                         target_lse=args.target_lse, target_agg=args.target_agg,
-                                        topk_backend=args.topk_backend)
+                                        topk_backend=args.topk_backend, attention_backend=args.attention_backend,
+                                        target_backend=args.target_backend)
         self._kvpop_logs: dict[str, list[float]] = {}
 
     # -- parts --------------------------------------------------------------------------------
