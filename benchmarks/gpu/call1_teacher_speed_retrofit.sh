@@ -17,6 +17,7 @@ tail -5 "$OUT/teacher.log"
 stamp speed
 timeout "${SPEED_S:-150}" python3 benchmarks/training_speed.py --out "$OUT/training_speed_gpu" > "$OUT/training_speed.log" 2>&1
 tail -30 "$OUT/training_speed.log"
+if [ "${RETRO:-1}" = 1 ]; then
 stamp retrofit
 RETRO="training/retrofit.py --model $OUT/teacher --dataset testbed:reasoning --seq_len 2048 --sinks 4 --window 64
   --topk 188 --scorer mlstm --output_dir $OUT/retro --max_steps ${RETRO_STEPS:-80} --per_device_train_batch_size 4
@@ -26,7 +27,8 @@ timeout "${RETRO_S:-150}" python3 $RETRO > "$OUT/retrofit.log" 2>&1 || {
   stamp "retrofit failed, retrying with torch fallbacks"; tail -20 "$OUT/retrofit.log"
   timeout 120 python3 $RETRO --attention_backend reference --target_backend chunked --max_steps 30 > "$OUT/retrofit_fallback.log" 2>&1; }
 grep -o "{'loss'[^}]*}" "$OUT/retrofit.log" | head -40
+fi
 stamp pack
-cd "$OUT" && tar czf teacher.tgz teacher && tar czf retro.tgz --exclude=model.safetensors retro 2>/dev/null; rm -rf teacher retro
+cd "$OUT" && tar czf teacher.tgz teacher && { [ -d retro ] && tar czf retro.tgz --exclude=model.safetensors retro; true; }; rm -rf teacher retro
 ls -la "$OUT"
 stamp done
