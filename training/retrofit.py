@@ -18,11 +18,12 @@ from __future__ import annotations
 import json
 import random
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, HfArgumentParser
+from transformers import AutoModelForCausalLM, AutoTokenizer, HfArgumentParser, TrainerCallback
 
 from kvpop_hf.training import KVpopTrainer, KVpopTrainingArguments
 
@@ -37,6 +38,21 @@ class ScriptArguments:
     problem_seed: int = field(default=1234, metadata={"help": "Seed of the generated testbed problems."})
     lora_rank: int = field(default=0, metadata={"help": ">0: train a LoRA student (teacher = adapters disabled)."})
     dtype: str = field(default="float32", metadata={"help": "Model weights dtype: float32 | bfloat16."})
+    max_train_seconds: float | None = field(default=None, metadata={
+        "help": "Stop training (and save) after this many seconds, whatever max_steps says."})
+
+
+class TimeBudget(TrainerCallback):
+    """Ends training gracefully once `seconds` have passed since the first step."""
+
+    def __init__(self, seconds: float):
+        self.seconds, self.start = seconds, None
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.start = self.start or time.time()
+        if time.time() - self.start > self.seconds:
+            control.should_training_stop = True
+        return control
 
 
 def testbed_examples(families, tokenizer, seq_len, n, seed):
@@ -93,7 +109,8 @@ def main(argv=None):
 
         model = peft.get_peft_model(model, peft.LoraConfig(r=script.lora_rank, lora_alpha=2 * script.lora_rank,
                                                             target_modules=["q_proj", "k_proj", "v_proj", "o_proj"]))
-    trainer = KVpopTrainer(model=model, args=args, train_dataset=data, processing_class=tokenizer)
+    callbacks = [TimeBudget(script.max_train_seconds)] if script.max_train_seconds else None
+    trainer = KVpopTrainer(model=model, args=args, train_dataset=data, processing_class=tokenizer, callbacks=callbacks)
     trainer.train(resume_from_checkpoint=args.resume_from_checkpoint)
     trainer.save_model()
     trainer.create_model_card(dataset=script.dataset, reference_length=script.seq_len)

@@ -30,6 +30,8 @@ def sparse_attention(query, key, value, topk: RunningTopK, sinks: int, window: i
     """query ``[b, Hq, S, d]``, key/value ``[b, Hkv, S, d]`` -> (out ``[b, Hq, S, d]``, lse ``[b, Hq, S]``)."""
     b, hq, S, _ = query.shape
     groups = hq // key.shape[1]
+    # FlexAttention needs one dtype; under autocast q/k (normed in float32) and v can differ
+    key, value = key.to(query.dtype), value.to(query.dtype)
     rank, cutoff = topk.rank, topk.cutoff
 
     def kv_mask_mod(bi, hk, q_idx, kv_idx):  # indexed by KV head

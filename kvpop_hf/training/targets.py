@@ -241,7 +241,7 @@ def _flex_log_sum(qf, kf_exp, lse_f, window: int, sc: float) -> torch.Tensor:
     # shared by all batch rows and heads; built tile by tile (no S x S grid)
     block_mask = tiled_block_mask(mask_mod, 1, 1, S, S, 1, mask_mod, device)
     # the output is discarded: a tiny dummy value tensor (must share S with keys)
-    v = torch.zeros(B, Hq, S, 16, dtype=torch.float32, device=device)
+    v = torch.zeros(B, Hq, S, 16, dtype=qf.dtype, device=device)
     fn = _flex_fn(device)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # "called without torch.compile" / return_lse deprecation
@@ -297,8 +297,12 @@ def future_attention_target(q, k, lse, window, eps=1e-6, agg="log_mean", scale=N
         raise ValueError(f"chunk must be an int >= 1, got {chunk!r}")
     sc = _scale(scale, D)
     with torch.no_grad():
-        qf = q.detach().float().contiguous()
-        kf_exp = _expand_kv(k.detach().float(), Hq).contiguous()
+        # on CUDA, half-precision inputs stay half precision for the kernel's tensor cores (the kernel
+        # accumulates scores, the LSE subtraction and its log-sum-exp in float32); elsewhere float32
+        dt = q.dtype if (q.is_cuda and backend == "flex" and q.dtype in (torch.bfloat16, torch.float16)) \
+            else torch.float32
+        qf = q.detach().to(dt).contiguous()
+        kf_exp = _expand_kv(k.detach().to(dt), Hq).contiguous()
         lse_f = _prep_lse(lse.detach()).contiguous()
         if backend == "flex":
             log_sum = _flex_log_sum(qf, kf_exp, lse_f, window, sc)

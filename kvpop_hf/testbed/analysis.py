@@ -1,0 +1,318 @@
+"""Analyses of ``kvpop-eval --analysis`` (KVpop arXiv:2607.05061):
+
+* :func:`recall_rows`: recall of the future-attention oracle's running top-k per layer and KV head
+  (paper Fig. 7). The dense model runs over ``<bos> prompt target <eos>`` while a recording attention
+  function keeps the post-RoPE ``query [1, Hq, S, D]`` and ``key/value [1, Hkv, S, D]`` of every layer.
+  Oracle priorities ``r* = future_attention_target(q, k, dense_causal_lse(q, k), window)`` ``[1, Hkv, S]``;
+  scorer priorities ``p = sequence_priorities(scorer, layer, k, v, window, log_gamma, decay_step)``.
+  With ``kept_x(q)`` the long-range tokens kept at query ``q`` by the running top-k of ``x``
+  (:func:`kvpop_hf.topk.running_topk`), recall = mean over queries of
+  ``|kept_p(q) & kept_r*(q)| / |kept_r*(q)|``, counting only queries where eviction happens
+  (more than ``topk`` eligible tokens). Sinks and window are kept by both and not counted.
+* :func:`retention_map` / :func:`plot_retention`: which positions each (layer, KV head) still holds
+  after greedy generation with a policy (paper Fig. 6), from ``cache.stored_positions(layer)``. By the
+  cache contract this is exactly the running top-k kept set at the final query on the keys the
+  policy actually saw (dense keys would differ from layer 1 on).
+* :func:`ablation_delay`: delayed (``kvpop``) vs immediate (``kvpop_immediate``) scoring (Fig. 5).
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+from torch.nn import functional as F
+
+from ..topk import running_topk
+from ..training.priorities import sequence_priorities
+from ..training.targets import dense_causal_lse, future_attention_target
+from .tasks import Problem, training_example
+
+__all__ = ["record_qkv", "topk_recall", "recall_rows", "retention_map", "plot_retention", "ablation_delay",
+           "run_all"]
+
+_REC_NAME = "kvpop_record"
+
+
+# -- recording q/k/v -----------------------------------------------------------------------------------
+@torch.no_grad()
+def record_qkv(model, ids: torch.Tensor) -> dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor, float]]:
+    """Dense causal forward of ``ids [1, S]``; returns ``{layer: (q, k, v, scaling)}`` with post-RoPE
+    q ``[1, Hq, S, D]``, k/v ``[1, Hkv, S, D]`` (float32, on the model's device)."""
+    from transformers import AttentionInterface, AttentionMaskInterface
+
+    store: dict[int, tuple] = {}
+
+    def attn(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+        store[module.layer_idx] = (query.float(), key.float(), value.float(), float(scaling))
+        g = query.shape[1] // key.shape[1]
+        out = F.scaled_dot_product_attention(query, key.repeat_interleave(g, 1), value.repeat_interleave(g, 1),
+                                             is_causal=query.shape[2] > 1, scale=scaling)
+        return out.transpose(1, 2).contiguous(), None
+
+    AttentionInterface.register(_REC_NAME, attn)
+    AttentionMaskInterface.register(_REC_NAME, lambda *a, **k: None)
+    old = model.config._attn_implementation
+    model.set_attn_implementation(_REC_NAME)
+    try:
+        model(ids, use_cache=False)
+    finally:
+        model.set_attn_implementation(old)
+    return store
+
+
+# -- recall ----------------------------------------------------------------------------------------------
+def topk_recall(prio: torch.Tensor, oracle: torch.Tensor, sinks: int, window: int, topk: int,
+                chunk: int = 256) -> torch.Tensor:
+    """prio/oracle ``[H, S]`` -> recall per head ``[H]`` (NaN if eviction never happens in ``S`` tokens)."""
+    H, S = oracle.shape
+    rs = running_topk(prio.float(), sinks, window, topk)
+    ro = running_topk(oracle.float(), sinks, window, topk)
+    t = torch.arange(S, device=oracle.device)
+    num = torch.zeros(H, dtype=torch.float64, device=oracle.device)
+    cnt = torch.zeros(H, dtype=torch.float64, device=oracle.device)
+    for q0 in range(0, S, chunk):
+        q = torch.arange(q0, min(S, q0 + chunk), device=oracle.device)
+        elig = (t[None, :] >= sinks) & (t[None, :] <= q[:, None] - window)  # [c, S]
+        ko = elig & (ro.rank[:, None, :] <= ro.cutoff[:, q, None])  # [H, c, S]
+        ks = elig & (rs.rank[:, None, :] <= rs.cutoff[:, q, None])
+        active = (elig.sum(-1) > topk)[None, :].expand(H, -1)  # eviction happens at these queries
+        denom = ko.sum(-1).double()
+        ratio = (ko & ks).sum(-1).double() / denom.clamp_min(1)
+        use = active & (denom > 0)
+        num += torch.where(use, ratio, torch.zeros_like(ratio)).sum(-1)
+        cnt += use.sum(-1).double()
+    return torch.where(cnt > 0, num / cnt.clamp_min(1), torch.full_like(num, float("nan")))
+
+
+@torch.no_grad()
+def recall_rows(model, tokenizer, problems: Sequence[Problem], scored: Sequence[tuple[str, Any, Any]],
+                progress: bool = True) -> list[dict]:
+    """Recall per (policy, budget, layer, KV head), averaged over ``problems``.
+
+    scored: ``(policy, budget, cache)`` triples; the cache supplies the scorer, ``log_gamma`` and the
+    budget (``sinks/window/topk`` of its ``kvpop_config``). Oracle priorities use the same window.
+    """
+    device = next(model.parameters()).device
+    acc: dict[tuple, list[torch.Tensor]] = {}
+    backend = "flex" if device.type == "cuda" else "chunked"
+    it = problems
+    if progress:
+        from tqdm.auto import tqdm
+        it = tqdm(problems, desc="recall", leave=False)
+    for p in it:
+        ids = torch.tensor([training_example(p, tokenizer)["input_ids"]], device=device)
+        qkv = record_qkv(model, ids)
+        for layer, (q, k, v, scale) in sorted(qkv.items()):
+            lse = dense_causal_lse(q, k, scale)
+            oracles: dict[int, torch.Tensor] = {}
+            for policy, budget, cache in scored:
+                cfg = cache.kvpop_config
+                if cfg.window not in oracles:
+                    oracles[cfg.window] = future_attention_target(q, k, lse, cfg.window, scale=scale,
+                                                                  backend=backend)[0]
+                lg = cache.log_gamma[layer].to(device) if cache.log_gamma is not None else None
+                scorer = cache.scorer_for(device)
+                prio = sequence_priorities(scorer, layer, k, v, cfg.window, lg, cfg.decay_step)[0]
+                rec = topk_recall(prio, oracles[cfg.window], cfg.sinks, cfg.window, cfg.topk)
+                acc.setdefault((policy, budget.B, round(budget.cr, 4), layer), []).append(rec.cpu())
+    rows = []
+    for (policy, B, cr, layer), recs in acc.items():
+        r = torch.stack(recs).nanmean(0)
+        for h, x in enumerate(r.tolist()):
+            rows.append({"policy": policy, "budget": B, "cr": cr, "layer": layer, "head": h, "recall": x,
+                         "n_problems": len(recs)})
+    return rows
+
+
+def write_recall(rows: Sequence[dict], csv_path: Path, png_path: Path) -> None:
+    with open(csv_path, "w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=["policy", "budget", "cr", "layer", "head", "recall", "n_problems"])
+        w.writeheader()
+        w.writerows(rows)
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    lines: dict[tuple, dict[int, list[float]]] = {}
+    for r in rows:
+        lines.setdefault((r["policy"], r["budget"], r["cr"]), {}).setdefault(r["layer"], []).append(r["recall"])
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for (p, B, cr), by_layer in lines.items():
+        xs = sorted(by_layer)
+        if all(math.isnan(x) for ys in by_layer.values() for x in ys):
+            continue  # budget never evicts at this length
+        ax.plot(xs, [_nanmean(by_layer[x]) for x in xs], marker="o", label=f"{p} B={B} (cr {cr:.2f})")
+    ax.set_xlabel("layer")
+    ax.xaxis.get_major_locator().set_params(integer=True)
+    ax.set_ylabel("recall of oracle top-k (mean over KV heads)")
+    ax.set_ylim(-0.02, 1.02)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(png_path, dpi=120)
+    plt.close(fig)
+
+
+def _nanmean(xs: Sequence[float]) -> float:
+    xs = [x for x in xs if not math.isnan(x)]
+    return sum(xs) / len(xs) if xs else float("nan")
+
+
+# -- retention heatmap ------------------------------------------------------------------------------------
+EVICTED, SINK, WINDOW, TOPK = 0, 1, 2, 3
+
+
+def retention_map(cache, n_tokens: int) -> torch.Tensor:
+    """``[layers * kv_heads, n_tokens]`` int8 from ``cache.stored_positions`` (batch row 0):
+    0 evicted, 1 sink, 2 recent window, 3 long-range token kept by the scorer. ``n_tokens`` = tokens the
+    cache has seen."""
+    cfg = cache.kvpop_config
+    rows = []
+    for layer in range(len(cache.layers)):
+        pos = cache.stored_positions(layer)[0].cpu()  # [h, B]
+        m = torch.zeros(pos.shape[0], n_tokens, dtype=torch.int8)
+        for h in range(pos.shape[0]):
+            p = pos[h][(pos[h] >= 0) & (pos[h] < n_tokens)]
+            m[h, p] = TOPK
+        m[:, : cfg.sinks] = torch.where(m[:, : cfg.sinks] > 0, SINK, EVICTED).to(torch.int8)
+        w0 = max(n_tokens - cfg.window, 0)
+        m[:, w0:] = torch.where(m[:, w0:] > 0, WINDOW, EVICTED).to(torch.int8)
+        rows.append(m)
+    return torch.cat(rows, 0)
+
+
+def plot_retention(mat: torch.Tensor, kv_heads: int, path: Path, title: str, marks: dict | None = None) -> None:
+    """Image of :func:`retention_map` (rows = (layer, head), columns = positions); ``marks``:
+    ``{label: [positions]}`` drawn as ticks above the image (e.g. fact lines of a reasoning problem)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.colors import ListedColormap
+    from matplotlib.patches import Patch
+
+    colors = ["#f4f4f4", "#7f7f7f", "#9ecae1", "#d62728"]
+    cmap = ListedColormap(colors)
+    R, T = mat.shape
+    fig, ax = plt.subplots(figsize=(12, max(2.5, 0.25 * R + 1.5)))
+    ax.imshow(mat.numpy(), aspect="auto", interpolation="nearest", cmap=cmap, vmin=0, vmax=3)
+    ax.set_yticks(range(R))
+    ax.set_yticklabels([f"L{r // kv_heads} H{r % kv_heads}" for r in range(R)], fontsize=6)
+    ax.set_xlabel("token position")
+    for i, (label, xs) in enumerate((marks or {}).items()):
+        for x in xs:
+            ax.axvline(x, color=["k", "g", "m"][i % 3], lw=1.0, ls="--" if i else "-", alpha=0.9)
+    handles = [Patch(color=c, label=n) for c, n in zip(colors, ["evicted", "sink", "window", "kept (top-k)"])]
+    handles += [Patch(color=["k", "g", "m"][i % 3], label=label) for i, label in enumerate(marks or {})]
+    ax.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    ax.set_title(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=130)
+    plt.close(fig)
+
+
+@torch.no_grad()
+def retention_after_generation(model, tokenizer, problem: Problem, cache) -> tuple[torch.Tensor, int, str]:
+    """Greedy generation of ``problem`` with ``cache``; returns (retention map, tokens seen, generated text)."""
+    from .tokenizer import count_tokens
+
+    device = next(model.parameters()).device
+    ids = torch.tensor([tokenizer(problem.prompt)["input_ids"]], device=device)
+    out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), past_key_values=cache,
+                         max_new_tokens=count_tokens(problem.target) + 9, do_sample=False,
+                         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    n_seen = cache.layers[0].get_seq_length()  # the last generated token is never fed back
+    text = tokenizer.decode(out[0, ids.shape[1]:].tolist(), skip_special_tokens=True)
+    return retention_map(cache, n_seen), n_seen, text
+
+
+# -- delay ablation -----------------------------------------------------------------------------------------
+def ablation_delay(rows: Sequence[dict], recall: Sequence[dict] | None = None) -> str | None:
+    """Markdown comparing ``kvpop`` (delayed) with ``kvpop_immediate`` per budget (None if either is missing):
+    average EM and token accuracy over all families, and mean recall when available."""
+    from .report import averages
+
+    fams = sorted({r["family"] for r in rows})
+    av = averages(rows, fams)
+    budgets = sorted({b for (p, b) in av if p == "kvpop"} & {b for (p, b) in av if p == "kvpop_immediate"})
+    if not budgets:
+        return None
+    rec: dict[tuple, list[float]] = {}
+    for r in recall or []:
+        rec.setdefault((r["policy"], r["budget"]), []).append(r["recall"])
+    lines = ["## Delayed vs immediate scoring (paper Fig. 5)", "",
+             "| B | cr | EM delayed | EM immediate | tok acc delayed | tok acc immediate | Δ tok acc | "
+             "recall delayed | recall immediate |", "|---|---|---|---|---|---|---|---|---|"]
+    for B in budgets:
+        d, i = av[("kvpop", B)], av[("kvpop_immediate", B)]
+        rd, ri = _nanmean(rec.get(("kvpop", B), [])), _nanmean(rec.get(("kvpop_immediate", B), []))
+        lines.append(f"| {B} | {d['cr']:.3f} | {d['avg_em']:.3f} | {i['avg_em']:.3f} | {d['avg_acc']:.3f} | "
+                     f"{i['avg_acc']:.3f} | {d['avg_acc'] - i['avg_acc']:+.3f} | {rd:.3f} | {ri:.3f} |")
+    lines += ["", f"Averages over {', '.join(fams)}; recall: mean over layers, KV heads (n/a = nan if "
+                  "--analysis was off).", ""]
+    return "\n".join(lines)
+
+
+def plot_ablation(rows: Sequence[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from .report import averages
+
+    fams = sorted({r["family"] for r in rows})
+    av = averages(rows, fams)
+    fig, ax = plt.subplots(figsize=(5, 3.5))
+    for p, label in (("kvpop", "delayed"), ("kvpop_immediate", "immediate")):
+        pts = sorted((d["cr"], d["avg_acc"]) for (q, b), d in av.items() if q == p)
+        ax.plot([x for x, _ in pts], [y for _, y in pts], marker="o", label=f"{p} ({label})")
+    ax.set_xlabel("compression ratio")
+    ax.set_ylabel("avg token accuracy")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+# -- driver -----------------------------------------------------------------------------------------------
+_HEATMAP_PREFERENCE = ("kvpop", "kvpop_mlp", "kvpop_immediate", "knorm", "random", "streaming")
+
+
+def run_all(model, tokenizer, plan, out: Path, args, progress: bool = True) -> tuple[dict, list[dict]]:
+    """Write ``recall_per_layer.csv/png`` and ``retention_heatmap.png`` on the first ``args.analysis_n``
+    reasoning problems; returns (summary for ``meta.json``, recall rows)."""
+    problems = plan.problems["reasoning"][: args.analysis_n]
+    evict = [r for r in plan.runs if r.budget is not None]
+    summary: dict = {"problems": [p.meta.get("n_tokens") for p in problems],
+                     "seeds": plan.seeds["reasoning"][: args.analysis_n]}
+    if not evict:
+        summary["skipped"] = "no eviction policy in this run"
+        return summary, []
+    scored = [(r.policy, r.budget, r.factory()(model.config)) for r in evict]
+    rec = recall_rows(model, tokenizer, problems, scored, progress=progress)
+    write_recall(rec, out / "recall_per_layer.csv", out / "recall_per_layer.png")
+
+    order = {p: i for i, p in enumerate(_HEATMAP_PREFERENCE)}
+    run = min(evict, key=lambda r: (order.get(r.policy, len(order)), -r.budget.cr))
+    cache = run.factory()(model.config)
+    mat, n_seen, text = retention_after_generation(model, tokenizer, problems[0], cache)
+    meta = problems[0].meta
+    start = len(tokenizer(problems[0].prompt)["input_ids"])  # <bos> + prompt under *this* tokenizer
+    marks = {}
+    if meta.get("target_token_start") == start:  # meta positions are in testbed-tokenizer tokens
+        marks["fact lines"] = sorted(meta.get("fact_token_pos", {}).values())
+    marks["target start"] = [start]
+    cfg = cache.kvpop_config
+    plot_retention(mat, cfg.num_kv_heads, out / "retention_heatmap.png",
+                   f"{run.policy}  B={run.budget.B} (s={cfg.sinks}, w={cfg.window}, k={cfg.topk}), "
+                   f"reasoning seed {plan.seeds['reasoning'][0]}, {n_seen} tokens seen", marks)
+    summary["heatmap"] = {"policy": run.policy, "budget": run.budget.B, "tokens_seen": n_seen,
+                          "generated": text}
+    return summary, rec

@@ -1,0 +1,279 @@
+"""Eviction policies by name, budgets and scorer checkpoints for the evaluation CLI.
+
+A *policy factory* has the signature ``factory(model_config, sinks, window, topk, checkpoint=None)``
+and returns a fresh ``past_key_values`` object (or ``None`` = transformers' default dense cache).
+:data:`POLICIES` maps names to :class:`Policy` records; new baselines (TOVA, H2O, SnapKV, DMS, KVP,
+...) plug in with :func:`register_policy` and then work in ``kvpop-eval --policies``.
+
+Budgets (KVpop arXiv:2607.05061, Eq. 1: ``B = s + w + k`` per layer and KV head) are given either as
+compression ratios relative to the evaluation length (``0.75`` -> ``B = round(0.25 * length)``) or as
+explicit token counts (``256``); ``sinks`` and ``window`` are fixed and ``topk = B - sinks - window``.
+
+Learned policies read a checkpoint directory (or Hub repo id) written by
+``KVpopCache.save_pretrained``. Checkpoints are found per (policy, budget tag) where the tag is
+``cr<NN>`` (``NN = round(100 * cr)``) or ``b<B>``; an untagged checkpoint serves every budget (its
+``sinks/window/topk`` are overridden by the requested budget).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+__all__ = ["Policy", "POLICIES", "register_policy", "Budget", "parse_budgets", "budget_tags",
+           "parse_checkpoint_specs", "scan_checkpoints_dir", "resolve_checkpoint", "load_prototype",
+           "bind_factory"]
+
+PolicyFactory = Callable[..., Any]
+
+
+@dataclass(frozen=True)
+class Policy:
+    """A named eviction policy.
+
+    factory: ``(model_config, sinks, window, topk, checkpoint=None) -> cache | None``.
+    needs_checkpoint: the factory requires a checkpoint (learned scorers).
+    expect: for learned policies, fields the checkpoint's ``KVpopConfig`` must match, e.g.
+        ``{"scorer": "mlstm", "delayed": True}`` (``delayed`` is read from ``scorer_kwargs``).
+    dense: the policy keeps every token (run once, not per budget).
+    """
+
+    name: str
+    factory: PolicyFactory
+    needs_checkpoint: bool = False
+    expect: dict = field(default_factory=dict)
+    dense: bool = False
+    description: str = ""
+
+
+POLICIES: dict[str, Policy] = {}
+
+
+def register_policy(name: str, factory: PolicyFactory, *, needs_checkpoint: bool = False,
+                    expect: dict | None = None, dense: bool = False, description: str = "") -> Policy:
+    """Register (or replace) a policy; returns its record."""
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_\-]*", name):
+        raise ValueError(f"Bad policy name {name!r}: use letters, digits, '_' and '-'.")
+    pol = Policy(name, factory, needs_checkpoint, dict(expect or {}), dense, description)
+    POLICIES[name] = pol
+    return pol
+
+
+# -- built-in policies -------------------------------------------------------------------------------
+def _dense(model_config, sinks, window, topk, checkpoint=None):
+    return None  # exact_match / model(...) then use the default DynamicCache
+
+
+def _heuristic(scorer: str, **scorer_kwargs) -> PolicyFactory:
+    def factory(model_config, sinks, window, topk, checkpoint=None):
+        from ..cache import KVpopCache
+
+        return KVpopCache(model_config, sinks=sinks, window=window, topk=topk, scorer=scorer,
+                          scorer_kwargs=dict(scorer_kwargs) or None)
+
+    factory.__name__ = f"{scorer}_factory"
+    return factory
+
+
+def _learned(model_config, sinks, window, topk, checkpoint=None):
+    """Fresh cache from a checkpoint (a path / repo id, or a prototype KVpopCache from
+    :func:`load_prototype`, whose scorer weights are shared, read-only, by all caches)."""
+    from ..cache import KVpopCache
+
+    if checkpoint is None:
+        raise ValueError("This policy needs a scorer checkpoint.")
+    if not isinstance(checkpoint, KVpopCache):
+        return KVpopCache.from_pretrained(checkpoint, model_config, sinks=sinks, window=window, topk=topk)
+    cfg = _config_copy(checkpoint.kvpop_config, sinks=sinks, window=window, topk=topk)
+    cache = KVpopCache(model_config, scorer=checkpoint.scorer, kvpop_config=cfg)
+    if checkpoint.log_gamma is not None:
+        cache.log_gamma = checkpoint.log_gamma.clone()
+    return cache
+
+
+def _config_copy(cfg, **changes):
+    """A validated copy of a KVpopConfig with some fields changed."""
+    import dataclasses
+
+    out = dataclasses.replace(cfg, scorer_kwargs=dict(cfg.scorer_kwargs), **changes)
+    out.validate()
+    return out
+
+
+register_policy("dense", _dense, dense=True, description="full KV cache (DynamicCache)")
+register_policy("streaming", _heuristic("streaming"), description="StreamingLLM: sinks + window of w + k")
+register_policy("knorm", _heuristic("knorm"), description="K-Norm: keep low-norm keys")
+register_policy("random", _heuristic("random", seed=0), description="seeded random priorities")
+register_policy("kvpop_mlp", _learned, needs_checkpoint=True, expect={"scorer": "mlp"},
+                description="learned stateless MLP scorer (KVpop_mlp)")
+register_policy("kvpop", _learned, needs_checkpoint=True, expect={"scorer": "mlstm", "delayed": True},
+                description="learned mLSTM scorer, delayed scoring (KVpop)")
+register_policy("kvpop_immediate", _learned, needs_checkpoint=True, expect={"scorer": "mlstm", "delayed": False},
+                description="mLSTM scorer read immediately (ablation, paper Fig. 5)")
+
+
+# -- budgets -----------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Budget:
+    """One budget: ``B = sinks + window + topk`` tokens per layer and KV head; ``cr = max(0, 1 - B / length)``."""
+
+    B: int
+    cr: float
+    sinks: int
+    window: int
+    spec: str  # as given on the command line
+
+    @property
+    def topk(self) -> int:
+        return self.B - self.sinks - self.window
+
+    @property
+    def tag(self) -> str:
+        """``cr75`` when given as a ratio, else ``b<B>``."""
+        return budget_tags(self)[0]
+
+
+def budget_tags(b: Budget) -> list[str]:
+    """Checkpoint tags that match this budget, most specific first."""
+    crtag, btag = f"cr{round(100 * b.cr)}", f"b{b.B}"
+    return [crtag, btag] if _is_ratio(b.spec) else [btag, crtag]
+
+
+def _is_ratio(spec: str) -> bool:
+    return "." in spec or "e" in spec.lower()
+
+
+def parse_budgets(text: str | list[str], length: int, sinks: int, window: int) -> list[Budget]:
+    """``"0.75,0.88"`` (ratios in (0, 1)) and/or ``"256,512"`` (tokens) -> budgets, in the given order.
+
+    Raises ValueError for empty lists, malformed values, duplicates, ratios outside (0, 1) and budgets
+    that leave no long-range slot (``B <= sinks + window``).
+    """
+    items = text if isinstance(text, list) else [t for t in str(text).replace(" ", "").split(",") if t]
+    if not items:
+        raise ValueError("--budgets is empty; give ratios like 0.75,0.88 or token counts like 256,512.")
+    out: list[Budget] = []
+    for spec in items:
+        spec = str(spec)
+        if _is_ratio(spec):
+            try:
+                cr = float(spec)
+            except ValueError:
+                raise ValueError(f"Bad budget {spec!r}: expected a ratio like 0.75 or a token count like 256.") from None
+            if not (0.0 < cr < 1.0) or math.isnan(cr):
+                raise ValueError(f"Compression ratio {spec} must be in (0, 1) (B = round((1 - cr) * length)).")
+            B = int(round((1.0 - cr) * length))
+        else:
+            try:
+                B = int(spec)
+            except ValueError:
+                raise ValueError(f"Bad budget {spec!r}: expected a ratio like 0.75 or a token count like 256.") from None
+        if B <= sinks + window:
+            raise ValueError(
+                f"Budget {spec} gives B={B} tokens, which is <= sinks + window = {sinks} + {window}: no long-range "
+                "slots are left. Use a larger budget, a smaller --window or fewer --sinks.")
+        cr = max(0.0, 1.0 - B / length)
+        b = Budget(B=B, cr=cr, sinks=sinks, window=window, spec=spec)
+        if any(o.B == B for o in out):
+            raise ValueError(f"Duplicate budget B={B} (from {spec!r}).")
+        out.append(b)
+    return out
+
+
+# -- checkpoints -------------------------------------------------------------------------------------
+_TAG_RE = re.compile(r"^(?P<name>.+?)(?:_(?P<tag>cr\d+|b\d+))?$")
+
+
+def _norm_tag(tag: str) -> str:
+    """'cr75' / 'b256' as is; '0.75' -> 'cr75'; '256' -> 'b256'."""
+    tag = tag.strip().lower()
+    if re.fullmatch(r"cr\d+|b\d+", tag):
+        return tag
+    try:
+        if _is_ratio(tag):
+            return f"cr{round(100 * float(tag))}"
+        return f"b{int(tag)}"
+    except ValueError:
+        raise ValueError(f"Bad budget tag {tag!r}: use cr75, b256, 0.75 or 256.") from None
+
+
+def parse_checkpoint_specs(specs: list[str]) -> dict[tuple[str, str | None], str]:
+    """``["kvpop_mlp@cr75=dir", "kvpop=dir2", "kvpop=dir3@0.88"]`` ->
+    ``{("kvpop_mlp", "cr75"): "dir", ("kvpop", None): "dir2", ("kvpop", "cr88"): "dir3"}``."""
+    out: dict[tuple[str, str | None], str] = {}
+    for spec in specs or []:
+        if "=" not in spec:
+            raise ValueError(f"--scorer-checkpoint expects POLICY[@BUDGET]=DIR, got {spec!r}.")
+        key, path = spec.split("=", 1)
+        name, _, tag = key.partition("@")
+        m = re.fullmatch(r"(.+)@(cr\d+|b\d+|\d*\.\d+|\d+)", path)
+        if not tag and m:  # also accept POLICY=DIR@TAG
+            path, tag = m.group(1), m.group(2)
+        name = name.strip()
+        if name not in POLICIES:
+            raise ValueError(f"--scorer-checkpoint: unknown policy {name!r}; known: {sorted(POLICIES)}.")
+        if not POLICIES[name].needs_checkpoint:
+            raise ValueError(f"--scorer-checkpoint: policy {name!r} takes no checkpoint.")
+        out[(name, _norm_tag(tag) if tag else None)] = path
+    return out
+
+
+def scan_checkpoints_dir(root: str | Path) -> dict[tuple[str, str | None], str]:
+    """Subdirectories ``<policy>[_cr<NN>|_b<B>]`` holding a ``kvpop_config.json``, for registered
+    learned policies (e.g. ``kvpop_mlp_cr75``, ``kvpop_cr88``, ``kvpop_immediate``)."""
+    from ..hub import CONFIG_NAME
+
+    root = Path(root)
+    if not root.is_dir():
+        raise ValueError(f"--checkpoints-dir {root} is not a directory.")
+    out: dict[tuple[str, str | None], str] = {}
+    for sub in sorted(root.iterdir()):
+        if not (sub / CONFIG_NAME).is_file():
+            continue
+        m = _TAG_RE.match(sub.name)
+        name, tag = m.group("name"), m.group("tag")
+        if tag is None and sub.name in POLICIES:
+            name = sub.name
+        if name in POLICIES and POLICIES[name].needs_checkpoint:
+            out[(name, tag)] = str(sub)
+    return out
+
+
+def resolve_checkpoint(checkpoints: dict[tuple[str, str | None], str], policy: str, budget: Budget) -> str | None:
+    """The checkpoint of ``policy`` for ``budget``: a tagged one first, then an untagged one."""
+    for tag in budget_tags(budget) + [None]:
+        if (policy, tag) in checkpoints:
+            return checkpoints[(policy, tag)]
+    return None
+
+
+def load_prototype(policy: str, path: str):
+    """Load a checkpoint once (no model shape yet) and check it is what ``policy`` expects."""
+    from ..cache import KVpopCache
+
+    try:
+        proto = KVpopCache.from_pretrained(path)
+    except (OSError, FileNotFoundError) as err:
+        raise ValueError(f"Cannot load the {policy!r} checkpoint {path}: {err}") from err
+    cfg = proto.kvpop_config
+    for key, want in POLICIES[policy].expect.items():
+        if key == "scorer":
+            got = cfg.scorer
+        else:
+            got = cfg.scorer_kwargs.get(key, getattr(proto.scorer, key, None))
+        if got != want:
+            raise ValueError(f"Checkpoint {path} has {key}={got!r}, but policy {policy!r} expects {key}={want!r}.")
+    return proto
+
+
+def bind_factory(policy: str, checkpoint=None) -> Callable[[Any, int, int, int], Any]:
+    """``(model_config, sinks, window, topk) -> cache`` with the checkpoint bound."""
+    pol = POLICIES[policy]
+
+    def factory(model_config, sinks, window, topk):
+        return pol.factory(model_config, sinks, window, topk, checkpoint=checkpoint)
+
+    return factory

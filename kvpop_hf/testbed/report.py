@@ -1,0 +1,223 @@
+"""Reports of ``kvpop-eval``: results CSV, markdown tables (KVpop arXiv:2607.05061 Tables 1/2), the
+quality-vs-budget plot and the run metadata (command line, git commit, versions, seeds).
+
+A result row is a dict with ``policy, budget ("full" for dense), cr, sinks, window, topk, family,
+em, token_acc, n, n_target_tokens``.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import platform
+import subprocess
+import sys
+from pathlib import Path
+from typing import Sequence
+
+__all__ = ["write_results_csv", "quality_table", "plot_quality", "build_meta", "md_header", "git_commit",
+           "averages"]
+
+COLUMNS = ["policy", "budget", "cr", "sinks", "window", "topk", "family", "em", "token_acc", "n", "n_target_tokens"]
+
+
+def write_results_csv(rows: Sequence[dict], path: Path) -> None:
+    with open(path, "w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=COLUMNS, extrasaction="ignore")
+        w.writeheader()
+        for r in rows:
+            w.writerow({k: (f"{v:.6g}" if isinstance(v, float) else v) for k, v in r.items()})
+
+
+def _mean(xs: Sequence[float]) -> float:
+    xs = [x for x in xs if not (isinstance(x, float) and math.isnan(x))]
+    return sum(xs) / len(xs) if xs else float("nan")
+
+
+def averages(rows: Sequence[dict], families: Sequence[str]) -> dict[tuple, dict]:
+    """``{(policy, budget): {"cr", "em": {fam: x}, "token_acc": {fam: x}, "avg_em", "avg_acc"}}`` in row
+    order; averages are unweighted means over ``families``."""
+    out: dict[tuple, dict] = {}
+    for r in rows:
+        if r["family"] not in families:
+            continue
+        key = (r["policy"], r["budget"])
+        d = out.setdefault(key, {"cr": r["cr"], "em": {}, "token_acc": {}})
+        d["em"][r["family"]] = r["em"]
+        d["token_acc"][r["family"]] = r["token_acc"]
+    for d in out.values():
+        d["avg_em"] = _mean([d["em"][f] for f in families if f in d["em"]])
+        d["avg_acc"] = _mean([d["token_acc"][f] for f in families if f in d["token_acc"]])
+    return out
+
+
+def _fmt(x: float, pct: bool = False) -> str:
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "n/a"
+    return f"{100 * x:.1f}%" if pct else f"{x:.3f}"
+
+
+def _rel(x: float, ref: float | None) -> str:
+    if ref is None or math.isnan(ref) or ref == 0 or math.isnan(x):
+        return "n/a"
+    return f"{100 * x / ref:.1f}%"
+
+
+def quality_table(rows: Sequence[dict], families: Sequence[str], title: str) -> str:
+    """Markdown: one line per (policy, budget); exact match per family, its average and the average
+    relative to dense, then the average teacher-forced token accuracy and its ratio to dense."""
+    if not families:
+        return f"## {title}\n\n_No families in this group for this run._\n"
+    av = averages(rows, families)
+    dense = next((d for (p, b), d in av.items() if b == "full"), None)
+    d_em = dense["avg_em"] if dense else None
+    d_acc = dense["avg_acc"] if dense else None
+    head = ["policy", "B", "cr"] + [f"EM {f}" for f in families] + ["EM avg", "EM vs dense", "tok acc avg",
+                                                                      "tok acc vs dense"]
+    lines = [f"## {title}", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for (p, b), d in av.items():
+        cells = [p, str(b), f"{d['cr']:.3f}"] + [_fmt(d["em"].get(f)) for f in families]
+        cells += [_fmt(d["avg_em"]), _rel(d["avg_em"], d_em), _fmt(d["avg_acc"]), _rel(d["avg_acc"], d_acc)]
+        lines.append("| " + " | ".join(cells) + " |")
+    lines += ["", "EM: greedy exact match of the whole target; tok acc: teacher-forced next-token accuracy on "
+                  "the target tokens; averages are unweighted over families.", ""]
+    return "\n".join(lines)
+
+
+def plot_quality(rows: Sequence[dict], path: Path) -> None:
+    """Average EM and token accuracy (over all families in ``rows``) vs compression ratio, per policy."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fams = sorted({r["family"] for r in rows})
+    av = averages(rows, fams)
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    for ax, key, name in ((axes[0], "avg_em", "exact match"), (axes[1], "avg_acc", "token accuracy")):
+        by_policy: dict[str, list[tuple[float, float]]] = {}
+        for (p, b), d in av.items():
+            if b == "full":
+                if not math.isnan(d[key]):
+                    ax.axhline(d[key], ls="--", color="k", lw=1, label=f"{p} (full cache)")
+                continue
+            by_policy.setdefault(p, []).append((d["cr"], d[key]))
+        for p, pts in by_policy.items():
+            pts.sort()
+            ax.plot([x for x, _ in pts], [y for _, y in pts], marker="o", label=p)
+        ax.set_xlabel("compression ratio 1 - B / length")
+        ax.set_ylabel(f"avg {name}")
+        ax.set_ylim(-0.02, 1.02)
+        ax.grid(alpha=0.3)
+    axes[1].legend(fontsize=8)
+    fig.suptitle("Quality vs KV budget (avg over " + ", ".join(fams) + ")", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+# -- metadata ----------------------------------------------------------------------------------------
+def _git_dir(start: Path) -> Path | None:
+    for d in [start, *start.parents]:
+        g = d / ".git"
+        if g.is_dir():
+            return g
+        if g.is_file():  # worktree / submodule: "gitdir: <path>"
+            text = g.read_text().strip()
+            if text.startswith("gitdir:"):
+                p = Path(text.split(":", 1)[1].strip())
+                return p if p.is_absolute() else (d / p).resolve()
+    return None
+
+
+def _read_ref(gitdir: Path, ref: str) -> str | None:
+    common = gitdir
+    if (gitdir / "commondir").is_file():
+        common = (gitdir / (gitdir / "commondir").read_text().strip()).resolve()
+    for base in (gitdir, common):
+        f = base / ref
+        if f.is_file():
+            return f.read_text().strip()
+        packed = base / "packed-refs"
+        if packed.is_file():
+            for line in packed.read_text().splitlines():
+                if line.endswith(" " + ref):
+                    return line.split()[0]
+    return None
+
+
+def git_commit(start: Path | None = None) -> str | None:
+    """HEAD commit of the repository holding this package: read from ``.git`` (HEAD, loose ref or
+    packed-refs), falling back to ``git rev-parse HEAD``; None outside a repository."""
+    start = (start or Path(__file__)).resolve()
+    try:
+        gitdir = _git_dir(start if start.is_dir() else start.parent)
+        if gitdir is not None:
+            head = (gitdir / "HEAD").read_text().strip()
+            sha = _read_ref(gitdir, head[5:].strip()) if head.startswith("ref:") else head
+            if sha:
+                return sha
+    except OSError:
+        pass
+    try:
+        res = subprocess.run(["git", "rev-parse", "HEAD"], cwd=str(start.parent), capture_output=True, text=True,
+                             timeout=5)
+        return res.stdout.strip() or None if res.returncode == 0 else None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def _versions() -> dict:
+    import torch
+    import transformers
+
+    import kvpop_hf
+
+    out = {"python": platform.python_version(), "torch": torch.__version__,
+           "transformers": transformers.__version__, "kvpop_hf": kvpop_hf.__version__}
+    try:
+        import matplotlib
+        out["matplotlib"] = matplotlib.__version__
+    except ImportError:
+        pass
+    return out
+
+
+def build_meta(argv, args, plan, timings, device, dtype) -> dict:
+    from .evaluate import command_line
+
+    runs = []
+    for r in plan.runs:
+        d = {"policy": r.policy, "checkpoint": r.checkpoint}
+        if r.budget is not None:
+            b = r.budget
+            d.update(budget=b.B, cr=b.cr, sinks=b.sinks, window=b.window, topk=b.topk, spec=b.spec)
+        if r.prototype is not None:
+            d["checkpoint_config"] = r.prototype.kvpop_config.to_dict()
+        d["seconds"] = timings.get(r.label)
+        runs.append(d)
+    return {
+        "command": command_line(argv),
+        "argv": [sys.executable, "-m", "kvpop_hf.testbed.evaluate", *argv],
+        "git_commit": git_commit(),
+        "versions": _versions(),
+        "model": args.model,
+        "device": str(device),
+        "dtype": str(dtype),
+        "length": args.length,
+        "n_per_family": args.n,
+        "families": plan.families,
+        "in_domain": plan.in_domain,
+        "knobs": plan.knobs,
+        "seeds": {"base": args.seed_base, "rule": "problem i of each family: make_problem(family, length, "
+                  "seed=base + i)", "per_family": {f: [s[0], s[-1]] for f, s in plan.seeds.items()}},
+        "runs": runs,
+        "notes": plan.notes,
+    }
+
+
+def md_header(meta: dict) -> str:
+    return (f"<!-- {meta['command']} -->\n<!-- git {meta['git_commit']} | " +
+            ", ".join(f"{k} {v}" for k, v in meta["versions"].items()) +
+            f" | device {meta['device']} {meta['dtype']} | length {meta['length']} | n {meta['n_per_family']}"
+            f" per family | seeds {meta['seeds']['base']} + i -->\n\n")

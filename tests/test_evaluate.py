@@ -1,0 +1,204 @@
+"""The evaluation CLI `kvpop-eval` (kvpop_hf.testbed.evaluate) end to end on a tiny Qwen3, plus its helpers."""
+
+import csv
+import json
+import math
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, Qwen3Config
+
+from kvpop_hf import KVpopCache
+from kvpop_hf.testbed import FAMILIES, build_tokenizer, make_problem, training_example
+from kvpop_hf.testbed import analysis, policies
+from kvpop_hf.testbed.evaluate import build_parser, main, plan_from_args
+
+LENGTH, WINDOW, SINKS = 300, 32, 4
+FULL_B = 1000  # > length + generated tokens: never evicts
+
+
+def _tiny_trained_model(tok, steps=60):
+    """Tiny random-init Qwen3 over the testbed vocabulary, briefly trained so that its teacher-forced
+    token accuracy is not zero (otherwise "equals dense" would be vacuous)."""
+    torch.manual_seed(0)
+    cfg = Qwen3Config(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=1024,
+                      bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    model = AutoModelForCausalLM.from_config(cfg)
+    exs = [training_example(make_problem(f, length=LENGTH, seed=s), tok) for s in range(6) for f in FAMILIES]
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    for step in range(steps):
+        batch = [exs[(4 * step + j) % len(exs)] for j in range(4)]
+        L = min(len(e["input_ids"]) for e in batch)
+        ids = torch.tensor([e["input_ids"][:L] for e in batch])
+        labels = torch.tensor([e["labels"][:L] for e in batch])
+        model(ids, labels=labels).loss.backward()
+        opt.step()
+        opt.zero_grad()
+    return model.eval()
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    root = tmp_path_factory.mktemp("eval")
+    tok = build_tokenizer()
+    model = _tiny_trained_model(tok)
+    model.save_pretrained(root / "model")
+    tok.save_pretrained(root / "model")
+    ck = KVpopCache(model.config, sinks=SINKS, window=WINDOW, topk=100, scorer="mlp")
+    with torch.no_grad():
+        for p in ck.scorer.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    ck.save_pretrained(root / "ckpts" / "kvpop_mlp")
+    out = root / "out"
+    argv = ["--model", str(root / "model"), "--out", str(out), "--n", "2", "--length", str(LENGTH),
+            "--sinks", str(SINKS), "--window", str(WINDOW), "--budgets", f"0.5,{FULL_B}",
+            "--policies", "dense,knorm,kvpop_mlp", "--checkpoints-dir", str(root / "ckpts"),
+            "--analysis", "--analysis-n", "1", "--no-progress"]
+    assert main(argv) == 0
+    with open(out / "results.csv") as fh:
+        rows = list(csv.DictReader(fh))
+    outputs = [json.loads(line) for line in (out / "outputs.jsonl").read_text().splitlines()]
+    return out, rows, outputs
+
+
+def test_reports_written(run):
+    out, rows, _ = run
+    for name in ("results.csv", "outputs.jsonl", "table1.md", "table2.md", "quality_vs_budget.png", "meta.json",
+                 "recall_per_layer.csv", "recall_per_layer.png", "retention_heatmap.png"):
+        assert (out / name).is_file() and (out / name).stat().st_size > 0, name
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["command"].startswith("kvpop-eval --model")
+    assert "git_commit" in meta and meta["versions"]["torch"] == torch.__version__
+    assert meta["seeds"]["base"] == 2 ** 48
+    t1, t2 = (out / "table1.md").read_text(), (out / "table2.md").read_text()
+    assert "EM reasoning" in t1 and "EM vt" not in t1
+    assert all(f"EM {f}" in t2 for f in FAMILIES if f != "reasoning")
+    assert not (out / "ablation_delay.md").exists()  # needs kvpop and kvpop_immediate
+
+
+def test_one_row_per_policy_budget_family(run):
+    _, rows, _ = run
+    keys = [(r["policy"], r["budget"], r["family"]) for r in rows]
+    assert len(keys) == len(set(keys))
+    want = {("dense", "full", f) for f in FAMILIES}
+    want |= {(p, str(b), f) for p in ("knorm", "kvpop_mlp") for b in (LENGTH // 2, FULL_B) for f in FAMILIES}
+    assert set(keys) == want
+    for r in rows:
+        assert r["n"] == "2" and 0.0 <= float(r["token_acc"]) <= 1.0 and 0.0 <= float(r["em"]) <= 1.0
+
+
+def test_full_budget_equals_dense(run):
+    _, rows, outputs = run
+    dense = {r["family"]: r for r in rows if r["policy"] == "dense"}
+    assert sum(float(r["token_acc"]) for r in dense.values()) > 0  # the comparison is not vacuous
+    for r in rows:
+        if r["budget"] == str(FULL_B):
+            d = dense[r["family"]]
+            assert (r["em"], r["token_acc"]) == (d["em"], d["token_acc"]), r
+    gen = {(o["policy"], str(o["budget"]), o["family"], o["seed"]): (o["generated"], o["token_acc"]) for o in outputs}
+    for (p, b, f, s), v in gen.items():
+        if b == str(FULL_B):
+            assert v == gen[("dense", "full", f, s)]
+    # a real budget does change something for some problem (generation or teacher-forced accuracy)
+    assert any(v != gen[("dense", "full", f, s)] for (p, b, f, s), v in gen.items() if b == str(LENGTH // 2))
+
+
+def test_recall_csv(run):
+    out, _, _ = run
+    with open(out / "recall_per_layer.csv") as fh:
+        rec = list(csv.DictReader(fh))
+    assert {(r["policy"], r["budget"], r["layer"], r["head"]) for r in rec} == {
+        (p, str(b), str(layer), str(h)) for p in ("knorm", "kvpop_mlp") for b in (LENGTH // 2, FULL_B)
+        for layer in (0, 1) for h in (0, 1)}
+    for r in rec:
+        x = float(r["recall"])
+        assert math.isnan(x) if r["budget"] == str(FULL_B) else 0.0 <= x <= 1.0
+
+
+@pytest.mark.parametrize("extra, match", [
+    (["--policies", "dense,h2o"], "Unknown policy"),
+    (["--families", "reasoning,ruler"], "Unknown family"),
+    (["--budgets", "36"], "no long-range"),
+    (["--budgets", "0.9"], "no long-range"),  # B = 30 <= 4 + 32
+    (["--budgets", "1.5"], "ratio"),
+    (["--budgets", "abc"], "Bad budget"),
+    (["--policies", "dense,kvpop"], "needs a scorer checkpoint"),
+    (["--scorer-checkpoint", "knorm=/x"], "takes no checkpoint"),
+])
+def test_bad_input_fails_before_model_work(tmp_path, extra, match):
+    # the model path does not exist: any model work would raise OSError, not this ValueError
+    argv = ["--model", str(tmp_path / "missing"), "--out", str(tmp_path / "o"), "--length", str(LENGTH),
+            "--window", str(WINDOW), "--n", "1", "--budgets", "0.5"] + extra
+    with pytest.raises(ValueError, match=match):
+        main(argv)
+    assert not (tmp_path / "o").exists()
+
+
+def test_budgets_and_checkpoint_lookup(tmp_path):
+    b256, = policies.parse_budgets("256", 2048, 4, 64)
+    assert (b256.B, b256.topk, b256.tag, b256.cr) == (256, 188, "b256", 0.875)
+    with pytest.raises(ValueError, match="Duplicate"):
+        policies.parse_budgets("0.75,512", 2048, 4, 64)
+    b75, b88 = policies.parse_budgets("0.75,0.88", 2048, 4, 64)
+    assert (b75.B, b75.topk, b75.tag, b88.B, b88.tag) == (512, 444, "cr75", 246, "cr88")
+    cfg = Qwen3Config(vocab_size=32, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                      num_key_value_heads=1, head_dim=16)
+    for sub in ("kvpop_mlp_cr75", "kvpop_mlp", "kvpop_cr88", "kvpop_immediate_b246"):
+        KVpopCache(cfg, sinks=4, window=64, topk=8, scorer="mlp" if "mlp" in sub else "mlstm",
+                   scorer_kwargs={"delayed": False} if "immediate" in sub else None).save_pretrained(tmp_path / sub)
+    assert policies.parse_checkpoint_specs(["kvpop_mlp@cr75=a", "kvpop=b", "kvpop=c@0.88", "kvpop_mlp=d@256"]) == {
+        ("kvpop_mlp", "cr75"): "a", ("kvpop", None): "b", ("kvpop", "cr88"): "c", ("kvpop_mlp", "b256"): "d"}
+    found = policies.scan_checkpoints_dir(tmp_path)
+    assert set(found) == {("kvpop_mlp", "cr75"), ("kvpop_mlp", None), ("kvpop", "cr88"), ("kvpop_immediate", "b246")}
+    assert policies.resolve_checkpoint(found, "kvpop_mlp", b75).endswith("kvpop_mlp_cr75")
+    assert policies.resolve_checkpoint(found, "kvpop_mlp", b88).endswith("kvpop_mlp")
+    assert policies.resolve_checkpoint(found, "kvpop", b75) is None
+    assert policies.resolve_checkpoint(found, "kvpop_immediate", b88).endswith("kvpop_immediate_b246")
+    with pytest.raises(ValueError, match="expects scorer='mlstm'"):
+        policies.load_prototype("kvpop", str(tmp_path / "kvpop_mlp"))
+    with pytest.raises(ValueError, match="delayed"):
+        policies.load_prototype("kvpop", str(tmp_path / "kvpop_immediate_b246"))
+    proto = policies.load_prototype("kvpop_mlp", str(tmp_path / "kvpop_mlp"))
+    cache = policies.bind_factory("kvpop_mlp", proto)(cfg, 2, 8, 5)
+    assert (cache.kvpop_config.sinks, cache.kvpop_config.window, cache.kvpop_config.topk) == (2, 8, 5)
+    assert cache.scorer is proto.scorer
+
+
+def test_registered_policy_plugs_in(tmp_path):
+    calls = []
+
+    def tova_like(model_config, sinks, window, topk, checkpoint=None):
+        calls.append((sinks, window, topk))
+        return KVpopCache(model_config, sinks=sinks, window=window, topk=topk, scorer="knorm")
+
+    policies.register_policy("test_plugin", tova_like)
+    try:
+        args = build_parser().parse_args(["--model", "m", "--out", str(tmp_path), "--policies", "dense,test_plugin",
+                                          "--families", "vt", "--n", "1", "--length", "200", "--window", "16",
+                                          "--budgets", "0.5"])
+        plan = plan_from_args(args)
+        assert [(r.policy, r.budget and r.budget.B) for r in plan.runs] == [("dense", None), ("test_plugin", 100)]
+        cfg = Qwen3Config(vocab_size=32, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                          num_attention_heads=2, num_key_value_heads=1, head_dim=16)
+        assert plan.runs[0].factory()(cfg) is None
+        assert isinstance(plan.runs[1].factory()(cfg), KVpopCache) and calls == [(4, 16, 80)]
+    finally:
+        policies.POLICIES.pop("test_plugin")
+
+
+def test_topk_recall_bounds():
+    g = torch.Generator().manual_seed(0)
+    oracle = torch.randn(3, 64, generator=g)
+    assert torch.allclose(analysis.topk_recall(oracle, oracle, 2, 4, 8), torch.ones(3, dtype=torch.float64))
+    r = analysis.topk_recall(-oracle, oracle, 2, 4, 8)
+    assert ((r >= 0) & (r < 1)).all()
+    assert torch.isnan(analysis.topk_recall(oracle, oracle, 2, 4, 64)).all()  # never evicts
+
+
+def test_ablation_table():
+    rows = [{"policy": p, "budget": 100, "cr": 0.5, "family": f, "em": em, "token_acc": acc}
+            for p, em, acc in (("kvpop", 0.5, 0.8), ("kvpop_immediate", 0.25, 0.6)) for f in ("reasoning", "vt")]
+    md = analysis.ablation_delay(rows)
+    assert "| 100 | 0.500 | 0.500 | 0.250 | 0.800 | 0.600 | +0.200 |" in md
+    assert analysis.ablation_delay([r for r in rows if r["policy"] == "kvpop"]) is None
