@@ -28,13 +28,14 @@ import os
 import platform
 import shlex
 import statistics
-import subprocess
 import sys
 import time
 import warnings
 from pathlib import Path
 
 import torch
+
+from kvpop_hf.provenance import git_commit
 import transformers
 from transformers import AutoModelForCausalLM, DynamicCache, Qwen3Config
 
@@ -47,37 +48,6 @@ warnings.filterwarnings("ignore", message=r".*`past_key_values` is deprecated.*"
 
 
 # ----------------------------------------------------------------------------------------- provenance
-def git_commit(repo: Path) -> str:
-    """HEAD's commit, read from .git directly (falls back to `git rev-parse HEAD`)."""
-    try:
-        git = repo / ".git"
-        if git.is_file():  # worktree / submodule: "gitdir: <path>"
-            git = (repo / git.read_text().split(":", 1)[1].strip()).resolve()
-        head = (git / "HEAD").read_text().strip()
-        if not head.startswith("ref:"):
-            return head
-        ref = head.split(":", 1)[1].strip()
-        common = git
-        if (git / "commondir").is_file():
-            common = (git / (git / "commondir").read_text().strip()).resolve()
-        for base in (git, common):
-            if (base / ref).is_file():
-                return (base / ref).read_text().strip()
-        for base in (git, common):
-            packed = base / "packed-refs"
-            if packed.is_file():
-                for line in packed.read_text().splitlines():
-                    if line.endswith(" " + ref):
-                        return line.split()[0]
-    except OSError:
-        pass
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True,
-                              check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
-
 def machine_info(device: torch.device) -> dict:
     cpu = platform.processor() or platform.machine()
     try:
@@ -316,7 +286,7 @@ def main(argv=None) -> int:
     prefix.parent.mkdir(parents=True, exist_ok=True)
     command = "python " + " ".join(shlex.quote(a) for a in [os.path.relpath(sys.argv[0], REPO)] + sys.argv[1:]) \
         if argv is None else "main(" + repr(argv) + ")"
-    commit = git_commit(REPO)
+    commit = (git_commit(REPO) or "unknown")
     info = machine_info(device)
     started = _dt.datetime.now().astimezone().isoformat(timespec="seconds")
     t_start = time.perf_counter()

@@ -38,7 +38,6 @@ import os
 import platform
 import shlex
 import statistics
-import subprocess
 import sys
 import time
 import traceback
@@ -46,6 +45,8 @@ import warnings
 from pathlib import Path
 
 import torch
+
+from kvpop_hf.provenance import git_commit
 import torch.nn.functional as F
 
 REPO = Path(__file__).resolve().parents[1]
@@ -57,37 +58,6 @@ warnings.filterwarnings("ignore", message=r".*past_key_values.*")
 
 
 # ------------------------------------------------------------------------------------------ provenance
-def git_commit(repo: Path) -> str:
-    """HEAD's commit read from .git (refs, packed-refs, worktrees); falls back to `git rev-parse HEAD`."""
-    try:
-        git = repo / ".git"
-        if git.is_file():  # worktree / submodule: "gitdir: <path>"
-            git = (repo / git.read_text().split(":", 1)[1].strip()).resolve()
-        head = (git / "HEAD").read_text().strip()
-        if not head.startswith("ref:"):
-            return head
-        ref = head.split(":", 1)[1].strip()
-        bases = [git]
-        if (git / "commondir").is_file():
-            bases.append((git / (git / "commondir").read_text().strip()).resolve())
-        for base in bases:
-            if (base / ref).is_file():
-                return (base / ref).read_text().strip()
-        for base in bases:
-            packed = base / "packed-refs"
-            if packed.is_file():
-                for line in packed.read_text().splitlines():
-                    if line.endswith(" " + ref):
-                        return line.split()[0]
-    except OSError:
-        pass
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True,
-                              check=True, timeout=10).stdout.strip() or "unknown"
-    except Exception:  # noqa: BLE001
-        return "unknown"
-
-
 def versions(device: torch.device) -> dict:
     info = {"python": platform.python_version(), "torch": torch.__version__}
     try:
@@ -612,7 +582,7 @@ def main(argv=None):
     import kvpop_hf.training.student  # noqa: F401  (registers the "kvpop_train" attention)
 
     meta = {"command": " ".join(shlex.quote(a) for a in [sys.executable, *sys.argv]),
-            "git_commit": git_commit(REPO), "date": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
+            "git_commit": (git_commit(REPO) or "unknown"), "date": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
     meta.update(versions(device))
     meta["dtype"] = dtype_name
     meta["shapes"] = (f"q [1, {args.heads}, S, {args.head_dim}], k/v [1, {args.kv_heads}, S, {args.head_dim}], "

@@ -73,7 +73,6 @@ def contract_mask(prio, sinks, window, topk):
     """Brute force R(q): ``[b, h, S, S]`` bool from priorities ``[b, h, S]`` (loops over q)."""
     b, h, S = prio.shape
     mask = torch.zeros(b, h, S, S, dtype=torch.bool)
-    t = torch.arange(S)
     for q in range(S):
         mask[:, :, q, : min(sinks, q + 1)] = True
         mask[:, :, q, max(q - window + 1, 0): q + 1] = True
@@ -121,3 +120,37 @@ def reference_logits(model, ids, scorer, sinks, window, topk, log_gamma=None, de
     finally:
         model.set_attn_implementation(old)
     return logits, ref.masks
+
+
+# ---------------------------------------------------------------- feeding a cache
+def run_whole(model, ids, cache):
+    with torch.no_grad():
+        return model(ids, past_key_values=cache).logits
+
+
+def run_tokens(model, ids, cache):
+    with torch.no_grad():
+        return torch.cat([model(ids[:, i:i + 1], past_key_values=cache).logits for i in range(ids.shape[1])], 1)
+
+
+def run_chunks(model, ids, cache, sizes=(3, 1, 7, 2, 9, 1, 5, 13)):
+    """Feed ``ids`` in chunks of the (repeated) mixed ``sizes``."""
+    out, i = [], 0
+    with torch.no_grad():
+        for n in sizes * 10:
+            if i >= ids.shape[1]:
+                break
+            out.append(model(ids[:, i:i + n], past_key_values=cache).logits)
+            i += n
+    return torch.cat(out, 1)
+
+
+def left_padded(rows):
+    """Stack 1D id tensors into a left-padded batch: (ids, attention_mask, width)."""
+    width = max(len(r) for r in rows)
+    ids = torch.zeros(len(rows), width, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, r in enumerate(rows):
+        ids[i, width - len(r):] = r
+        mask[i, width - len(r):] = 1
+    return ids, mask, width

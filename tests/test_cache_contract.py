@@ -4,32 +4,11 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from helpers import distinct_ids, reference_logits, tiny_model
+from helpers import distinct_ids, reference_logits, run_chunks, run_tokens, run_whole, tiny_model
 from kvpop_hf import KVpopCache
 
 ARCHS = ["qwen3", "llama", "qwen2", "mistral"]
 S, W, K = 2, 5, 6
-
-
-def run_whole(model, ids, cache):
-    with torch.no_grad():
-        return model(ids, past_key_values=cache).logits
-
-
-def run_tokens(model, ids, cache):
-    with torch.no_grad():
-        return torch.cat([model(ids[:, i:i + 1], past_key_values=cache).logits for i in range(ids.shape[1])], 1)
-
-
-def run_chunks(model, ids, cache, sizes=(3, 1, 7, 2, 9, 1, 5, 13)):
-    out, i = [], 0
-    with torch.no_grad():
-        for n in sizes * 10:
-            if i >= ids.shape[1]:
-                break
-            out.append(model(ids[:, i:i + n], past_key_values=cache).logits)
-            i += n
-    return torch.cat(out, 1)
 
 
 @pytest.mark.parametrize("arch", ARCHS)

@@ -2,7 +2,6 @@
 
 import pytest
 import torch
-from transformers import Qwen3Config
 
 from helpers import tiny_config, tiny_model
 from kvpop_hf import KVpopCache, KVpopConfig

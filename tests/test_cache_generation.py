@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from helpers import distinct_ids, reference_logits, tiny_model
+from helpers import distinct_ids, left_padded, reference_logits, tiny_model
 from kvpop_hf import KVpopCache
 
 S, W, K = 2, 6, 8  # B = 16
@@ -32,12 +32,7 @@ def test_fixed_memory_after_ten_times_budget(scorer):
 def test_left_padding_matches_unpadded_rows(scorer):
     model = tiny_model("llama")
     rows = [distinct_ids(1, n, seed=n)[0] for n in (30, 21, 26)]
-    width = max(len(r) for r in rows)
-    ids = torch.zeros(len(rows), width, dtype=torch.long)
-    mask = torch.zeros_like(ids)
-    for i, r in enumerate(rows):
-        ids[i, width - len(r):] = r
-        mask[i, width - len(r):] = 1
+    ids, mask, width = left_padded(rows)
     kw = dict(sinks=S, window=W, topk=K, scorer=scorer)
     gen = dict(max_new_tokens=12, do_sample=False, pad_token_id=0, return_dict_in_generate=True, output_logits=True)
     for chunk in (None, 7):

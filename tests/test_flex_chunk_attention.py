@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch.nn import functional as F
 
-from helpers import distinct_ids, reference_logits, tiny_model
+from helpers import distinct_ids, left_padded, reference_logits, run_chunks, run_whole, tiny_model
 from kvpop_hf import KVpopCache
 from kvpop_hf.attention import _flex_chunk_attention, set_chunk_attention
 from kvpop_hf.flex_mask import chunk_cutoff, chunk_cutoff_reference, dense_from_compact
@@ -112,22 +112,6 @@ def test_flex_chunk_attention_matches_dense_mask(dtype):
 
 
 # ---------------------------------------------------------------- whole models: flex == dense == reference
-def run_whole(model, ids, cache):
-    with torch.no_grad():
-        return model(ids, past_key_values=cache).logits
-
-
-def run_chunks(model, ids, cache, sizes=(3, 1, 7, 2, 9, 1, 5, 13)):
-    out, i = [], 0
-    with torch.no_grad():
-        for n in sizes * 10:
-            if i >= ids.shape[1]:
-                break
-            out.append(model(ids[:, i:i + n], past_key_values=cache).logits)
-            i += n
-    return torch.cat(out, 1)
-
-
 @pytest.mark.parametrize("scorer", ["knorm", "mlp", "mlstm"])
 def test_flex_logits_match_dense_and_reference(scorer, chunk_mode):
     model = tiny_model("qwen3")  # 4 query heads over 2 KV heads
@@ -147,12 +131,7 @@ def test_flex_logits_match_dense_and_reference(scorer, chunk_mode):
 def test_flex_left_padding_with_prefill_chunks(scorer, chunk_mode):
     model = tiny_model("llama")
     rows = [distinct_ids(1, n, seed=n)[0] for n in (30, 21, 26)]
-    width = max(len(r) for r in rows)
-    ids = torch.zeros(len(rows), width, dtype=torch.long)
-    mask = torch.zeros_like(ids)
-    for i, r in enumerate(rows):
-        ids[i, width - len(r):] = r
-        mask[i, width - len(r):] = 1
+    ids, mask, width = left_padded(rows)
     kw = dict(sinks=2, window=6, topk=8, scorer=scorer)
     gen = dict(max_new_tokens=4, do_sample=False, pad_token_id=0, return_dict_in_generate=True, output_logits=True)
     outs = {}

@@ -27,11 +27,12 @@ import math
 import os
 import random
 import shlex
-import subprocess
 import sys
 import time
 
 import torch
+
+from kvpop_hf.provenance import git_commit
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
@@ -181,19 +182,6 @@ def bench_sdpa_cast(model, batch_size, L, vocab, device, reps=3) -> dict:
     return res
 
 
-def git_commit() -> str:
-    if os.environ.get("KVPOP_GIT_COMMIT"):
-        return os.environ["KVPOP_GIT_COMMIT"]
-    try:
-        root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
-        r = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10)
-        if r.returncode == 0 and r.stdout.strip():
-            return r.stdout.strip()
-    except Exception:
-        pass
-    return "unknown"
-
-
 # --------------------------------------------------------------------------- main
 def main(argv=None):
     args = parse_args(argv)
@@ -288,7 +276,6 @@ def main(argv=None):
     loss_acc, loss_n, data_wait = 0.0, 0, 0.0
     last_loss, losses = float("nan"), []
     bar = tqdm(total=args.steps, desc="train", mininterval=5.0, file=sys.stdout)
-    t_log = time.time()
     while True:
         elapsed = time.time() - t_train
         prog = step / args.steps
@@ -319,7 +306,6 @@ def main(argv=None):
         loss_n += 1 if (step % 10 == 0 or step <= 3) else 0
         bar.update(1)
         if step % args.log_every == 0 or step <= 3:
-            dt = time.time() - t_log
             last_loss = loss_acc / max(1, loss_n)
             losses.append((step, round(last_loss, 5)))
             msg = (f"step {step} loss {last_loss:.4f} lr {opt.param_groups[0]['lr']:.2e} len {ids.shape[1]} "
@@ -327,7 +313,7 @@ def main(argv=None):
                    f"data_wait {data_wait:.1f}s")
             bar.write(msg)
             sys.stdout.flush()
-            loss_acc, loss_n, t_log = 0.0, 0, time.time()
+            loss_acc, loss_n = 0.0, 0
     bar.close()
     train_s = time.time() - t_train
     set_sdpa_cast(False)
@@ -368,7 +354,7 @@ def main(argv=None):
         "command": shlex.join(["python", "training/pretrain_teacher.py"] + list(argv if argv is not None else sys.argv[1:])),
         "args": {k: (list(v) if isinstance(v, tuple) else v) for k, v in vars(args).items() if k != "knob"},
         "seed": args.seed,
-        "git_commit": git_commit(),
+        "git_commit": git_commit() or "unknown",
         "steps": step,
         "final_loss": last_loss,
         "loss_curve": losses,

@@ -10,10 +10,11 @@ from __future__ import annotations
 import csv
 import math
 import platform
-import subprocess
 import sys
 from pathlib import Path
 from typing import Sequence
+
+from ..provenance import git_commit
 
 __all__ = ["write_results_csv", "quality_table", "plot_quality", "build_meta", "md_header", "git_commit",
            "averages"]
@@ -117,56 +118,6 @@ def plot_quality(rows: Sequence[dict], path: Path) -> None:
 
 
 # -- metadata ----------------------------------------------------------------------------------------
-def _git_dir(start: Path) -> Path | None:
-    for d in [start, *start.parents]:
-        g = d / ".git"
-        if g.is_dir():
-            return g
-        if g.is_file():  # worktree / submodule: "gitdir: <path>"
-            text = g.read_text().strip()
-            if text.startswith("gitdir:"):
-                p = Path(text.split(":", 1)[1].strip())
-                return p if p.is_absolute() else (d / p).resolve()
-    return None
-
-
-def _read_ref(gitdir: Path, ref: str) -> str | None:
-    common = gitdir
-    if (gitdir / "commondir").is_file():
-        common = (gitdir / (gitdir / "commondir").read_text().strip()).resolve()
-    for base in (gitdir, common):
-        f = base / ref
-        if f.is_file():
-            return f.read_text().strip()
-        packed = base / "packed-refs"
-        if packed.is_file():
-            for line in packed.read_text().splitlines():
-                if line.endswith(" " + ref):
-                    return line.split()[0]
-    return None
-
-
-def git_commit(start: Path | None = None) -> str | None:
-    """HEAD commit of the repository holding this package: read from ``.git`` (HEAD, loose ref or
-    packed-refs), falling back to ``git rev-parse HEAD``; None outside a repository."""
-    start = (start or Path(__file__)).resolve()
-    try:
-        gitdir = _git_dir(start if start.is_dir() else start.parent)
-        if gitdir is not None:
-            head = (gitdir / "HEAD").read_text().strip()
-            sha = _read_ref(gitdir, head[5:].strip()) if head.startswith("ref:") else head
-            if sha:
-                return sha
-    except OSError:
-        pass
-    try:
-        res = subprocess.run(["git", "rev-parse", "HEAD"], cwd=str(start.parent), capture_output=True, text=True,
-                             timeout=5)
-        return res.stdout.strip() or None if res.returncode == 0 else None
-    except (OSError, subprocess.SubprocessError):
-        return None
-
-
 def _versions() -> dict:
     import torch
     import transformers

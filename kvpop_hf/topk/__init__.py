@@ -12,7 +12,6 @@ Backends: :func:`running_topk_reference` (vectorised torch) and
 
 from __future__ import annotations
 
-import os
 
 import torch
 

@@ -12,11 +12,9 @@ scorer (``kvpop_config.json`` + ``kvpop_scorer.safetensors``), so
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import json
 import math
-import os
 from dataclasses import dataclass, field
 
 import torch
