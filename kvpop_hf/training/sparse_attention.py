@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 
 import torch
+import torch.nn.attention.flex_attention as _fa
 from torch.nn.attention.flex_attention import flex_attention
 
 from ..flex_mask import tiled_block_mask
@@ -44,10 +45,13 @@ def sparse_attention(query, key, value, topk: RunningTopK, sinks: int, window: i
 
     # built tile by tile: create_block_mask would evaluate the whole [b, Hq, S, S] grid
     block_mask = tiled_block_mask(kv_mask_mod, b, key.shape[1], S, S, groups, mask_mod, query.device)
-    kw = dict(block_mask=block_mask, scale=scale, return_lse=True)
+    kw = dict(block_mask=block_mask, scale=scale)
     if groups > 1:
         kw["enable_gqa"] = True
-    out, lse = _flex(query.device)(query, key, value, **kw)
+    if hasattr(_fa, "AuxRequest"):  # torch >= 2.9; return_lse is deprecated there
+        out, aux = _flex(query.device)(query, key, value, return_aux=_fa.AuxRequest(lse=True), **kw)
+        return out, aux.lse.float()
+    out, lse = _flex(query.device)(query, key, value, return_lse=True, **kw)
     return out, lse.float()
 
 
