@@ -92,6 +92,11 @@ def model_shape(model_config) -> tuple[int, int, int]:
     heads = cfg.num_attention_heads
     kv_heads = getattr(cfg, "num_key_value_heads", None) or heads
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
+    if getattr(cfg, "attn_logit_softcapping", None):
+        raise ValueError(
+            f"{type(cfg).__name__} caps attention logits (attn_logit_softcapping={cfg.attn_logit_softcapping}); "
+            "the kvpop attention implements a plain softmax, so it would silently change the model."
+        )
     layer_types = getattr(cfg, "layer_types", None)
     if layer_types is not None:
         bad = sorted({t for t in layer_types if t not in FULL_ATTENTION_TYPES})

@@ -33,6 +33,13 @@ def test_unsupported_attention_layers():
         KVpopCache(cfg)
 
 
+def test_softcapped_attention_is_rejected():
+    cfg = tiny_config()
+    cfg.attn_logit_softcapping = 50.0
+    with pytest.raises(ValueError, match="softcapping"):
+        KVpopCache(cfg)
+
+
 def test_config_roundtrip_rejects_unknown_keys():
     cfg = KVpopConfig(sinks=1, window=2, topk=3)
     assert KVpopConfig.from_dict(cfg.to_dict()) == cfg
