@@ -13,13 +13,14 @@ from __future__ import annotations
 import argparse
 import csv
 import json
-import subprocess
 import sys
 import time
 import types
 from pathlib import Path
 
 import torch
+
+from kvpop_hf.provenance import git_commit
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "training"))
@@ -38,6 +39,7 @@ def main(argv=None):
     ap.add_argument("--out", default=str(ROOT / "results" / "ablation_delay_cpu"))
     args = ap.parse_args(argv)
     cmd = "python benchmarks/ablation_delay.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    commit = git_commit(ROOT) or "unknown"  # read before the run: the code that runs is this commit's
     import retrofit
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -72,7 +74,6 @@ def main(argv=None):
     rows = recall_rows(model, tok, problems, [(n, budget, c) for n, c in caches.items()], progress=False)
     held_out = {n: sum(r["recall"] for r in rows if r["policy"] == n) / sum(r["policy"] == n for r in rows)
                 for n in caches}
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
     with open(f"{out}.csv", "w", newline="") as fh:
         w = csv.writer(fh)
         w.writerow(["variant", "step", "boundary_loss", "topk_recall"])
