@@ -121,3 +121,16 @@ def test_bad_arguments(tmp_path):
     batch = {"input_ids": distinct_ids(2, 10), "attention_mask": torch.tensor([[1] * 10, [0] + [1] * 9])}
     with pytest.raises(ValueError, match="unpadded"):
         t.compute_loss(t.model, batch)
+
+
+def test_learned_decay_is_trained_and_saved(tmp_path):
+    model = tiny_model("qwen3", attn="sdpa")
+    a = args(tmp_path, train_backbone=False, log_gamma=-0.2, learn_decay=True, decay_step=4, max_steps=3,
+             learning_rate=5e-2)
+    t = KVpopTrainer(model=model, args=a, train_dataset=dataset())
+    t.train()
+    lg = t._log_gamma(t.model).detach()
+    assert not torch.allclose(lg, torch.full_like(lg, -0.2))
+    t.save_model(str(tmp_path / "final"))
+    cache = KVpopCache.from_pretrained(tmp_path / "final")
+    torch.testing.assert_close(cache.log_gamma, lg.float())
