@@ -40,6 +40,7 @@ import transformers
 from transformers import AutoModelForCausalLM, DynamicCache, Qwen3Config
 
 from kvpop_hf import KVpopCache
+from kvpop_hf.cache import kv_tensor_bytes
 
 REPO = Path(__file__).resolve().parents[1]
 # transformers >= 5.2x renames generate/forward's `past_key_values` to `cache`; the old name still works
@@ -89,15 +90,6 @@ def build_model(args, device, dtype):
     return model.to(device).eval()
 
 
-def dynamic_bytes(cache: DynamicCache) -> int:
-    total = 0
-    for layer in cache.layers:
-        for t in (getattr(layer, "keys", None), getattr(layer, "values", None)):
-            if isinstance(t, torch.Tensor):
-                total += t.numel() * t.element_size()
-    return total
-
-
 class Runner:
     """One cache under test: its attention implementation, the token it decodes next, its timings."""
 
@@ -113,13 +105,10 @@ class Runner:
     def bytes(self) -> int:
         if isinstance(self.cache, KVpopCache):
             return self.cache.memory_bytes()
-        return dynamic_bytes(self.cache)
+        return kv_tensor_bytes(self.cache)
 
     def kv_bytes(self) -> int:
-        if isinstance(self.cache, KVpopCache):
-            return sum(l.keys.numel() * l.keys.element_size() + l.values.numel() * l.values.element_size()
-                       for l in self.cache.layers if l.is_initialized)
-        return dynamic_bytes(self.cache)
+        return kv_tensor_bytes(self.cache)
 
     def stored_tokens(self) -> int:
         if isinstance(self.cache, KVpopCache):

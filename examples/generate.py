@@ -28,6 +28,7 @@ from transformers import AutoModelForCausalLM, DynamicCache, Qwen3Config
 from transformers.generation.streamers import BaseStreamer
 
 from kvpop_hf import SCORERS, KVpopCache  # importing kvpop_hf registers attn_implementation="kvpop"
+from kvpop_hf.cache import kv_tensor_bytes
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_CHECKPOINT = REPO / "checkpoints" / "teacher"
@@ -82,15 +83,6 @@ def tiny_qwen3(args) -> torch.nn.Module:
             if "norm" in name:
                 p.copy_(0.5 + torch.rand_like(p))
     return model.eval()
-
-
-def cache_bytes_dynamic(cache: DynamicCache) -> int:
-    total = 0
-    for layer in cache.layers:
-        for t in (getattr(layer, "keys", None), getattr(layer, "values", None)):
-            if isinstance(t, torch.Tensor):
-                total += t.numel() * t.element_size()
-    return total
 
 
 def fmt_bytes(n: float) -> str:
@@ -197,7 +189,7 @@ def main(argv=None) -> int:
                                                      pad_token_id)
         finally:
             model.set_attn_implementation(old_attn)
-        dyn_bytes = cache_bytes_dynamic(dyn)
+        dyn_bytes = kv_tensor_bytes(dyn)
 
     # the bytes a DynamicCache holds for this sequence: every seen token, keys + values, all layers / KV heads
     cfg = cache.kvpop_config

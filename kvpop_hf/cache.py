@@ -201,6 +201,17 @@ class KVpopCache(Cache):
         return hub.push(self, repo_id, private=private, token=token, commit_message=commit_message)
 
 
+def kv_tensor_bytes(cache: Cache) -> int:
+    """Bytes of the key/value tensors held by any `transformers` cache (e.g. a DynamicCache), for
+    comparisons with :meth:`KVpopCache.memory_bytes`."""
+    total = 0
+    for layer in cache.layers:
+        for t in (getattr(layer, "keys", None), getattr(layer, "values", None)):
+            if isinstance(t, torch.Tensor):
+                total += t.numel() * t.element_size()
+    return total
+
+
 def _build(cfg: KVpopConfig) -> Scorer:
     try:
         return build_scorer(cfg.scorer, cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, **cfg.scorer_kwargs)
