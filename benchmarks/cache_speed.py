@@ -134,13 +134,17 @@ def forward(model, ids, cache):
     return out.logits[:, -1].argmax(-1, keepdim=True)
 
 
+def reset_peak(device) -> int:
+    """Synchronise, reset the CUDA peak-memory counter and return the bytes allocated now."""
+    sync(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    return torch.cuda.memory_allocated(device)
+
+
 def prefill(model, runner, prompt, chunk, device):
     model.set_attn_implementation(runner.attn)
     cuda = device.type == "cuda"
-    if cuda:
-        sync(device)
-        torch.cuda.reset_peak_memory_stats(device)
-        base = torch.cuda.memory_allocated(device)
+    base = reset_peak(device) if cuda else 0
     t0 = time.perf_counter()
     tok = None
     for start in range(0, prompt.shape[1], chunk):
@@ -157,10 +161,7 @@ def prefill(model, runner, prompt, chunk, device):
 def decode(model, runner, steps, device, record=True):
     model.set_attn_implementation(runner.attn)
     cuda = device.type == "cuda"
-    if cuda:
-        sync(device)
-        torch.cuda.reset_peak_memory_stats(device)
-        base = torch.cuda.memory_allocated(device)
+    base = reset_peak(device) if cuda else 0
     tok = runner.next_tok
     for _ in range(steps):
         sync(device)

@@ -108,6 +108,11 @@ def _check_length(length: Any, family: str) -> int:
     return length
 
 
+def _check_positive_int(family: str, name: str, value: Any) -> None:
+    if not isinstance(value, int) or value < 1:
+        raise ValueError(f"{family}: {name} must be an int >= 1, got {value!r}")
+
+
 def _too_small(family: str, length: int, need: int, what: str) -> ValueError:
     return ValueError(
         f"{family}: length={length} is too small for {what}; need at least {need} tokens "
@@ -245,8 +250,7 @@ def reasoning(seed: int | random.Random = 0, length: int = 1024, n_facts: int | 
     steps = max(3, min(12, length // 256)) if steps is None else steps
     if not isinstance(hops, int) or hops < 2:
         raise ValueError(f"{fam}: hops must be an int >= 2 (operands per step), got {hops!r}")
-    if not isinstance(steps, int) or steps < 1:
-        raise ValueError(f"{fam}: steps must be an int >= 1, got {steps!r}")
+    _check_positive_int(fam, "steps", steps)
     if not isinstance(n_facts, int) or n_facts < hops:
         raise ValueError(f"{fam}: n_facts must be an int >= hops={hops}, got {n_facts!r}")
     if not 0.0 <= distractor_density < 1.0:
@@ -350,10 +354,8 @@ def vt(seed: int | random.Random = 0, length: int = 1024, num_chains: int = 1,
     fam = "vt"
     length = _check_length(length, fam)
     rng = _as_rng(seed, fam)
-    if not isinstance(num_chains, int) or num_chains < 1:
-        raise ValueError(f"{fam}: num_chains must be an int >= 1, got {num_chains!r}")
-    if not isinstance(num_hops, int) or num_hops < 1:
-        raise ValueError(f"{fam}: num_hops must be an int >= 1, got {num_hops!r}")
+    _check_positive_int(fam, "num_chains", num_chains)
+    _check_positive_int(fam, "num_hops", num_hops)
     n_names = num_chains * (num_hops + 1)
     if n_names > len(ENTITY_WORDS):
         raise ValueError(f"{fam}: num_chains * (num_hops + 1) must be <= {len(ENTITY_WORDS)}")
@@ -405,10 +407,8 @@ def niah_multikey(seed: int | random.Random = 0, length: int = 1024, num_needles
     rng = _as_rng(seed, fam)
     if value_kind not in ("number", "uuid"):
         raise ValueError(f"{fam}: value_kind must be 'number' or 'uuid', got {value_kind!r}")
-    if not isinstance(num_needles, int) or num_needles < 1:
-        raise ValueError(f"{fam}: num_needles must be an int >= 1, got {num_needles!r}")
-    if not isinstance(value_digits, int) or value_digits < 1:
-        raise ValueError(f"{fam}: value_digits must be an int >= 1, got {value_digits!r}")
+    _check_positive_int(fam, "num_needles", num_needles)
+    _check_positive_int(fam, "value_digits", value_digits)
     if not uuid_groups or any((not isinstance(g, int)) or g < 1 for g in uuid_groups):
         raise ValueError(f"{fam}: uuid_groups must be positive ints, got {uuid_groups!r}")
     if 2 * num_needles > len(ENTITY_WORDS):
@@ -545,10 +545,8 @@ def fwe(seed: int | random.Random = 0, length: int = 1024, alpha: float = 2.0,
     fam = "fwe"
     length = _check_length(length, fam)
     rng = _as_rng(seed, fam)
-    if not isinstance(top_k, int) or top_k < 1:
-        raise ValueError(f"{fam}: top_k must be an int >= 1, got {top_k!r}")
-    if not isinstance(words_per_line, int) or words_per_line < 1:
-        raise ValueError(f"{fam}: words_per_line must be an int >= 1, got {words_per_line!r}")
+    _check_positive_int(fam, "top_k", top_k)
+    _check_positive_int(fam, "words_per_line", words_per_line)
     if not (isinstance(alpha, (int, float)) and alpha > 0):
         raise ValueError(f"{fam}: alpha must be > 0, got {alpha!r}")
     head = ["read the text below and track how often each word appears ."]
