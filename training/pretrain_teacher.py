@@ -67,6 +67,10 @@ def parse_args(argv=None):
     ap.add_argument("--time-budget", type=float, default=None, help="seconds of training (optional)")
     ap.add_argument("--seq-len", type=_range, default=(2048, 4096), help="LO:HI tokens")
     ap.add_argument("--batch-size", type=int, default=16)
+    ap.add_argument("--tokens-per-batch", type=int, default=0,
+                    help=">0: batch size = tokens-per-batch // length (short sequences -> more problems per step)")
+    ap.add_argument("--len-multiple", type=int, default=64,
+                    help="round each batch's length down to a multiple of this (few distinct shapes)")
     ap.add_argument("--lr", type=float, default=1.5e-3)
     ap.add_argument("--min-lr-frac", type=float, default=0.05)
     ap.add_argument("--warmup", type=int, default=200)
@@ -84,6 +88,8 @@ def parse_args(argv=None):
                     help="mixture weight of reasoning; the rest is split evenly over the other families")
     ap.add_argument("--knob", action="append", type=_knob, default=[],
                     help="generator knob FAMILY.KEY=VALUE (repeatable), e.g. reasoning.steps=6")
+    ap.add_argument("--eval-knob", action="append", type=_knob, default=[],
+                    help="knob override for the final evaluation only (FAMILY.KEY=VALUE, repeatable)")
     ap.add_argument("--curriculum-frac", type=float, default=0.0)
     ap.add_argument("--curriculum-len", type=_range, default=(512, 1536))
     ap.add_argument("--workers", type=int, default=None, help="DataLoader workers (default min(12, cpus-2))")
@@ -106,8 +112,10 @@ class BatchStream(torch.utils.data.IterableDataset):
     workers in order, so the stream is reproducible apart from the curriculum switch, which reads the
     shared ``progress`` value set by the training loop)."""
 
-    def __init__(self, weights, seq_len, batch_size, seed, knobs, curriculum_frac, curriculum_len, progress):
+    def __init__(self, weights, seq_len, batch_size, seed, knobs, curriculum_frac, curriculum_len, progress,
+                 tokens_per_batch=0, len_multiple=1):
         self.weights, self.seq_len, self.batch_size = weights, seq_len, batch_size
+        self.tokens_per_batch, self.len_multiple = tokens_per_batch, max(1, len_multiple)
         self.seed, self.knobs = seed, knobs
         self.curriculum_frac, self.curriculum_len, self.progress = curriculum_frac, curriculum_len, progress
 
@@ -121,9 +129,10 @@ class BatchStream(torch.utils.data.IterableDataset):
             rng = random.Random(f"teacher-batch:{self.seed}:{b}")
             short = self.curriculum_frac > 0 and self.progress.value < self.curriculum_frac
             lo, hi = self.curriculum_len if short else self.seq_len
-            L = rng.randint(lo, hi)
+            L = max(lo, rng.randint(lo, hi) // self.len_multiple * self.len_multiple)
+            n = max(1, self.tokens_per_batch // L) if self.tokens_per_batch > 0 else self.batch_size
             exs = [training_example(p, tok) for p in
-                   mixture(self.weights, n=self.batch_size, length_range=L, seed=rng.getrandbits(48),
+                   mixture(self.weights, n=n, length_range=L, seed=rng.getrandbits(48),
                            knobs=self.knobs)]
             T = max(len(e["input_ids"]) for e in exs)
             ids = torch.full((len(exs), T), pad, dtype=torch.long)
@@ -203,6 +212,11 @@ def main(argv=None):
         if fam not in FAMILIES:
             raise SystemExit(f"--knob: unknown family {fam!r}")
         knobs.setdefault(fam, {})[key] = val
+    eval_knobs: dict[str, dict] = {f: dict(v) for f, v in knobs.items()}
+    for fam, key, val in args.eval_knob:
+        if fam not in FAMILIES:
+            raise SystemExit(f"--eval-knob: unknown family {fam!r}")
+        eval_knobs.setdefault(fam, {})[key] = val
     others = [f for f in FAMILIES if f != "reasoning"]
     weights = {"reasoning": args.reasoning_weight}
     weights.update({f: (1.0 - args.reasoning_weight) / len(others) for f in others})
@@ -211,6 +225,7 @@ def main(argv=None):
         for L in {args.seq_len[0], args.seq_len[1]} | (
                 {args.curriculum_len[0]} if args.curriculum_frac > 0 else set()):
             make_problem(fam, length=L, seed=0, **knobs.get(fam, {}))
+            make_problem(fam, length=L, seed=0, **eval_knobs.get(fam, {}))
 
     inter = args.intermediate or 3 * args.hidden
     cfg = Qwen3Config(
@@ -258,7 +273,7 @@ def main(argv=None):
     progress = torch.multiprocessing.Value("d", 0.0)
     n_workers = args.workers if args.workers is not None else max(0, min(12, (os.cpu_count() or 2) - 2))
     ds = BatchStream(weights, args.seq_len, args.batch_size, args.seed, knobs, args.curriculum_frac,
-                     args.curriculum_len, progress)
+                     args.curriculum_len, progress, args.tokens_per_batch, args.len_multiple)
     dl = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=n_workers, pin_memory=cuda,
                                      prefetch_factor=4 if n_workers > 0 else None,
                                      persistent_workers=False)
@@ -275,6 +290,7 @@ def main(argv=None):
     step, tokens, sup_tokens = 0, 0, 0
     loss_acc, loss_n, data_wait = 0.0, 0, 0.0
     last_loss, losses = float("nan"), []
+    t_log, step_log = time.time(), 0
     bar = tqdm(total=args.steps, desc="train", mininterval=5.0, file=sys.stdout)
     while True:
         elapsed = time.time() - t_train
@@ -308,7 +324,10 @@ def main(argv=None):
         if step % args.log_every == 0 or step <= 3:
             last_loss = loss_acc / max(1, loss_n)
             losses.append((step, round(last_loss, 5)))
+            now = time.time()
+            it_s, t_log, step_log = (step - step_log) / max(1e-9, now - t_log), now, step
             msg = (f"step {step} loss {last_loss:.4f} lr {opt.param_groups[0]['lr']:.2e} len {ids.shape[1]} "
+                   f"bs {ids.shape[0]} it/s {it_s:.1f} "
                    f"prog {prog:.3f} elapsed {time.time() - t_train:.0f}s tok/s {tokens / (time.time() - t_train):.0f} "
                    f"data_wait {data_wait:.1f}s")
             bar.write(msg)
@@ -338,7 +357,7 @@ def main(argv=None):
     em_res = None
     if args.eval_n > 0:
         t0 = time.time()
-        probs = eval_problems(args.eval_n, args.seq_len, knobs)
+        probs = eval_problems(args.eval_n, args.seq_len, eval_knobs)
         em_res = exact_match(model, tok, probs, batch_size=args.eval_batch_size, progress=False)
         print(f"dense greedy EM ({args.eval_n}/family, {time.time() - t0:.0f}s): "
               + json.dumps({k: round(v, 4) for k, v in em_res["em"].items()}), flush=True)
@@ -371,11 +390,12 @@ def main(argv=None):
         "torch": torch.__version__,
         "transformers": __import__("transformers").__version__,
         "data": {"families": weights, "seq_len": list(args.seq_len), "knobs": knobs,
+                 "tokens_per_batch": args.tokens_per_batch, "len_multiple": args.len_multiple,
                  "curriculum_frac": args.curriculum_frac, "curriculum_len": list(args.curriculum_len),
                  "supervision": "target only (training_example mode='trace')",
                  "train_seeds": "mixture(seed=getrandbits(48) of Random('teacher-batch:SEED:BATCH'))",
                  "eval_seeds": f"{EVAL_SEED_BASE} + i per family"},
-        "eval": None if em_res is None else {"n_per_family": args.eval_n, "em": em_res["em"],
+        "eval": None if em_res is None else {"n_per_family": args.eval_n, "em": em_res["em"], "knobs": eval_knobs,
                                              "greedy": True, "dtype": args.save_dtype},
     }
     with open(os.path.join(args.out, "manifest.json"), "w") as f:
