@@ -14,7 +14,7 @@ import torch
 import torch.nn.attention.flex_attention as _fa
 from torch.nn.attention.flex_attention import flex_attention
 
-from ..flex_mask import tiled_block_mask
+from ..flex_mask import sparse_block_mask, tiled_block_mask
 from ..topk import RunningTopK, sparse_mask_reference
 
 
@@ -27,25 +27,61 @@ def _flex(device):
     return _compiled_flex() if device.type == "cuda" else flex_attention
 
 
-def sparse_attention(query, key, value, topk: RunningTopK, sinks: int, window: int, scale: float | None = None):
-    """query ``[b, Hq, S, d]``, key/value ``[b, Hkv, S, d]`` -> (out ``[b, Hq, S, d]``, lse ``[b, Hq, S]``)."""
-    b, hq, S, _ = query.shape
-    groups = hq // key.shape[1]
-    # FlexAttention needs one dtype; under autocast q/k (normed in float32) and v can differ
-    key, value = key.to(query.dtype), value.to(query.dtype)
-    rank, cutoff = topk.rank, topk.cutoff
+def sparse_mask_mods(topk: RunningTopK, sinks: int, window: int, groups: int):
+    """(``kv_mask_mod`` indexed by KV head, ``mask_mod`` indexed by query head) of the running top-k mask.
 
-    def kv_mask_mod(bi, hk, q_idx, kv_idx):  # indexed by KV head
-        recent = (kv_idx <= q_idx) & ((kv_idx < sinks) | (q_idx - kv_idx < window))
-        kept = (kv_idx >= sinks) & (kv_idx <= q_idx - window) & (rank[bi, hk, kv_idx] <= cutoff[bi, hk, q_idx])
-        return recent | kept
+    ``t <= q and (t < s or q - t < w or (s <= t <= q - w and rank[t] <= cutoff[q]))`` is evaluated as
+    ``t <= q and (q - t < w or rank'[t] <= cutoff[q])`` with ``rank' = rank`` for ``t >= s`` and the int32
+    minimum for sinks (``cutoff >= -1``), so sinks always pass and every non-window key ``t >= s`` with
+    ``t <= q`` is in ``E(q)``: the same boolean mask with fewer ops, int32 loads inside the kernel."""
+    S = topk.rank.shape[-1]
+    rank = topk.rank
+    if S >= 2**31 - 1:  # pragma: no cover - int32 indices would overflow
+        raise ValueError(f"sequence too long for int32 ranks: {S}")
+    t = torch.arange(S, device=rank.device)
+    rank = torch.where(t < sinks, torch.iinfo(torch.int32).min, rank).to(torch.int32).contiguous()
+    cutoff = topk.cutoff.to(torch.int32).contiguous()
+
+    def kv_mask_mod(bi, hk, q_idx, kv_idx):
+        return (kv_idx <= q_idx) & ((q_idx - kv_idx < window) | (rank[bi, hk, kv_idx] <= cutoff[bi, hk, q_idx]))
 
     def mask_mod(bi, h, q_idx, kv_idx):
         return kv_mask_mod(bi, h // groups, q_idx, kv_idx)
 
-    # built tile by tile: create_block_mask would evaluate the whole [b, Hq, S, S] grid
-    block_mask = tiled_block_mask(kv_mask_mod, b, key.shape[1], S, S, groups, mask_mod, query.device)
+    return kv_mask_mod, mask_mod
+
+
+def sparse_attention_block_mask(topk: RunningTopK, sinks: int, window: int, groups: int, method: str = "analytic"):
+    """The ``BlockMask`` of :func:`sparse_attention` for ``Hq = Hkv * groups`` query heads.
+
+    ``method="analytic"`` (default): per-block flags from rank/cutoff (:func:`kvpop_hf.flex_mask.sparse_block_mask`,
+    ``O(S^2 / 128)`` work, a few dozen kernels); ``"tiled"``: the mask_mod evaluated tile by tile
+    (:func:`kvpop_hf.flex_mask.tiled_block_mask`, ``O(S^2)`` work, one loop step per query block). Both give the
+    same blocks as ``create_block_mask``."""
+    kv_mask_mod, mask_mod = sparse_mask_mods(topk, sinks, window, groups)
+    b, hkv, S = topk.rank.shape
+    if method == "analytic":
+        return sparse_block_mask(topk.rank, topk.cutoff, sinks, window, groups, mask_mod)
+    if method == "tiled":
+        return tiled_block_mask(kv_mask_mod, b, hkv, S, S, groups, mask_mod, topk.rank.device)
+    raise ValueError(f"method must be 'analytic' or 'tiled', got {method!r}")
+
+
+def sparse_attention(query, key, value, topk: RunningTopK, sinks: int, window: int, scale: float | None = None,
+                     block_mask=None, kernel_options: dict | None = None):
+    """query ``[b, Hq, S, d]``, key/value ``[b, Hkv, S, d]`` -> (out ``[b, Hq, S, d]``, lse ``[b, Hq, S]``).
+
+    ``block_mask``: a prebuilt :func:`sparse_attention_block_mask` of the same ``topk`` (built here if None);
+    ``kernel_options``: passed to FlexAttention (e.g. ``BLOCK_M``/``BLOCK_N``)."""
+    b, hq, S, _ = query.shape
+    groups = hq // key.shape[1]
+    # FlexAttention needs one dtype; under autocast q/k (normed in float32) and v can differ
+    key, value = key.to(query.dtype), value.to(query.dtype)
+    if block_mask is None:  # no [b, Hq, S, S] grid (create_block_mask would evaluate it)
+        block_mask = sparse_attention_block_mask(topk, sinks, window, groups)
     kw = dict(block_mask=block_mask, scale=scale)
+    if kernel_options:
+        kw["kernel_options"] = kernel_options
     if groups > 1:
         kw["enable_gqa"] = True
     if hasattr(_fa, "AuxRequest"):  # torch >= 2.9; return_lse is deprecated there

@@ -222,36 +222,50 @@ def _flex_fn(device: torch.device):
     return flex_attention
 
 
-def _flex_log_sum(qf, kf_exp, lse_f, window: int, sc: float) -> torch.Tensor:
-    """Transposed flex pass.  Returns ``log sum_{d >= t+w} A[d, t]`` [B, Hq, S]."""
-    import torch.nn.attention.flex_attention as _fa
+def future_mask_mod(window: int):
+    """The transposed target mask: flex ``q_idx`` = original key ``t``, flex ``kv_idx`` = original query ``d``."""
+    def mask_mod(b, h, q_idx, kv_idx):
+        return kv_idx >= q_idx + window
+    return mask_mod
 
-    from ..flex_mask import tiled_block_mask
+
+def future_block_mask_for(S: int, window: int, device):
+    """``BlockMask`` of :func:`future_mask_mod`, shared by all rows/heads, built analytically from block
+    indices (``O((S/128)^2)`` ints; :func:`kvpop_hf.flex_mask.future_block_mask`)."""
+    from ..flex_mask import future_block_mask
+
+    return future_block_mask(S, window, future_mask_mod(window), device)
+
+
+def _flex_log_sum(qf, kf_exp, lse_f, window: int, sc: float, block_mask=None, kernel_options=None,
+                  v_dim: int = 16) -> torch.Tensor:
+    """Transposed flex pass.  Returns ``log sum_{d >= t+w} A[d, t]`` [B, Hq, S].
+
+    ``block_mask``: a prebuilt :func:`future_block_mask_for` (built here if None); ``kernel_options`` go to
+    FlexAttention; ``v_dim``: head dim of the discarded dummy value."""
+    import torch.nn.attention.flex_attention as _fa
 
     B, Hq, S, D = qf.shape
     device = qf.device
 
-    def mask_mod(b, h, q_idx, kv_idx):
-        # flex q_idx = original key t, flex kv_idx = original query d
-        return kv_idx >= q_idx + window
-
     def score_mod(score, b, h, q_idx, kv_idx):
         return score - lse_f[b, h, kv_idx]
 
-    # shared by all batch rows and heads; built tile by tile (no S x S grid)
-    block_mask = tiled_block_mask(mask_mod, 1, 1, S, S, 1, mask_mod, device)
+    if block_mask is None:
+        block_mask = future_block_mask_for(S, window, device)
+    kw = {"kernel_options": kernel_options} if kernel_options else {}
     # the output is discarded: a tiny dummy value tensor (must share S with keys)
-    v = torch.zeros(B, Hq, S, 16, dtype=qf.dtype, device=device)
+    v = torch.zeros(B, Hq, S, v_dim, dtype=qf.dtype, device=device)
     fn = _flex_fn(device)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # "called without torch.compile" / return_lse deprecation
         if hasattr(_fa, "AuxRequest"):
             _, aux = fn(kf_exp, qf, v, score_mod=score_mod, block_mask=block_mask, scale=sc,
-                        return_aux=_fa.AuxRequest(lse=True))
+                        return_aux=_fa.AuxRequest(lse=True), **kw)
             log_sum = aux.lse
         else:
             _, log_sum = fn(kf_exp, qf, v, score_mod=score_mod, block_mask=block_mask, scale=sc,
-                            return_lse=True)
+                            return_lse=True, **kw)
     log_sum = log_sum.float()
     # Fully-masked rows (t + w > S - 1): torch 2.13 eager flex returns -inf here;
     # enforce it regardless of version/backend (some kernels return 0 or finite junk).
