@@ -89,7 +89,8 @@ def jsonl_examples(path, tokenizer, seq_len, n):
     return out
 
 
-def main(argv=None):
+def main(argv=None, callbacks=None):
+    """Parses `argv`, builds the data, trains and saves; `callbacks`: extra `TrainerCallback`s. Returns the trainer."""
     parser = HfArgumentParser((ScriptArguments, KVpopTrainingArguments))
     script, args = parser.parse_args_into_dataclasses(args=argv)
     tokenizer = AutoTokenizer.from_pretrained(script.model)
@@ -109,8 +110,9 @@ def main(argv=None):
 
         model = peft.get_peft_model(model, peft.LoraConfig(r=script.lora_rank, lora_alpha=2 * script.lora_rank,
                                                             target_modules=["q_proj", "k_proj", "v_proj", "o_proj"]))
-    callbacks = [TimeBudget(script.max_train_seconds)] if script.max_train_seconds else None
-    trainer = KVpopTrainer(model=model, args=args, train_dataset=data, processing_class=tokenizer, callbacks=callbacks)
+    callbacks = list(callbacks or []) + ([TimeBudget(script.max_train_seconds)] if script.max_train_seconds else [])
+    trainer = KVpopTrainer(model=model, args=args, train_dataset=data, processing_class=tokenizer,
+                           callbacks=callbacks or None)
     trainer.train(resume_from_checkpoint=args.resume_from_checkpoint)
     trainer.save_model()
     trainer.create_model_card(dataset=script.dataset, reference_length=script.seq_len)
