@@ -18,8 +18,27 @@ from ..flex_mask import sparse_block_mask, tiled_block_mask
 from ..topk import RunningTopK, sparse_mask_reference
 
 
+# Each (sequence length, dtype, grad mode, mask_mod/score_mod code, kernel_options) is one compiled flex graph
+# (dynamic=False), all in the cache of the one ``flex_attention`` code object. Past dynamo's recompile limit (8 by
+# default) torch.compile silently falls back to eager flex, which materialises the S x S scores: raise it once.
+MIN_RECOMPILE_LIMIT = 64
+
+
+def _raise_recompile_limit(limit: int = MIN_RECOMPILE_LIMIT):
+    try:
+        cfg = torch._dynamo.config
+        for name in ("recompile_limit", "cache_size_limit"):
+            if hasattr(cfg, name):
+                setattr(cfg, name, max(getattr(cfg, name), limit))
+        if hasattr(cfg, "accumulated_recompile_limit"):
+            cfg.accumulated_recompile_limit = max(cfg.accumulated_recompile_limit, 8 * limit)
+    except Exception:  # noqa: BLE001  (config names differ across torch versions)
+        pass
+
+
 @functools.lru_cache(maxsize=None)
 def _compiled_flex():
+    _raise_recompile_limit()
     return torch.compile(flex_attention, dynamic=False)
 
 

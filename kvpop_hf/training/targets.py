@@ -207,19 +207,11 @@ def future_attention_target_reference(q, k, lse, window, eps=1e-6, agg="log_mean
 # transposed passes
 # ---------------------------------------------------------------------------
 
-_COMPILED_FLEX = None
-
-
 def _flex_fn(device: torch.device):
-    """Eager flex on CPU, compiled (once, lazily) on CUDA."""
-    from torch.nn.attention.flex_attention import flex_attention
+    """Eager flex on CPU, compiled (once, lazily; shared with the sparse forward) on CUDA."""
+    from .sparse_attention import _flex
 
-    global _COMPILED_FLEX
-    if device.type == "cuda":
-        if _COMPILED_FLEX is None:
-            _COMPILED_FLEX = torch.compile(flex_attention, dynamic=False)
-        return _COMPILED_FLEX
-    return flex_attention
+    return _flex(device)
 
 
 def future_mask_mod(window: int):
