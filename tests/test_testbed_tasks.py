@@ -112,8 +112,16 @@ def _check_reasoning(p):
     env = dict(facts)
     trace = p.meta["trace"].split("\n")
     assert len(trace) == len(rules)
+    restate = p.meta["knobs"]["restate"]
     for line, (name, expr) in zip(trace, rules):
         assert line.endswith(" .")
+        if restate:  # "y2 = y1 - x4 ; y1 = 3 ; x4 = 9 ; 3 - 9 = 4 ; y2 = 4 ."
+            segs = line[:-2].split(" ; ")
+            operands = [t for t in expr if t not in "+-"]
+            assert segs[0] == f"{name} = {' '.join(expr)}" and len(segs) == len(operands) + 3
+            assert segs[1:-2] == [f"{o} = {env[o]}" for o in operands]
+            line = f"{segs[0]} = {segs[-2]} ."
+            assert segs[-1] == f"{name} = {line.split(' = ')[-1][:-2]}"
         parts = line[:-2].split(" = ")
         assert parts[0] == name and parts[1].split() == expr
         # restated operand values must match the facts / earlier results
@@ -192,7 +200,7 @@ def test_answers_recomputed(family, length, seed):
 
 
 @pytest.mark.parametrize("knobs", [dict(hops=3), dict(hops=4, steps=5, rules_first=True),
-                                   dict(distractor_density=0.5)])
+                                   dict(distractor_density=0.5), dict(restate=False), dict(hops=3, restate=False)])
 def test_reasoning_knobs(knobs):
     for seed in range(3):
         p = make_problem("reasoning", length=1536, seed=seed, **knobs)

@@ -201,28 +201,40 @@ def _apply(a: int, op: str, b: int) -> int:
     return (a + b) % 10 if op == "+" else (a - b) % 10
 
 
-def _trace_line(name: str, operands: list[str], ops: list[str], values: dict) -> tuple[str, int]:
+def _trace_line(name: str, operands: list[str], ops: list[str], values: dict,
+                restate: bool = True) -> tuple[str, int]:
+    """One trace line and the value it computes.
+
+    ``restate=True``: ``y2 = y1 - x40 ; y1 = 1 ; x40 = 9 ; 1 - 9 = 2 ; y2 = 2 .`` -- every operand is
+    looked up on its own (``x40 = 9`` repeats the fact line's own words, so the lookup is a plain copy
+    of what followed ``x40 =`` earlier in the context) and the line ends by restating its result.
+    ``restate=False`` (the first testbed version): ``y2 = y1 - x40 = 1 - 9 = 2 .``.
+    """
     expr = [operands[0]]
     for op, o in zip(ops, operands[1:]):
         expr += [op, o]
     vals = [values[o] for o in operands]
-    parts = [f"{name} = {' '.join(expr)}"]
     # reduce left to right, one binary op per "=" so every step is single-digit
+    red: list[str] = []
     cur, rest_ops, rest_vals = vals[0], list(ops), vals[1:]
     while rest_ops:
         s = [str(cur)]
         for op, v in zip(rest_ops, rest_vals):
             s += [op, str(v)]
-        parts.append(" ".join(s))
+        red.append(" ".join(s))
         cur = _apply(cur, rest_ops[0], rest_vals[0])
         rest_ops, rest_vals = rest_ops[1:], rest_vals[1:]
-    parts.append(str(cur))
-    return " = ".join(parts) + " .", cur
+    red.append(str(cur))
+    if not restate:
+        return " = ".join([f"{name} = {' '.join(expr)}"] + red) + " .", cur
+    segs = [f"{name} = {' '.join(expr)}"] + [f"{o} = {values[o]}" for o in operands]
+    segs += [" = ".join(red), f"{name} = {cur}"]
+    return " ; ".join(segs) + " .", cur
 
 
 def reasoning(seed: int | random.Random = 0, length: int = 1024, n_facts: int | None = None,
               steps: int | None = None, hops: int = 2, distractor_density: float = 0.1,
-              rules_first: bool = False) -> Problem:
+              rules_first: bool = False, restate: bool = True) -> Problem:
     """Mod-10 multi-step reasoning over facts scattered in a long context.
 
     The body holds ``fact : x17 = 4 .`` lines (``n_facts``), ``note : z17 = 3 .``
@@ -231,10 +243,16 @@ def reasoning(seed: int | random.Random = 0, length: int = 1024, n_facts: int | 
     on one operand is the previous result, so the answer depends on every
     step) is stated after the body (before it if ``rules_first``). The prompt
     ends with ``"trace :"``; the reference trace (``meta["trace"]``) evaluates
-    one rule per line, restating the operands' values and reducing one binary
-    operation per ``=``::
+    one rule per line: it restates the rule, looks every operand up on its
+    own (``x40 = 9`` -- the words of the fact line), reduces one binary
+    operation per ``=`` and restates the result::
 
-        y2 = y1 - x40 + x8 = 1 - 9 + 8 = 2 + 8 = 0 .
+        y2 = y1 - x40 + x8 ; y1 = 1 ; x40 = 9 ; x8 = 8 ; 1 - 9 + 8 = 2 + 8 = 0 ; y2 = 0 .
+
+    (``restate=False`` gives the first version's shorter lines,
+    ``y2 = y1 - x40 + x8 = 1 - 9 + 8 = 2 + 8 = 0 .``, where a value has to be
+    found from a name several tokens back -- a small model learns that far
+    more slowly.)
 
     and is followed by ``answer : <value of the last y>``.
 
@@ -277,7 +295,7 @@ def reasoning(seed: int | random.Random = 0, length: int = 1024, n_facts: int | 
                 operands.append(cand)
         rng.shuffle(operands)
         ops = [rng.choice("+-") for _ in range(hops - 1)]
-        line, val = _trace_line(name, operands, ops, values)
+        line, val = _trace_line(name, operands, ops, values, restate)
         values[name] = val
         rules.append([name, operands, ops])
         trace_lines.append(line)
@@ -334,7 +352,8 @@ def reasoning(seed: int | random.Random = 0, length: int = 1024, n_facts: int | 
         "target_token_start": n_tokens - 1 - count_tokens(target),
         "n_tokens": n_tokens,
         "knobs": {"length": length, "n_facts": n_facts, "steps": steps, "hops": hops,
-                  "distractor_density": distractor_density, "rules_first": rules_first},
+                  "distractor_density": distractor_density, "rules_first": rules_first,
+                  "restate": restate},
     }
     return Problem(fam, prompt, answer, meta)
 
