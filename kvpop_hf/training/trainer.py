@@ -187,9 +187,15 @@ class KVpopTrainer(Trainer):
             raise ValueError("KVpopTrainer needs unpadded batches (the eviction contract is defined on real "
                              "token positions): use equal-length sequences per batch or batch size 1.")
         args = self.args
-        teacher_logits = self._teacher_logits(model, inputs) if args.distill_weight > 0 and args.train_backbone else None
+        # Student first, teacher second: a LoRA teacher pass disables the adapters, and PEFT turns their
+        # requires_grad off meanwhile. Under FSDP2 the first forward of the run fixes each shard group's
+        # gradient dtype from the parameters that require grad at that moment; if that first forward were
+        # the teacher's, groups would get none and the bf16 gradients would later fail to land on the fp32
+        # shards ("attempting to assign a gradient with dtype BFloat16 ..."; seen on 2 H200s, torch 2.11;
+        # pytorch/pytorch#186998).
         with student_forward(self.scorer, self.settings, self._log_gamma(model)) as record:
             outputs = model(input_ids=ids)
+        teacher_logits = self._teacher_logits(model, inputs) if args.distill_weight > 0 and args.train_backbone else None
         logits = outputs.logits
         labels = inputs.get("labels")
         token_mask = None
