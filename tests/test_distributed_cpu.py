@@ -1,5 +1,8 @@
 """Two CPU processes (gloo) give the same scorer update as one process with the same global batch,
-with DDP and with FSDP2 (decoder layers sharded, the scorer in the root unit).
+with DDP, and with the Trainer's FSDP2 flags (decoder layers as wrap units, the scorer in the root unit).
+Note: accelerate enables FSDP only on accelerators, so on CPU the "fsdp2" case runs as DDP -- it checks
+that the FSDP flags are accepted end to end, not sharding. Real FSDP2 (``fully_shard``, bf16 mixed
+precision) over a LoRA student is in ``tests/test_fsdp2_lora_cpu.py``.
 
 Uses ``torchrun`` (what ``accelerate launch --multi_gpu`` runs under the hood); the Trainer drives
 DDP through accelerate in both cases.

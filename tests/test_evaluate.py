@@ -86,6 +86,11 @@ def test_one_row_per_policy_budget_family(run):
     assert set(keys) == want
     for r in rows:
         assert r["n"] == "2" and 0.0 <= float(r["token_acc"]) <= 1.0 and 0.0 <= float(r["em"]) <= 1.0
+        # only reasoning traces copy fact values; the other families report no lookup accuracy
+        if r["family"] == "reasoning":
+            assert 0.0 <= float(r["lookup_acc"]) <= 1.0
+        else:
+            assert r["lookup_acc"] == "nan"
 
 
 def test_full_budget_equals_dense(run):
@@ -95,7 +100,7 @@ def test_full_budget_equals_dense(run):
     for r in rows:
         if r["budget"] == str(FULL_B):
             d = dense[r["family"]]
-            assert (r["em"], r["token_acc"]) == (d["em"], d["token_acc"]), r
+            assert (r["em"], r["token_acc"], r["lookup_acc"]) == (d["em"], d["token_acc"], d["lookup_acc"]), r
     gen = {(o["policy"], str(o["budget"]), o["family"], o["seed"]): (o["generated"], o["token_acc"]) for o in outputs}
     for (p, b, f, s), v in gen.items():
         if b == str(FULL_B):
@@ -202,3 +207,23 @@ def test_ablation_table():
     md = analysis.ablation_delay(rows)
     assert "| 100 | 0.500 | 0.500 | 0.250 | 0.800 | 0.600 | +0.200 |" in md
     assert analysis.ablation_delay([r for r in rows if r["policy"] == "kvpop"]) is None
+
+
+def test_fact_lookup_mask_marks_exactly_the_copied_fact_values():
+    from kvpop_hf.testbed import build_tokenizer, make_problem, training_example
+    from kvpop_hf.testbed.evaluate import _fact_lookup_mask
+
+    tok = build_tokenizer()
+    p = make_problem("reasoning", length=512, seed=3)
+    ids = torch.tensor(training_example(p, tok)["input_ids"])
+    mask = _fact_lookup_mask(p, ids, tok)
+    # position i predicts ids[i + 1]: each marked target must be the value of the fact named two tokens back
+    marked = mask.nonzero().flatten().tolist()
+    for i in marked:
+        name = tok.convert_ids_to_tokens(int(ids[i - 1]))
+        assert tok.convert_ids_to_tokens(int(ids[i])) == "="
+        assert tok.convert_ids_to_tokens(int(ids[i + 1])) == str(p.meta["facts"][name])
+    # every fact line of the prompt and every fact operand restated in the trace is marked
+    n_trace = sum(1 for _, operands, _ in p.meta["rules"] for o in operands if o in p.meta["facts"])
+    assert len(marked) == len(p.meta["facts"]) + n_trace
+    assert _fact_lookup_mask(make_problem("vt", length=512, seed=3), ids, tok).sum() == 0

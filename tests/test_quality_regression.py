@@ -18,7 +18,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 TEACHER = ROOT / "checkpoints" / "teacher"
 SCORERS = ROOT / "checkpoints" / "scorers"
-MEASURED = {"kvpop": 0.662, "kvpop_mlp": 0.742}
+MEASURED = {"kvpop": 0.483, "kvpop_mlp": 0.562}
 MARGIN = 0.05
 
 
@@ -32,13 +32,14 @@ def test_oracle_recall_of_committed_scorers_at_88_percent():
 
     model = AutoModelForCausalLM.from_pretrained(TEACHER, dtype=torch.float32).eval()
     tok = AutoTokenizer.from_pretrained(TEACHER)
-    length, B = 2048, 246
+    length, B, window = 1024, 123, 32
     problems = [make_problem("reasoning", length=length, seed=2 ** 48 + i) for i in range(2)]
     budget = types.SimpleNamespace(B=B, cr=0.88)
     scored = [("kvpop", budget, KVpopCache.from_pretrained(SCORERS / "kvpop_cr88", model.config)),
               ("kvpop_mlp", budget, KVpopCache.from_pretrained(SCORERS / "kvpop_mlp_cr88", model.config))]
     for name in ("streaming", "knorm", "random"):
-        scored.append((name, budget, KVpopCache(model.config, sinks=4, window=64, topk=B - 68, scorer=name)))
+        scored.append((name, budget, KVpopCache(model.config, sinks=4, window=window, topk=B - 4 - window,
+                                                 scorer=name)))
     assert all(c.budget == B for _, _, c in scored)
     rows = recall_rows(model, tok, problems, scored, progress=False)
     recall = {}

@@ -225,13 +225,20 @@ def token_accuracy(model: Any, tokenizer: Any, problems: Sequence[Problem],
     Each problem is run alone (batch 1, no padding): ``ids = <bos> prompt target <eos>`` ``[1, T]``
     through the model with a fresh cache from ``cache_factory`` (None: dense, one forward without cache), in
     one forward or in chunks of ``chunk`` tokens (eviction caches only). Position ``i`` predicts ``ids[i+1]``; only target positions count.
-    Returns ``{"acc": {family: float, "all": float}, "correct": {...}, "total": {...}, "per_problem": [...]}``.
+    Also the *fact-lookup accuracy*: the same greedy accuracy restricted to the target tokens that copy a
+    fact's value (the ``9`` after ``x40 =`` in a ``reasoning`` trace, where ``x40`` is one of the problem's
+    facts); chance is about 0.1. It is the part of the target that needs the far context, so it is what
+    eviction can break even when the model gets the rest of the trace right.
+    Returns ``{"acc": {family: float, "all": float}, "correct": {...}, "total": {...}, "per_problem": [...],
+    "lookup_acc": {family: float}}`` (``lookup_acc`` only for families with fact lookups).
     """
     device = next(model.parameters()).device
     was_training = model.training
     model.eval()
     correct: dict[str, int] = {}
     total: dict[str, int] = {}
+    lk_correct: dict[str, int] = {}
+    lk_total: dict[str, int] = {}
     per_problem: list[float] = []
     bar = None
     if progress:
@@ -254,6 +261,10 @@ def token_accuracy(model: Any, tokenizer: Any, problems: Sequence[Problem],
             gold, mask = labels[1:], labels[1:] != -100
             hit = int(((pred == gold) & mask).sum())
             n = int(mask.sum())
+            lookup = _fact_lookup_mask(p, ids[0], tokenizer) & mask
+            if bool(lookup.any()):
+                lk_correct[p.family] = lk_correct.get(p.family, 0) + int(((pred == gold) & lookup).sum())
+                lk_total[p.family] = lk_total.get(p.family, 0) + int(lookup.sum())
             correct[p.family] = correct.get(p.family, 0) + hit
             total[p.family] = total.get(p.family, 0) + n
             per_problem.append(hit / max(n, 1))
@@ -266,7 +277,23 @@ def token_accuracy(model: Any, tokenizer: Any, problems: Sequence[Problem],
     acc = {f: correct[f] / total[f] for f in total if total[f]}
     n_all = sum(total.values())
     acc["all"] = sum(correct.values()) / n_all if n_all else float("nan")
-    return {"acc": acc, "correct": correct, "total": total, "per_problem": per_problem}
+    lookup_acc = {f: lk_correct[f] / lk_total[f] for f in lk_total if lk_total[f]}
+    return {"acc": acc, "correct": correct, "total": total, "per_problem": per_problem, "lookup_acc": lookup_acc}
+
+
+def _fact_lookup_mask(problem: Problem, ids: torch.Tensor, tokenizer: Any) -> torch.Tensor:
+    """``[T-1]`` bool: position ``i`` predicts a fact value, i.e. ``ids[i-1]`` is one of the problem's fact
+    names and ``ids[i]`` is ``=`` (fact names are single tokens of the testbed vocabulary)."""
+    facts = problem.meta.get("facts") or {}
+    out = torch.zeros(ids.shape[0] - 1, dtype=torch.bool, device=ids.device)
+    if not facts or ids.shape[0] < 3:
+        return out
+    names = tokenizer.convert_tokens_to_ids(list(facts))
+    unk = getattr(tokenizer, "unk_token_id", None)
+    names = torch.tensor([n for n in names if n is not None and n != unk], device=ids.device, dtype=ids.dtype)
+    eq = tokenizer.convert_tokens_to_ids("=")
+    out[1:] = torch.isin(ids[:-2], names) & (ids[1:-1] == eq)
+    return out
 
 
 # -- model / tokenizer ---------------------------------------------------------------------------------
@@ -351,7 +378,8 @@ def main(argv: list[str] | None = None) -> int:
                 "sinks": "" if b is None else b.sinks, "window": "" if b is None else b.window,
                 "topk": "" if b is None else b.topk, "family": fam,
                 "em": float("nan") if em is None else em["em"][fam],
-                "token_acc": tf["acc"][fam], "n": len(plan.problems[fam]), "n_target_tokens": tf["total"][fam],
+                "token_acc": tf["acc"][fam], "lookup_acc": tf["lookup_acc"].get(fam, float("nan")),
+                "n": len(plan.problems[fam]), "n_target_tokens": tf["total"][fam],
             })
 
     outputs.close()

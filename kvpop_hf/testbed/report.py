@@ -2,7 +2,7 @@
 quality-vs-budget plot and the run metadata (command line, git commit, versions, seeds).
 
 A result row is a dict with ``policy, budget ("full" for dense), cr, sinks, window, topk, family,
-em, token_acc, n, n_target_tokens``.
+em, token_acc, lookup_acc (NaN for families without fact lookups), n, n_target_tokens``.
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ from ..provenance import git_commit
 __all__ = ["write_results_csv", "quality_table", "plot_quality", "build_meta", "md_header", "git_commit",
            "averages"]
 
-COLUMNS = ["policy", "budget", "cr", "sinks", "window", "topk", "family", "em", "token_acc", "n", "n_target_tokens"]
+COLUMNS = ["policy", "budget", "cr", "sinks", "window", "topk", "family", "em", "token_acc", "lookup_acc", "n",
+           "n_target_tokens"]
 
 
 def write_results_csv(rows: Sequence[dict], path: Path) -> None:
@@ -43,12 +44,14 @@ def averages(rows: Sequence[dict], families: Sequence[str]) -> dict[tuple, dict]
         if r["family"] not in families:
             continue
         key = (r["policy"], r["budget"])
-        d = out.setdefault(key, {"cr": r["cr"], "em": {}, "token_acc": {}})
+        d = out.setdefault(key, {"cr": r["cr"], "em": {}, "token_acc": {}, "lookup_acc": {}})
         d["em"][r["family"]] = r["em"]
         d["token_acc"][r["family"]] = r["token_acc"]
+        d["lookup_acc"][r["family"]] = r.get("lookup_acc", float("nan"))
     for d in out.values():
         d["avg_em"] = _mean([d["em"][f] for f in families if f in d["em"]])
         d["avg_acc"] = _mean([d["token_acc"][f] for f in families if f in d["token_acc"]])
+        d["avg_lookup"] = _mean([d["lookup_acc"][f] for f in families if f in d["lookup_acc"]])
     return out
 
 
@@ -73,15 +76,19 @@ def quality_table(rows: Sequence[dict], families: Sequence[str], title: str) -> 
     dense = next((d for (p, b), d in av.items() if b == "full"), None)
     d_em = dense["avg_em"] if dense else None
     d_acc = dense["avg_acc"] if dense else None
+    d_lk = dense["avg_lookup"] if dense else None
     head = ["policy", "B", "cr"] + [f"EM {f}" for f in families] + ["EM avg", "EM vs dense", "tok acc avg",
-                                                                      "tok acc vs dense"]
+                                                                      "tok acc vs dense", "lookup acc",
+                                                                      "lookup acc vs dense"]
     lines = [f"## {title}", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for (p, b), d in av.items():
         cells = [p, str(b), f"{d['cr']:.3f}"] + [_fmt(d["em"].get(f)) for f in families]
-        cells += [_fmt(d["avg_em"]), _rel(d["avg_em"], d_em), _fmt(d["avg_acc"]), _rel(d["avg_acc"], d_acc)]
+        cells += [_fmt(d["avg_em"]), _rel(d["avg_em"], d_em), _fmt(d["avg_acc"]), _rel(d["avg_acc"], d_acc),
+                  _fmt(d["avg_lookup"]), _rel(d["avg_lookup"], d_lk)]
         lines.append("| " + " | ".join(cells) + " |")
     lines += ["", "EM: greedy exact match of the whole target; tok acc: teacher-forced next-token accuracy on "
-                  "the target tokens; averages are unweighted over families.", ""]
+                  "the target tokens; lookup acc: the same on the tokens that copy a fact's value from the "
+                  "context (reasoning only, chance ~0.1); averages are unweighted over families.", ""]
     return "\n".join(lines)
 
 
@@ -94,8 +101,9 @@ def plot_quality(rows: Sequence[dict], path: Path) -> None:
 
     fams = sorted({r["family"] for r in rows})
     av = averages(rows, fams)
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
-    for ax, key, name in ((axes[0], "avg_em", "exact match"), (axes[1], "avg_acc", "token accuracy")):
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+    for ax, key, name in ((axes[0], "avg_em", "exact match"), (axes[1], "avg_acc", "token accuracy"),
+                          (axes[2], "avg_lookup", "fact-lookup accuracy")):
         by_policy: dict[str, list[tuple[float, float]]] = {}
         for (p, b), d in av.items():
             if b == "full":
