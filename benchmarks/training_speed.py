@@ -38,7 +38,6 @@ import math
 import os
 import platform
 import shlex
-import statistics
 import sys
 import time
 import traceback
@@ -48,6 +47,7 @@ from pathlib import Path
 import torch
 
 from kvpop_hf.provenance import git_commit
+from kvpop_hf.timing import measure, quantiles
 import torch.nn.functional as F
 
 REPO = Path(__file__).resolve().parents[1]
@@ -108,33 +108,9 @@ class Bench:
         out = None
         self.sync()
         self.free()
-        peak = float("nan")
-        if self.cuda:
-            torch.cuda.reset_peak_memory_stats(self.device)
-            base = torch.cuda.memory_allocated(self.device)
-            out = fn()
-            self.sync()
-            peak = (torch.cuda.max_memory_allocated(self.device) - base) / 2**20
-            out = None
-        times = []
-        for _ in range(max(repeats, 1)):
-            out = None
-            if self.cuda:
-                start = torch.cuda.Event(enable_timing=True)
-                end = torch.cuda.Event(enable_timing=True)
-                self.sync()
-                start.record()
-                out = fn()
-                end.record()
-                end.synchronize()
-                times.append(start.elapsed_time(end))
-            else:
-                t0 = time.perf_counter()
-                out = fn()
-                times.append((time.perf_counter() - t0) * 1e3)
-        times.sort()
-        q = lambda p: times[min(len(times) - 1, max(0, round(p * (len(times) - 1))))]  # noqa: E731
-        return dict(median_ms=statistics.median(times), p10_ms=q(0.1), p90_ms=q(0.9), peak_mib=peak, out=out)
+        peak, times, out = measure(fn, self.device, repeats)
+        q = quantiles(times)
+        return dict(median_ms=q["median"], p10_ms=q["p10"], p90_ms=q["p90"], peak_mib=peak, out=out)
 
 
 def compiled_graphs() -> int:
@@ -557,16 +533,9 @@ def main(argv=None):
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
     # every (S, grad mode, dtype) is one compiled flex graph; keep dynamo from giving up and falling back
-    try:
-        import torch._dynamo as _dynamo
-        cfg = _dynamo.config
-        for name in ("recompile_limit", "cache_size_limit"):
-            if hasattr(cfg, name):
-                setattr(cfg, name, max(getattr(cfg, name), 64))
-        if hasattr(cfg, "accumulated_recompile_limit"):
-            cfg.accumulated_recompile_limit = max(cfg.accumulated_recompile_limit, 512)
-    except Exception:  # noqa: BLE001
-        pass
+    from kvpop_hf.training.sparse_attention import raise_recompile_limit
+
+    raise_recompile_limit(64)
 
     import kvpop_hf.training.student  # noqa: F401  (registers the "kvpop_train" attention)
 

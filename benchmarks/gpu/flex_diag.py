@@ -33,7 +33,6 @@ import math
 import os
 import platform
 import shlex
-import statistics
 import sys
 import time
 import traceback
@@ -47,6 +46,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from kvpop_hf.provenance import git_commit  # noqa: E402
+from kvpop_hf.timing import measure, quantiles  # noqa: E402
 
 warnings.filterwarnings("ignore", message=r".*return_lse.*")
 warnings.filterwarnings("ignore", message=r".*flex_attention called without torch.compile.*")
@@ -121,32 +121,11 @@ class Diag:
             g1 = graphs()
             out = None
             self.free()
+            peak, times, out = measure(fn, self.device, repeats)
             if self.cuda:
-                torch.cuda.reset_peak_memory_stats(self.device)
-                base = torch.cuda.memory_allocated(self.device)
-                out = fn()
-                self.sync()
-                row["peak"] = (torch.cuda.max_memory_allocated(self.device) - base) / 2**20
-                out = None
-            times = []
-            for _ in range(max(repeats, 1)):
-                out = None
-                if self.cuda:
-                    st, en = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                    self.sync()
-                    st.record()
-                    out = fn()
-                    en.record()
-                    en.synchronize()
-                    times.append(st.elapsed_time(en))
-                else:
-                    t1 = time.perf_counter()
-                    out = fn()
-                    times.append((time.perf_counter() - t1) * 1e3)
+                row["peak"] = peak
             g2 = graphs()
-            times.sort()
-            pick = lambda p: times[min(len(times) - 1, max(0, round(p * (len(times) - 1))))]  # noqa: E731
-            row.update(median=statistics.median(times), p10=pick(0.1), p90=pick(0.9), g_warm=g1 - g0, g_timed=g2 - g1)
+            row.update(g_warm=g1 - g0, g_timed=g2 - g1, **quantiles(times))
         except Exception as err:  # noqa: BLE001
             out = None
             msg = str(err).strip().splitlines()[0][:160] if str(err).strip() else ""
@@ -468,16 +447,9 @@ def main(argv=None):
             torch._logging.set_logs(recompiles=True)
         except Exception as err:  # noqa: BLE001
             print(f"recompile logs unavailable: {err}", flush=True)
-    try:
-        import torch._dynamo as _dynamo
-        cfg = _dynamo.config
-        for name in ("recompile_limit", "cache_size_limit"):
-            if hasattr(cfg, name):
-                setattr(cfg, name, max(getattr(cfg, name), 64))
-        if hasattr(cfg, "accumulated_recompile_limit"):
-            cfg.accumulated_recompile_limit = max(cfg.accumulated_recompile_limit, 512)
-    except Exception:  # noqa: BLE001
-        pass
+    from kvpop_hf.training.sparse_attention import raise_recompile_limit
+
+    raise_recompile_limit(64)
 
     meta = {"command": " ".join(shlex.quote(x) for x in [sys.executable, *sys.argv]),
             "git_commit": git_commit(REPO) or "unknown", "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),

@@ -24,7 +24,8 @@ from ..topk import RunningTopK, sparse_mask_reference
 MIN_RECOMPILE_LIMIT = 64
 
 
-def _raise_recompile_limit(limit: int = MIN_RECOMPILE_LIMIT):
+def raise_recompile_limit(limit: int = MIN_RECOMPILE_LIMIT):
+    """Let dynamo keep at least ``limit`` compiled graphs per code object (and 8x that in total)."""
     try:
         cfg = torch._dynamo.config
         for name in ("recompile_limit", "cache_size_limit"):
@@ -38,7 +39,7 @@ def _raise_recompile_limit(limit: int = MIN_RECOMPILE_LIMIT):
 
 @functools.lru_cache(maxsize=None)
 def _compiled_flex():
-    _raise_recompile_limit()
+    raise_recompile_limit()
     return torch.compile(flex_attention, dynamic=False)
 
 

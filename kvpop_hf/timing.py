@@ -1,0 +1,51 @@
+"""Timing of one operation for the benchmarks: peak memory of one call, then timed calls.
+
+CUDA: ``torch.cuda.Event`` pairs around each call and ``max_memory_allocated`` minus the allocation
+before the call (inputs excluded, outputs included); CPU: ``time.perf_counter`` and no peak (NaN).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from typing import Any, Callable
+
+import torch
+
+__all__ = ["measure", "quantiles"]
+
+
+def measure(fn: Callable[[], Any], device: torch.device, repeats: int) -> tuple[float, list[float], Any]:
+    """``(peak_mib, sorted times in ms, last output)`` of one peak-memory call and ``repeats`` timed calls."""
+    cuda = device.type == "cuda"
+    peak = math.nan
+    if cuda:
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        base = torch.cuda.memory_allocated(device)
+        out = fn()
+        torch.cuda.synchronize(device)
+        peak = (torch.cuda.max_memory_allocated(device) - base) / 2**20
+    times = []
+    for _ in range(max(repeats, 1)):
+        out = None  # let the previous output go before the next call
+        if cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            torch.cuda.synchronize(device)
+            start.record()
+            out = fn()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+        else:
+            t0 = time.perf_counter()
+            out = fn()
+            times.append((time.perf_counter() - t0) * 1e3)
+    return peak, sorted(times), out
+
+
+def quantiles(times: list[float]) -> dict[str, float]:
+    """``{"median", "p10", "p90"}`` of sorted times (nearest rank for the percentiles)."""
+    pick = lambda p: times[min(len(times) - 1, max(0, round(p * (len(times) - 1))))]  # noqa: E731
+    return {"median": statistics.median(times), "p10": pick(0.1), "p90": pick(0.9)}
