@@ -41,6 +41,7 @@ from transformers import AutoModelForCausalLM, DynamicCache, Qwen3Config
 
 from kvpop_hf import KVpopCache
 from kvpop_hf.cache import kv_tensor_bytes
+from kvpop_hf.compat import with_cache
 
 REPO = Path(__file__).resolve().parents[1]
 # transformers >= 5.2x renames generate/forward's `past_key_values` to `cache`; the old name still works
@@ -130,7 +131,7 @@ def sync(device):
 
 
 def forward(model, ids, cache):
-    out = model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
+    out = model(input_ids=ids, **with_cache(model, cache, use_cache=True, logits_to_keep=1))
     return out.logits[:, -1].argmax(-1, keepdim=True)
 
 

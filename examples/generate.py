@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
-import warnings
 from pathlib import Path
 
 import torch
@@ -29,12 +28,10 @@ from transformers.generation.streamers import BaseStreamer
 
 from kvpop_hf import SCORERS, KVpopCache  # importing kvpop_hf registers attn_implementation="kvpop"
 from kvpop_hf.cache import kv_tensor_bytes
+from kvpop_hf.compat import with_cache
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_CHECKPOINT = REPO / "checkpoints" / "teacher"
-# transformers >= 5.2x renames generate's `past_key_values` to `cache` (FutureWarning); the old name still
-# works and is the one every supported version (>= 5.17) accepts.
-warnings.filterwarnings("ignore", message=r".*`past_key_values` is deprecated.*", category=FutureWarning)
 
 
 class TqdmStreamer(BaseStreamer):
@@ -103,7 +100,7 @@ def run_generate(model, ids, cache, args, desc, eos_token_id, pad_token_id):
         gen["prefill_chunk_size"] = args.prefill_chunk_size
     t0 = time.perf_counter()
     with torch.inference_mode():
-        out = model.generate(ids, past_key_values=cache, **gen)
+        out = model.generate(ids, **with_cache(model, cache, **gen))
     wall = time.perf_counter() - t0
     return out[0, ids.shape[1]:], streamer, wall
 

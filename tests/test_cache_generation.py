@@ -108,3 +108,21 @@ def test_sampling_runs_and_is_seeded():
         outs.append(model.generate(ids, past_key_values=KVpopCache(model.config, sinks=S, window=W, topk=K),
                                    do_sample=True, top_k=20, max_new_tokens=30, pad_token_id=0))
     assert torch.equal(outs[0], outs[1]) and outs[0].shape[1] == 50
+
+
+def test_with_cache_uses_the_installed_transformers_keyword():
+    """`with_cache` passes the cache under the name this transformers version takes (`past_key_values` on
+    5.17, `cache` later): generation uses the KVpopCache and raises no deprecation warning about it."""
+    import warnings
+
+    from kvpop_hf.compat import cache_kwarg, with_cache
+
+    model = tiny_model("qwen3", attn="kvpop").eval()
+    ids = torch.randint(4, 100, (1, 40), generator=torch.Generator().manual_seed(0))
+    cache = KVpopCache(model.config, sinks=2, window=4, topk=4, scorer="knorm")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = model.generate(ids, **with_cache(model, cache, max_new_tokens=5, do_sample=False))
+    assert not [w for w in caught if "past_key_values" in str(w.message)], [str(w.message) for w in caught]
+    assert out.shape[1] == 45 and cache.get_seq_length() == 44
+    assert cache_kwarg(model) in ("cache", "past_key_values")

@@ -26,6 +26,7 @@ from typing import Any, Sequence
 import torch
 from torch.nn import functional as F
 
+from ..compat import with_cache
 from ..topk import running_topk
 from ..training.priorities import sequence_priorities
 from ..training.targets import dense_causal_lse, future_attention_target
@@ -223,7 +224,7 @@ def retention_after_generation(model, tokenizer, problem: Problem, cache) -> tup
 
     device = next(model.parameters()).device
     ids = torch.tensor([tokenizer(problem.prompt)["input_ids"]], device=device)
-    out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), past_key_values=cache,
+    out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), **with_cache(model, cache),
                          max_new_tokens=count_tokens(problem.target) + 9, do_sample=False,
                          eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
     n_seen = cache.layers[0].get_seq_length()  # the last generated token is never fed back

@@ -14,6 +14,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
+from ..compat import cache_kwarg
 from .tasks import Problem
 from .tokenizer import count_tokens, extract_answer, normalize
 
@@ -68,7 +69,7 @@ def exact_match(model: Any, tokenizer: Any, problems: Sequence[Problem], max_new
                           do_sample=False, eos_token_id=eos_id, pad_token_id=pad_id)
             cache = cache_factory() if cache_factory is not None else None
             if cache is not None:
-                kwargs["past_key_values"] = cache
+                kwargs[cache_kwarg(model)] = cache
             out = model.generate(**kwargs)
             gen = out[:, L:].cpu()
             for r, i in enumerate(idx):

@@ -43,6 +43,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
+from ..compat import with_cache
 from . import policies as pol
 from .tasks import FAMILIES, Problem, make_problem, training_example
 
@@ -255,7 +256,7 @@ def token_accuracy(model: Any, tokenizer: Any, problems: Sequence[Problem],
                 logits = model(ids, use_cache=False).logits[0]
             else:
                 step = chunk or T
-                logits = torch.cat([model(ids[:, s:s + step], past_key_values=cache, use_cache=True).logits[0]
+                logits = torch.cat([model(ids[:, s:s + step], **with_cache(model, cache, use_cache=True)).logits[0]
                                     for s in range(0, T, step)], 0)
             pred = logits[:-1].argmax(-1)
             gold, mask = labels[1:], labels[1:] != -100
