@@ -312,3 +312,27 @@ def test_cli(tmp_path, capsys):
     assert rec["meta"]["knobs"]["value_kind"] == "uuid"
     with pytest.raises(SystemExit):
         generate.main(["--family", "vt", "--length", "20"])
+
+
+@pytest.mark.parametrize("length,knobs", [(256, {}), (1024, {"n_queries": 5}), (512, {"distractor_density": 0.5})])
+def test_lookup_drill_restates_queried_facts(tok, length, knobs):
+    from kvpop_hf.testbed import ALL_FAMILIES
+
+    assert "lookup" in ALL_FAMILIES and "lookup" not in FAMILIES  # a training drill, not evaluated
+    for seed in range(3):
+        p = make_problem("lookup", length=length, seed=seed, **knobs)
+        lines = p.prompt.split("\n")
+        facts = dict((m.group(1), int(m.group(2))) for m in map(_FACT.match, lines) if m)
+        assert facts == p.meta["facts"]
+        queries = lines[-2].removeprefix("question : ").removesuffix(" ?").split()
+        assert queries == p.meta["queries"] and len(queries) == knobs.get("n_queries", len(facts))
+        assert p.answer == " ; ".join(f"{q} = {facts[q]}" for q in queries)
+        assert abs(p.meta["n_tokens"] - length) <= 2
+        assert len(training_example(p, tok)["input_ids"]) == p.meta["n_tokens"]
+
+
+def test_lookup_drill_bad_knobs():
+    with pytest.raises(ValueError, match="n_queries=9 must be <= n_facts=4"):
+        make_problem("lookup", length=256, n_facts=4, n_queries=9)
+    with pytest.raises(ValueError, match="too small"):
+        make_problem("lookup", length=64, n_facts=30)

@@ -36,7 +36,7 @@ from kvpop_hf.provenance import git_commit
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from kvpop_hf.testbed import FAMILIES, build_tokenizer, make_problem, mixture, training_example  # noqa: E402
+from kvpop_hf.testbed import ALL_FAMILIES, FAMILIES, build_tokenizer, make_problem, mixture, training_example  # noqa: E402
 from kvpop_hf.testbed.dense_eval import exact_match  # noqa: E402
 
 EVAL_SEED_BASE = 2 ** 48  # mixture() draws training seeds with getrandbits(48) -> disjoint
@@ -86,6 +86,8 @@ def parse_args(argv=None):
     ap.add_argument("--rope-theta", type=float, default=100000.0)
     ap.add_argument("--reasoning-weight", type=float, default=0.5,
                     help="mixture weight of reasoning; the rest is split evenly over the other families")
+    ap.add_argument("--lookup-weight", type=float, default=0.0,
+                    help="mixture weight of the 'lookup' drill (facts restated on demand; training only)")
     ap.add_argument("--knob", action="append", type=_knob, default=[],
                     help="generator knob FAMILY.KEY=VALUE (repeatable), e.g. reasoning.steps=6")
     ap.add_argument("--eval-knob", action="append", type=_knob, default=[],
@@ -144,9 +146,9 @@ class BatchStream(torch.utils.data.IterableDataset):
             b += nw
 
 
-def eval_problems(n, seq_len, knobs):
+def eval_problems(n, seq_len, knobs, families=FAMILIES):
     probs = []
-    for fam in FAMILIES:
+    for fam in families:
         for i in range(n):
             s = EVAL_SEED_BASE + i
             L = random.Random(f"teacher-eval:{fam}:{s}").randint(*seq_len)
@@ -209,19 +211,25 @@ def main(argv=None):
     tok = build_tokenizer()
     knobs: dict[str, dict] = {}
     for fam, key, val in args.knob:
-        if fam not in FAMILIES:
+        if fam not in ALL_FAMILIES:
             raise SystemExit(f"--knob: unknown family {fam!r}")
         knobs.setdefault(fam, {})[key] = val
     eval_knobs: dict[str, dict] = {f: dict(v) for f, v in knobs.items()}
     for fam, key, val in args.eval_knob:
-        if fam not in FAMILIES:
+        if fam not in ALL_FAMILIES:
             raise SystemExit(f"--eval-knob: unknown family {fam!r}")
         eval_knobs.setdefault(fam, {})[key] = val
     others = [f for f in FAMILIES if f != "reasoning"]
+    if not (0.0 <= args.lookup_weight and 0.0 <= args.reasoning_weight and args.reasoning_weight + args.lookup_weight <= 1.0):
+        raise SystemExit("--reasoning-weight and --lookup-weight must be >= 0 and sum to at most 1")
     weights = {"reasoning": args.reasoning_weight}
-    weights.update({f: (1.0 - args.reasoning_weight) / len(others) for f in others})
+    rest = 1.0 - args.reasoning_weight - args.lookup_weight
+    weights.update({f: rest / len(others) for f in others})
+    if args.lookup_weight > 0:
+        weights["lookup"] = args.lookup_weight
+    families = [f for f in weights if weights[f] > 0 or f in FAMILIES]
     # fail fast on bad knobs / lengths
-    for fam in FAMILIES:
+    for fam in families:
         for L in {args.seq_len[0], args.seq_len[1]} | (
                 {args.curriculum_len[0]} if args.curriculum_frac > 0 else set()):
             make_problem(fam, length=L, seed=0, **knobs.get(fam, {}))
@@ -357,7 +365,7 @@ def main(argv=None):
     em_res = None
     if args.eval_n > 0:
         t0 = time.time()
-        probs = eval_problems(args.eval_n, args.seq_len, eval_knobs)
+        probs = eval_problems(args.eval_n, args.seq_len, eval_knobs, families)
         em_res = exact_match(model, tok, probs, batch_size=args.eval_batch_size, progress=False)
         print(f"dense greedy EM ({args.eval_n}/family, {time.time() - t0:.0f}s): "
               + json.dumps({k: round(v, 4) for k, v in em_res["em"].items()}), flush=True)

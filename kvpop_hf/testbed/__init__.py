@@ -1,11 +1,13 @@
 """Quality testbed: seeded long-context tasks and a small offline tokenizer."""
 
 from .tasks import (
+    ALL_FAMILIES,
     FAMILIES,
     MIN_LENGTH,
     Problem,
     cwe,
     fwe,
+    lookup,
     make_problem,
     mixture,
     niah_multikey,
@@ -16,6 +18,7 @@ from .tasks import (
 from .tokenizer import build_tokenizer, count_tokens, extract_answer, normalize
 
 __all__ = [
+    "ALL_FAMILIES",
     "FAMILIES",
     "MIN_LENGTH",
     "Problem",
@@ -24,6 +27,7 @@ __all__ = [
     "cwe",
     "extract_answer",
     "fwe",
+    "lookup",
     "make_problem",
     "mixture",
     "niah_multikey",

@@ -18,7 +18,7 @@ import ast
 import json
 import sys
 
-from .tasks import FAMILIES, make_problem, mixture
+from .tasks import ALL_FAMILIES, FAMILIES, make_problem, mixture
 
 
 def _parse_knob(s: str) -> tuple[str, object]:
@@ -35,7 +35,7 @@ def _parse_knob(s: str) -> tuple[str, object]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--family", required=True, choices=list(FAMILIES) + ["mix"])
+    ap.add_argument("--family", required=True, choices=list(ALL_FAMILIES) + ["mix"])
     ap.add_argument("--n", type=int, default=5)
     ap.add_argument("--length", default="2048", help="tokens, or LO:HI for --family mix")
     ap.add_argument("--seed", type=int, default=0)

@@ -46,6 +46,8 @@ __all__ = [
     "niah_multikey",
     "cwe",
     "fwe",
+    "lookup",
+    "ALL_FAMILIES",
     "training_example",
     "mixture",
 ]
@@ -614,6 +616,62 @@ def fwe(seed: int | random.Random = 0, length: int = 1024, alpha: float = 2.0,
     return Problem(fam, prompt, " ".join(answer_words), meta)
 
 
+def lookup(seed: int | random.Random = 0, length: int = 512, n_facts: int | None = None,
+           n_queries: int | None = None, distractor_density: float = 0.1) -> Problem:
+    """Lookup drill (a training family, not one of the evaluated :data:`FAMILIES`).
+
+    The body holds ``fact : x17 = 4 .`` lines and ``note : z17 = 3 .`` distractors among filler, as in
+    :func:`reasoning`; the question lists ``n_queries`` of the fact names and the answer restates each,
+    ``x17 = 4 ; x3 = 9 ; ...`` -- exactly the lookup segments of a reasoning trace, so every other
+    target token is a value copied from far back. It exists to teach that copy to a small teacher.
+    Knobs: ``n_facts`` (default ``clamp(length // 48, 4, 64)``), ``n_queries`` (default ``n_facts``),
+    ``distractor_density`` as in :func:`reasoning`.
+    """
+    fam = "lookup"
+    length = _check_length(length, fam)
+    rng = _as_rng(seed, fam)
+    n_facts = max(4, min(64, length // 48)) if n_facts is None else n_facts
+    _check_positive_int(fam, "n_facts", n_facts)
+    n_queries = n_facts if n_queries is None else n_queries
+    _check_positive_int(fam, "n_queries", n_queries)
+    if n_queries > n_facts:
+        raise ValueError(f"{fam}: n_queries={n_queries} must be <= n_facts={n_facts}")
+    if not 0.0 <= distractor_density < 1.0:
+        raise ValueError(f"{fam}: distractor_density must be in [0, 1), got {distractor_density!r}")
+    id_range = max(100, 4 * n_facts)
+    facts = {f"x{i}": rng.randint(0, 9) for i in rng.sample(range(id_range), n_facts)}
+    queries = rng.sample(list(facts), n_queries)
+    answer = " ; ".join(f"{q} = {facts[q]}" for q in queries)
+    head = ["problem : recall the facts ."]
+    tail = ["question : " + " ".join(queries) + " ?", ANSWER_MARKER]
+    target = " " + answer
+    fact_lines = [(f"fact : {n} = {v} .", n) for n, v in facts.items()]
+    rng.shuffle(fact_lines)
+    body_budget = length - _fixed_cost(head, tail, target)
+    need = _cost(l for l, _ in fact_lines)
+    if body_budget < need:
+        raise _too_small(fam, length, length - body_budget + need, f"n_facts={n_facts}, n_queries={n_queries}")
+    free = body_budget - need
+    d_lines, d_cost, used = [], 0, set()
+    while len(used) < id_range:
+        zi = rng.randrange(id_range)
+        if zi in used:
+            continue
+        line = f"note : z{zi} = {rng.randint(0, 9)} ."
+        c = count_tokens(line) + 1
+        if d_cost + c > distractor_density * free:
+            break
+        used.add(zi)
+        d_lines.append((line, None))
+        d_cost += c
+    body = _interleave(rng, _filler_lines(rng, free - d_cost), [[e] for e in fact_lines] + [[d] for d in d_lines])
+    prompt, n_tokens, pos = _finish(fam, head, body, tail, target)
+    meta = {"facts": facts, "queries": queries, "fact_token_pos": pos, "n_tokens": n_tokens,
+            "knobs": {"length": length, "n_facts": n_facts, "n_queries": n_queries,
+                      "distractor_density": distractor_density}}
+    return Problem(fam, prompt, answer, meta)
+
+
 # --------------------------------------------------------------------------- #
 # dispatch, training examples, mixtures
 # --------------------------------------------------------------------------- #
@@ -623,8 +681,12 @@ _REGISTRY: dict[str, Callable[..., Problem]] = {
     "niah_multikey": niah_multikey,
     "cwe": cwe,
     "fwe": fwe,
+    "lookup": lookup,
 }
-FAMILIES: tuple[str, ...] = tuple(_REGISTRY)
+#: the evaluated families (paper Tables 1/2 analogues)
+FAMILIES: tuple[str, ...] = ("reasoning", "vt", "niah_multikey", "cwe", "fwe")
+#: every generator, including training-only drills
+ALL_FAMILIES: tuple[str, ...] = tuple(_REGISTRY)
 
 
 def make_problem(family: str, length: int = 1024, seed: int = 0, **knobs: Any) -> Problem:
@@ -634,7 +696,7 @@ def make_problem(family: str, length: int = 1024, seed: int = 0, **knobs: Any) -
     ``ValueError`` naming the valid choices.
     """
     if family not in _REGISTRY:
-        raise ValueError(f"unknown family {family!r}; valid families: {', '.join(FAMILIES)}")
+        raise ValueError(f"unknown family {family!r}; valid families: {', '.join(ALL_FAMILIES)}")
     fn = _REGISTRY[family]
     valid = [p for p in inspect.signature(fn).parameters if p not in ("seed", "length")]
     bad = sorted(set(knobs) - set(valid))
@@ -688,7 +750,7 @@ def mixture(families: Sequence[str] | Mapping[str, float] = FAMILIES, n: int | N
         raise ValueError("families must not be empty")
     for f in names:
         if f not in _REGISTRY:
-            raise ValueError(f"unknown family {f!r}; valid families: {', '.join(FAMILIES)}")
+            raise ValueError(f"unknown family {f!r}; valid families: {', '.join(ALL_FAMILIES)}")
     lo, hi = (length_range, length_range) if isinstance(length_range, int) else tuple(length_range)
     if lo > hi or lo < MIN_LENGTH:
         raise ValueError(f"length_range must satisfy {MIN_LENGTH} <= lo <= hi, got {length_range!r}")
