@@ -19,6 +19,7 @@ def teacher_dir(tmp_path_factory):
            "--steps", "3", "--seq-len", "256:320", "--batch-size", "2", "--lr", "1e-3", "--seed", "0",
            "--hidden", "64", "--layers", "2", "--heads", "4", "--kv-heads", "2", "--head-dim", "16",
            "--warmup", "2", "--eval-n", "1", "--workers", "1", "--knob", "reasoning.steps=3",
+           "--lookup-weight", "0.3", "--probe-every", "3", "--probe-n", "2",
            "--device", "cpu"]
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
@@ -34,6 +35,10 @@ def test_checkpoint_files_and_manifest(teacher_dir):
     assert "pretrain_teacher.py" in man["command"] and "git_commit" in man
     assert set(man["eval"]["em"]) >= {"reasoning", "vt", "niah_multikey", "cwe", "fwe"}
     assert man["data"]["knobs"] == {"reasoning": {"steps": 3}}
+    assert man["data"]["families"]["lookup"] == 0.3 and "lookup" in man["eval"]["em"]
+    # the probe ran at step 3: fact-lookup and token accuracy on fixed reasoning problems
+    assert [p["step"] for p in man["probe_curve"]] == [3]
+    assert 0.0 <= man["probe_curve"][0]["lookup_acc"] <= 1.0 and 0.0 <= man["probe_curve"][0]["token_acc"] <= 1.0
     assert os.path.getsize(teacher_dir / "model.safetensors") <= 15 * 2 ** 20
 
 

@@ -96,6 +96,11 @@ def parse_args(argv=None):
     ap.add_argument("--curriculum-len", type=_range, default=(512, 1536))
     ap.add_argument("--workers", type=int, default=None, help="DataLoader workers (default min(12, cpus-2))")
     ap.add_argument("--log-every", type=int, default=50)
+    ap.add_argument("--probe-every", type=int, default=0,
+                    help=">0: every N steps log the teacher-forced fact-lookup accuracy (chance ~0.1) and token "
+                         "accuracy on --probe-n fixed reasoning problems of --probe-len tokens")
+    ap.add_argument("--probe-n", type=int, default=16)
+    ap.add_argument("--probe-len", type=int, default=0, help="tokens per probe problem (default: lowest --seq-len)")
     ap.add_argument("--eval-n", type=int, default=50)
     ap.add_argument("--eval-batch-size", type=int, default=25)
     ap.add_argument("--save-dtype", choices=["bfloat16", "float32"], default="bfloat16")
@@ -292,6 +297,23 @@ def main(argv=None):
         c = 0.5 * (1 + math.cos(math.pi * min(1.0, prog)))
         return args.lr * (args.min_lr_frac + (1 - args.min_lr_frac) * c)
 
+    probes, probe_curve = [], []
+    if args.probe_every > 0:
+        probe_len = args.probe_len or (args.curriculum_len[0] if args.curriculum_frac > 0 else args.seq_len[0])
+        probes = [make_problem("reasoning", length=probe_len, seed=EVAL_SEED_BASE + 10_000 + i,
+                               **eval_knobs.get("reasoning", {})) for i in range(args.probe_n)]
+
+    def probe(step):
+        from kvpop_hf.testbed.evaluate import token_accuracy
+
+        with torch.autocast(device_type="cuda", dtype=torch.bfloat16, enabled=cuda):
+            r = token_accuracy(model, tok, probes, None, progress=False)
+        model.train()
+        rec = {"step": step, "lookup_acc": round(r["lookup_acc"].get("reasoning", float("nan")), 4),
+               "token_acc": round(r["acc"]["reasoning"], 4)}
+        probe_curve.append(rec)
+        return rec
+
     model.train()
     it = iter(dl)
     t_train = time.time()
@@ -340,6 +362,9 @@ def main(argv=None):
                    f"data_wait {data_wait:.1f}s")
             bar.write(msg)
             sys.stdout.flush()
+        if probes and step % args.probe_every == 0:
+            bar.write(f"probe step {step}: " + json.dumps(probe(step)))
+            sys.stdout.flush()
             loss_acc, loss_n = 0.0, 0
     bar.close()
     train_s = time.time() - t_train
@@ -385,6 +410,7 @@ def main(argv=None):
         "steps": step,
         "final_loss": last_loss,
         "loss_curve": losses,
+        "probe_curve": probe_curve,
         "train_seconds": round(train_s, 1),
         "wall_seconds": round(time.time() - t_start, 1),
         "tokens_trained": tokens,
