@@ -232,7 +232,7 @@ def main(argv=None):
     weights.update({f: rest / len(others) for f in others})
     if args.lookup_weight > 0:
         weights["lookup"] = args.lookup_weight
-    families = [f for f in weights if weights[f] > 0 or f in FAMILIES]
+    families = [f for f in weights if weights[f] > 0]  # validated, evaluated
     # fail fast on bad knobs / lengths
     for fam in families:
         for L in {args.seq_len[0], args.seq_len[1]} | (
