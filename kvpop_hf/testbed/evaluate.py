@@ -45,7 +45,7 @@ import torch
 
 from ..compat import with_cache
 from . import policies as pol
-from .tasks import FAMILIES, Problem, make_problem, training_example
+from .tasks import ALL_FAMILIES, FAMILIES, Problem, make_problem, training_example
 
 __all__ = ["build_parser", "plan_from_args", "token_accuracy", "main", "EvalPlan", "DEFAULT_SEED_BASE"]
 
@@ -59,7 +59,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--model", required=True, help="model directory or Hub id (loaded with attn 'kvpop')")
     ap.add_argument("--tokenizer", default=None, help="tokenizer dir (default: the model's, else build_tokenizer())")
     ap.add_argument("--out", required=True, help="output directory")
-    ap.add_argument("--families", default=",".join(FAMILIES), help=f"comma list from {', '.join(FAMILIES)}")
+    ap.add_argument("--families", default=",".join(FAMILIES),
+                    help=f"comma list from {', '.join(ALL_FAMILIES)} (default: the evaluated {', '.join(FAMILIES)})")
     ap.add_argument("--in-domain", default="reasoning",
                     help="families the scorers were trained on (table1); the others go to table2")
     ap.add_argument("--policies", default=None,
@@ -131,8 +132,8 @@ def _parse_knobs(items: Sequence[str], families: Sequence[str]) -> dict[str, dic
         fam, dot, name = key.partition(".")
         if not eq or not dot or not name:
             raise ValueError(f"--knob expects FAMILY.KEY=VALUE, got {item!r}.")
-        if fam not in FAMILIES:
-            raise ValueError(f"--knob {item!r}: unknown family {fam!r}; valid: {', '.join(FAMILIES)}.")
+        if fam not in ALL_FAMILIES:
+            raise ValueError(f"--knob {item!r}: unknown family {fam!r}; valid: {', '.join(ALL_FAMILIES)}.")
         try:
             value = ast.literal_eval(val)
         except (ValueError, SyntaxError):
@@ -145,13 +146,13 @@ def plan_from_args(args: argparse.Namespace) -> EvalPlan:
     """Validate the arguments, generate the problems and load checkpoint prototypes; raises ValueError
     with a clear message for bad input. No model weights are touched."""
     families = _split(args.families)
-    bad = [f for f in families if f not in FAMILIES]
+    bad = [f for f in families if f not in ALL_FAMILIES]
     if bad or not families:
-        raise ValueError(f"Unknown family {bad or args.families!r}; valid families: {', '.join(FAMILIES)}.")
+        raise ValueError(f"Unknown family {bad or args.families!r}; valid families: {', '.join(ALL_FAMILIES)}.")
     in_domain = _split(args.in_domain)
-    bad = [f for f in in_domain if f not in FAMILIES]
+    bad = [f for f in in_domain if f not in ALL_FAMILIES]
     if bad:
-        raise ValueError(f"--in-domain: unknown family {bad}; valid families: {', '.join(FAMILIES)}.")
+        raise ValueError(f"--in-domain: unknown family {bad}; valid families: {', '.join(ALL_FAMILIES)}.")
     if args.n < 1:
         raise ValueError(f"--n must be >= 1, got {args.n}.")
     for name in ("sinks", "window"):
