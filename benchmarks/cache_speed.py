@@ -42,6 +42,7 @@ from transformers import AutoModelForCausalLM, DynamicCache, Qwen3Config
 from kvpop_hf import KVpopCache
 from kvpop_hf.cache import kv_tensor_bytes
 from kvpop_hf.compat import with_cache
+from kvpop_hf.timing import sync
 
 REPO = Path(__file__).resolve().parents[1]
 # transformers >= 5.2x renames generate/forward's `past_key_values` to `cache`; the old name still works
@@ -123,11 +124,6 @@ def make_runners(model, args):
         cache = KVpopCache(model.config, sinks=args.sinks, window=args.window, topk=args.topk, scorer=scorer)
         runners.append(Runner(f"kvpop-{scorer}", cache, "kvpop", scorer, cache.budget))
     return runners
-
-
-def sync(device):
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def forward(model, ids, cache):

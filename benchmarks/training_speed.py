@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import gc
 import math
 import os
 import platform
@@ -47,7 +46,7 @@ from pathlib import Path
 import torch
 
 from kvpop_hf.provenance import git_commit
-from kvpop_hf.timing import measure, quantiles
+from kvpop_hf.timing import compiled_graphs, free, measure, quantiles, sync
 import torch.nn.functional as F
 
 REPO = Path(__file__).resolve().parents[1]
@@ -89,13 +88,10 @@ class Bench:
         self.cuda = device.type == "cuda"
 
     def sync(self):
-        if self.cuda:
-            torch.cuda.synchronize(self.device)
+        sync(self.device)
 
     def free(self):
-        gc.collect()
-        if self.cuda:
-            torch.cuda.empty_cache()
+        free(self.device)
 
     def run(self, fn, warmup=None, repeats=None):
         """-> dict(median_ms, p10_ms, p90_ms, peak_mib, out) where out is the last call's result."""
@@ -111,14 +107,6 @@ class Bench:
         peak, times, out = measure(fn, self.device, repeats)
         q = quantiles(times)
         return dict(median_ms=q["median"], p10_ms=q["p10"], p90_ms=q["p90"], peak_mib=peak, out=out)
-
-
-def compiled_graphs() -> int:
-    try:
-        from torch._dynamo.utils import counters
-        return int(counters["stats"]["unique_graphs"])
-    except Exception:  # noqa: BLE001
-        return -1
 
 
 def is_oom(err: BaseException) -> bool:

@@ -6,6 +6,7 @@ transformers 5.17 calls it ``past_key_values``; newer 5.x releases call it ``cac
 
 from __future__ import annotations
 
+import functools
 import inspect
 from typing import Any
 
@@ -14,7 +15,13 @@ __all__ = ["cache_kwarg", "with_cache"]
 
 def cache_kwarg(model: Any) -> str:
     """``"cache"`` if ``type(model).forward`` has that parameter, else ``"past_key_values"``."""
-    forward = getattr(type(model), "forward", None)
+    return _cache_kwarg_of(type(model))
+
+
+@functools.lru_cache(maxsize=None)
+def _cache_kwarg_of(cls: type) -> str:
+    # once per model class: with_cache sits inside decode loops that benchmarks time
+    forward = getattr(cls, "forward", None)
     try:
         params = inspect.signature(forward).parameters if forward is not None else {}
     except (TypeError, ValueError):

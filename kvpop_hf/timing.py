@@ -6,6 +6,7 @@ before the call (inputs excluded, outputs included); CPU: ``time.perf_counter`` 
 
 from __future__ import annotations
 
+import gc
 import math
 import statistics
 import time
@@ -13,7 +14,29 @@ from typing import Any, Callable
 
 import torch
 
-__all__ = ["measure", "quantiles"]
+__all__ = ["sync", "free", "compiled_graphs", "measure", "quantiles"]
+
+
+def sync(device: torch.device) -> None:
+    """Wait for the device's queued work (no-op on CPU)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def free(device: torch.device) -> None:
+    """Collect garbage and, on CUDA, return cached blocks so the next peak starts from live tensors."""
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def compiled_graphs() -> int:
+    """Unique graphs dynamo has compiled in this process (-1 if the counter is unavailable)."""
+    try:
+        from torch._dynamo.utils import counters
+        return int(counters["stats"]["unique_graphs"])
+    except Exception:  # noqa: BLE001  (private counter; names differ across torch versions)
+        return -1
 
 
 def measure(fn: Callable[[], Any], device: torch.device, repeats: int) -> tuple[float, list[float], Any]:
@@ -21,18 +44,18 @@ def measure(fn: Callable[[], Any], device: torch.device, repeats: int) -> tuple[
     cuda = device.type == "cuda"
     peak = math.nan
     if cuda:
-        torch.cuda.synchronize(device)
+        sync(device)
         torch.cuda.reset_peak_memory_stats(device)
         base = torch.cuda.memory_allocated(device)
         out = fn()
-        torch.cuda.synchronize(device)
+        sync(device)
         peak = (torch.cuda.max_memory_allocated(device) - base) / 2**20
     times = []
     for _ in range(max(repeats, 1)):
         out = None  # let the previous output go before the next call
         if cuda:
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            torch.cuda.synchronize(device)
+            sync(device)
             start.record()
             out = fn()
             end.record()

@@ -151,6 +151,16 @@ class BatchStream(torch.utils.data.IterableDataset):
             b += nw
 
 
+def _knob_table(items, flag, base=None) -> dict[str, dict]:
+    """``[(family, key, value)]`` -> ``{family: {key: value}}`` on top of a copy of ``base``."""
+    table = {f: dict(v) for f, v in (base or {}).items()}
+    for fam, key, val in items:
+        if fam not in ALL_FAMILIES:
+            raise SystemExit(f"{flag}: unknown family {fam!r}")
+        table.setdefault(fam, {})[key] = val
+    return table
+
+
 def eval_problems(n, seq_len, knobs, families=FAMILIES):
     probs = []
     for fam in families:
@@ -214,16 +224,8 @@ def main(argv=None):
         torch.backends.cudnn.allow_tf32 = True
 
     tok = build_tokenizer()
-    knobs: dict[str, dict] = {}
-    for fam, key, val in args.knob:
-        if fam not in ALL_FAMILIES:
-            raise SystemExit(f"--knob: unknown family {fam!r}")
-        knobs.setdefault(fam, {})[key] = val
-    eval_knobs: dict[str, dict] = {f: dict(v) for f, v in knobs.items()}
-    for fam, key, val in args.eval_knob:
-        if fam not in ALL_FAMILIES:
-            raise SystemExit(f"--eval-knob: unknown family {fam!r}")
-        eval_knobs.setdefault(fam, {})[key] = val
+    knobs = _knob_table(args.knob, "--knob")
+    eval_knobs = _knob_table(args.eval_knob, "--eval-knob", base=knobs)
     others = [f for f in FAMILIES if f != "reasoning"]
     if not (0.0 <= args.lookup_weight and 0.0 <= args.reasoning_weight and args.reasoning_weight + args.lookup_weight <= 1.0):
         raise SystemExit("--reasoning-weight and --lookup-weight must be >= 0 and sum to at most 1")
@@ -307,8 +309,7 @@ def main(argv=None):
         from kvpop_hf.testbed.evaluate import token_accuracy
 
         with torch.autocast(device_type="cuda", dtype=torch.bfloat16, enabled=cuda):
-            r = token_accuracy(model, tok, probes, None, progress=False)
-        model.train()
+            r = token_accuracy(model, tok, probes, None, progress=False)  # restores train mode
         rec = {"step": step, "lookup_acc": round(r["lookup_acc"].get("reasoning", float("nan")), 4),
                "token_acc": round(r["acc"]["reasoning"], 4)}
         probe_curve.append(rec)

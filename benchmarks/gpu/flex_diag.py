@@ -28,7 +28,6 @@ wall-clock budget (``--budget-s``); what does not fit is reported as skipped. Ev
 from __future__ import annotations
 
 import argparse
-import gc
 import math
 import os
 import platform
@@ -46,19 +45,11 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from kvpop_hf.provenance import git_commit  # noqa: E402
-from kvpop_hf.timing import measure, quantiles  # noqa: E402
+from kvpop_hf.timing import compiled_graphs, free, measure, quantiles, sync  # noqa: E402
 
 warnings.filterwarnings("ignore", message=r".*return_lse.*")
 warnings.filterwarnings("ignore", message=r".*flex_attention called without torch.compile.*")
 T0 = time.perf_counter()
-
-
-def graphs() -> int:
-    try:
-        from torch._dynamo.utils import counters
-        return int(counters["stats"]["unique_graphs"])
-    except Exception:  # noqa: BLE001
-        return -1
 
 
 def recompile_counters() -> str:
@@ -80,13 +71,10 @@ class Diag:
               f"{'g timed':>7}  status", flush=True)
 
     def sync(self):
-        if self.cuda:
-            torch.cuda.synchronize(self.device)
+        sync(self.device)
 
     def free(self):
-        gc.collect()
-        if self.cuda:
-            torch.cuda.empty_cache()
+        free(self.device)
 
     def over_budget(self) -> bool:
         return time.perf_counter() - T0 > self.args.budget_s
@@ -109,7 +97,7 @@ class Diag:
         t0 = time.perf_counter()
         out = None
         try:
-            g0 = graphs()
+            g0 = compiled_graphs()
             for _ in range(max(warmup, 1)):
                 out = None
                 t1 = time.perf_counter()
@@ -118,13 +106,13 @@ class Diag:
                 last = time.perf_counter() - t1
             if last > a.slow_s:  # a slow case (e.g. fp32 ieee at 16k): fewer repeats to stay in the budget
                 repeats = min(repeats, 3)
-            g1 = graphs()
+            g1 = compiled_graphs()
             out = None
             self.free()
             peak, times, out = measure(fn, self.device, repeats)
             if self.cuda:
                 row["peak"] = peak
-            g2 = graphs()
+            g2 = compiled_graphs()
             row.update(g_warm=g1 - g0, g_timed=g2 - g1, **quantiles(times))
         except Exception as err:  # noqa: BLE001
             out = None

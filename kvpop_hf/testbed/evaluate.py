@@ -261,11 +261,12 @@ def token_accuracy(model: Any, tokenizer: Any, problems: Sequence[Problem],
                                     for s in range(0, T, step)], 0)
             pred = logits[:-1].argmax(-1)
             gold, mask = labels[1:], labels[1:] != -100
-            hit = int(((pred == gold) & mask).sum())
+            right = pred == gold
+            hit = int((right & mask).sum())
             n = int(mask.sum())
             lookup = _fact_lookup_mask(p, ids[0], tokenizer) & mask
             if bool(lookup.any()):
-                lk_correct[p.family] = lk_correct.get(p.family, 0) + int(((pred == gold) & lookup).sum())
+                lk_correct[p.family] = lk_correct.get(p.family, 0) + int((right & lookup).sum())
                 lk_total[p.family] = lk_total.get(p.family, 0) + int(lookup.sum())
             correct[p.family] = correct.get(p.family, 0) + hit
             total[p.family] = total.get(p.family, 0) + n

@@ -93,7 +93,8 @@ def quality_table(rows: Sequence[dict], families: Sequence[str], title: str) -> 
 
 
 def plot_quality(rows: Sequence[dict], path: Path) -> None:
-    """Average EM and token accuracy (over all families in ``rows``) vs compression ratio, per policy."""
+    """Average EM, token accuracy and fact-lookup accuracy (over the families in ``rows``) vs compression
+    ratio, per policy."""
     import matplotlib
 
     matplotlib.use("Agg")

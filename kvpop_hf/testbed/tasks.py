@@ -196,6 +196,31 @@ def _uuid(rng: random.Random, groups: Sequence[int] = (8, 4, 4, 4, 12)) -> str:
     return "-".join("".join(rng.choice(_HEX) for _ in range(g)) for g in groups)
 
 
+def _distractor_lines(rng: random.Random, id_range: int, budget: float
+                      ) -> tuple[dict[str, int], list[tuple[str, Any]], int]:
+    """``note : z17 = 3 .`` lines (distinct ``z`` names below ``id_range``) until the next would push their
+    token cost (one newline each included) past ``budget``. Returns ``({name: value}, [(line, None)], cost)``."""
+    distractors: dict[str, int] = {}
+    lines: list[tuple[str, Any]] = []
+    cost = 0
+    while True:
+        zi = rng.randrange(id_range)
+        zname = f"z{zi}"
+        if zname in distractors:
+            if len(distractors) >= id_range:
+                break
+            continue
+        zval = rng.randint(0, 9)
+        line = f"note : {zname} = {zval} ."
+        c = count_tokens(line) + 1
+        if cost + c > budget:
+            break
+        distractors[zname] = zval
+        lines.append((line, None))
+        cost += c
+    return distractors, lines, cost
+
+
 # --------------------------------------------------------------------------- #
 # reasoning traces
 # --------------------------------------------------------------------------- #
@@ -323,24 +348,7 @@ def reasoning(seed: int | random.Random = 0, length: int = 1024, n_facts: int | 
         raise _too_small(fam, length, length - body_budget + need,
                          f"n_facts={n_facts}, steps={steps}, hops={hops}")
     free = body_budget - need
-    distractors: dict[str, int] = {}
-    d_lines: list[tuple[str, Any]] = []
-    d_cost = 0
-    while True:
-        zi = rng.randrange(id_range)
-        zname = f"z{zi}"
-        if zname in distractors:
-            if len(distractors) >= id_range:
-                break
-            continue
-        zval = rng.randint(0, 9)
-        line = f"note : {zname} = {zval} ."
-        c = count_tokens(line) + 1
-        if d_cost + c > distractor_density * free:
-            break
-        distractors[zname] = zval
-        d_lines.append((line, None))
-        d_cost += c
+    distractors, d_lines, d_cost = _distractor_lines(rng, id_range, distractor_density * free)
     filler = _filler_lines(rng, free - d_cost)
     body = _interleave(rng, filler, [[e] for e in fact_lines] + [[d] for d in d_lines])
     prompt, n_tokens, pos = _finish(fam, head, body, tail, target)
@@ -652,18 +660,7 @@ def lookup(seed: int | random.Random = 0, length: int = 512, n_facts: int | None
     if body_budget < need:
         raise _too_small(fam, length, length - body_budget + need, f"n_facts={n_facts}, n_queries={n_queries}")
     free = body_budget - need
-    d_lines, d_cost, used = [], 0, set()
-    while len(used) < id_range:
-        zi = rng.randrange(id_range)
-        if zi in used:
-            continue
-        line = f"note : z{zi} = {rng.randint(0, 9)} ."
-        c = count_tokens(line) + 1
-        if d_cost + c > distractor_density * free:
-            break
-        used.add(zi)
-        d_lines.append((line, None))
-        d_cost += c
+    _, d_lines, d_cost = _distractor_lines(rng, id_range, distractor_density * free)
     body = _interleave(rng, _filler_lines(rng, free - d_cost), [[e] for e in fact_lines] + [[d] for d in d_lines])
     prompt, n_tokens, pos = _finish(fam, head, body, tail, target)
     meta = {"facts": facts, "queries": queries, "fact_token_pos": pos, "n_tokens": n_tokens,
