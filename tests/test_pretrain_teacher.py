@@ -42,6 +42,37 @@ def test_checkpoint_files_and_manifest(teacher_dir):
     assert os.path.getsize(teacher_dir / "model.safetensors") <= 15 * 2 ** 20
 
 
+def _run_pretrain(args, timeout=120):
+    cmd = [sys.executable, os.path.join(ROOT, "training", "pretrain_teacher.py"), *args]
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def test_init_from_continues_the_saved_weights(teacher_dir, tmp_path):
+    from safetensors.torch import load_file
+    out = tmp_path / "cont"
+    r = _run_pretrain(["--out", str(out), "--init-from", str(teacher_dir), "--steps", "1", "--seq-len", "256:256",
+                       "--batch-size", "1", "--lr", "1e-9", "--warmup", "1", "--eval-n", "1", "--workers", "0",
+                       "--device", "cpu"])
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "initialised from" in r.stdout
+    before, after = load_file(teacher_dir / "model.safetensors"), load_file(out / "model.safetensors")
+    assert before.keys() == after.keys()
+    for k in before:  # one step at lr 1e-9: the weights are the saved ones (up to bf16 rounding)
+        assert before[k].shape == after[k].shape
+        assert (before[k].float() - after[k].float()).abs().max() < 1e-2, k
+    assert json.loads((out / "manifest.json").read_text())["args"]["init_from"] == str(teacher_dir)
+
+
+def test_init_from_rejects_architecture_flags_and_missing_folder(teacher_dir, tmp_path):
+    r = _run_pretrain(["--out", str(tmp_path / "a"), "--init-from", str(teacher_dir), "--hidden", "128",
+                       "--steps", "1", "--device", "cpu"])
+    assert r.returncode != 0 and "drop --hidden" in r.stderr
+    r = _run_pretrain(["--out", str(tmp_path / "b"), "--init-from", str(tmp_path / "nowhere"), "--steps", "1",
+                       "--device", "cpu"])
+    assert r.returncode != 0 and "no config.json" in r.stderr
+
+
 def test_checkpoint_loads_and_dense_eval_runs(teacher_dir):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer

@@ -84,6 +84,9 @@ def parse_args(argv=None):
     ap.add_argument("--head-dim", type=int, default=32)
     ap.add_argument("--intermediate", type=int, default=None, help="MLP width (default 3 * hidden)")
     ap.add_argument("--rope-theta", type=float, default=100000.0)
+    ap.add_argument("--init-from", default=None,
+                    help="continue from a saved teacher folder (its config wins: --hidden/--layers/--heads/"
+                         "--kv-heads/--head-dim/--intermediate/--rope-theta must be left at their defaults)")
     ap.add_argument("--reasoning-weight", type=float, default=0.5,
                     help="mixture weight of reasoning; the rest is split evenly over the other families")
     ap.add_argument("--lookup-weight", type=float, default=0.0,
@@ -243,6 +246,14 @@ def main(argv=None):
             make_problem(fam, length=L, seed=0, **eval_knobs.get(fam, {}))
 
     inter = args.intermediate or 3 * args.hidden
+    if args.init_from is not None:
+        arch = ("hidden", "layers", "heads", "kv_heads", "head_dim", "intermediate", "rope_theta")
+        changed = [a for a in arch if getattr(args, a) != parse_args(["--out", "x"]).__dict__[a]]
+        if changed:
+            raise SystemExit(f"--init-from takes the architecture from {args.init_from}; drop "
+                             + ", ".join("--" + a.replace("_", "-") for a in changed))
+        if not os.path.isfile(os.path.join(args.init_from, "config.json")):
+            raise SystemExit(f"--init-from {args.init_from}: no config.json there (expected a saved teacher folder)")
     cfg = Qwen3Config(
         vocab_size=len(tok), hidden_size=args.hidden, intermediate_size=inter,
         num_hidden_layers=args.layers, num_attention_heads=args.heads, num_key_value_heads=args.kv_heads,
@@ -255,8 +266,14 @@ def main(argv=None):
             cfg.rope_parameters["rope_theta"] = args.rope_theta
     except Exception:
         pass
-    model = Qwen3ForCausalLM._from_config(cfg, attn_implementation="sdpa") if hasattr(
-        Qwen3ForCausalLM, "_from_config") else Qwen3ForCausalLM(cfg)
+    if args.init_from is not None:
+        model = Qwen3ForCausalLM.from_pretrained(args.init_from, dtype=torch.float32, attn_implementation="sdpa")
+        if model.config.vocab_size != len(tok):
+            raise SystemExit(f"--init-from {args.init_from}: vocab {model.config.vocab_size} != tokenizer {len(tok)}")
+        print(f"initialised from {args.init_from}", flush=True)
+    else:
+        model = Qwen3ForCausalLM._from_config(cfg, attn_implementation="sdpa") if hasattr(
+            Qwen3ForCausalLM, "_from_config") else Qwen3ForCausalLM(cfg)
     model.config._attn_implementation = "sdpa"
     model.to(device)
     n_params = sum(p.numel() for p in model.parameters())
