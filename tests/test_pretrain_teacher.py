@@ -128,3 +128,16 @@ def test_dense_eval_scores_a_perfect_oracle():
 
     res = exact_match(Oracle(), tok, probs, batch_size=3, progress=False)
     assert all(v == 1.0 for v in res["em"].values()), res["em"]
+
+
+def test_batch_length_covers_both_ends_of_the_range():
+    import random
+    sys.path.insert(0, os.path.join(ROOT, "training"))
+    from pretrain_teacher import batch_length
+    rng = random.Random(0)
+    seen = [batch_length(rng, 256, 1024, 128) for _ in range(2000)]
+    assert set(seen) == {256, 384, 512, 640, 768, 896, 1024}
+    assert min(seen.count(v) for v in set(seen)) > 200  # uniform: ~286 each
+    assert {batch_length(rng, 300, 1000, 128) for _ in range(500)} == {384, 512, 640, 768, 896}
+    assert batch_length(rng, 300, 330, 128) == 300  # no multiple inside: the low end itself
+    assert {batch_length(rng, 5, 7, 1) for _ in range(100)} == {5, 6, 7}
