@@ -1,12 +1,23 @@
-"""Quality regression on the committed testbed checkpoints (CPU).
+"""Quality regression on the committed testbed checkpoints (CPU, ~1 min).
 
-The GPU run in results/eval_testbed_gpu (table + recall_per_layer.csv, 2 reasoning problems of 2048
-tokens, B = 246 = 88% compression) measured the recall of the future-attention oracle's top-k:
-kvpop 0.662, kvpop_mlp 0.742, streaming 0.084, knorm 0.210, random 0.242. Exact match cannot serve
-as the regression signal on this testbed: the committed teacher's dense exact match is ~0 at 2048
-tokens (see the README), so it would pass whatever the scorers do. Recall is what the scorers were
-trained for and separates them from every heuristic; this test fails if it drops by more than the
-margin or stops beating the heuristics.
+Measured once on these exact problems (6 reasoning problems of 1024 tokens, seeds 2**48 + i, the first six of
+``kvpop-eval``'s default seeds), B = 123 = 4 sinks + 32 window + 87 slots (88% compression), model loaded
+with ``attn_implementation="kvpop"``:
+
+| policy     | token acc | fact-lookup acc | oracle top-k recall (first 2 problems) |
+|------------|-----------|-----------------|-----------------------------------------|
+| kvpop      | 0.916     | 0.333           | 0.693                                   |
+| kvpop_mlp  | 0.937     | 0.500           | 0.779                                   |
+| streaming  | 0.740     | 0.000           | 0.210                                   |
+| knorm      | 0.579     | 0.033           | 0.199                                   |
+| random     | 0.613     | 0.167           | 0.240                                   |
+
+and the dense teacher's greedy exact match is 1.0. The issue asks for an exact-match threshold for KVpop at
+88%, but on this testbed every policy's exact match at 88% is at most 0.05 (``results/eval_testbed_v3_gpu``,
+20 problems), so an exact-match floor minus any margin could not fail. The fact-lookup accuracy is the part
+of the trace that eviction breaks (a value copied from far back), and the token accuracy and the oracle
+recall are what the scorers are trained for; the test fails if any of them drops by more than its margin,
+if the learned scorers stop beating every heuristic, or if the teacher's exact match falls.
 """
 
 import types
@@ -18,35 +29,67 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 TEACHER = ROOT / "checkpoints" / "teacher"
 SCORERS = ROOT / "checkpoints" / "scorers"
-MEASURED = {"kvpop": 0.483, "kvpop_mlp": 0.562}
-MARGIN = 0.05
+LENGTH, SINKS, WINDOW, B = 1024, 4, 32, 123
+MEASURED = {"kvpop": {"tok": 0.916, "lookup": 0.333, "recall": 0.693},
+            "kvpop_mlp": {"tok": 0.937, "lookup": 0.500, "recall": 0.779}}
+MARGIN = {"tok": 0.03, "lookup": 0.10, "recall": 0.05}
+HEURISTICS = ("streaming", "knorm", "random")
 
 
-@pytest.mark.skipif(not (TEACHER / "model.safetensors").is_file(), reason="testbed teacher not committed")
-def test_oracle_recall_of_committed_scorers_at_88_percent():
+@pytest.fixture(scope="module")
+def setup():
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    import kvpop_hf  # noqa: F401  (registers the "kvpop" attention)
     from kvpop_hf import KVpopCache
     from kvpop_hf.testbed import make_problem
-    from kvpop_hf.testbed.analysis import recall_rows
 
-    model = AutoModelForCausalLM.from_pretrained(TEACHER, dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(TEACHER, dtype=torch.float32, attn_implementation="kvpop").eval()
     tok = AutoTokenizer.from_pretrained(TEACHER)
-    length, B, window = 1024, 123, 32
-    problems = [make_problem("reasoning", length=length, seed=2 ** 48 + i) for i in range(2)]
+    problems = [make_problem("reasoning", length=LENGTH, seed=2 ** 48 + i) for i in range(6)]
+    factories = {n: (lambda n=n: KVpopCache.from_pretrained(SCORERS / f"{n}_cr88", model.config)) for n in MEASURED}
+    for n in HEURISTICS:
+        factories[n] = lambda n=n: KVpopCache(model.config, sinks=SINKS, window=WINDOW, topk=B - SINKS - WINDOW,
+                                              scorer=n)
+    assert all(f().budget == B for f in factories.values())
+    return model, tok, problems, factories
+
+
+pytestmark = pytest.mark.skipif(not (TEACHER / "model.safetensors").is_file(), reason="testbed teacher not committed")
+
+
+def test_dense_teacher_solves_the_reasoning_traces(setup):
+    from kvpop_hf.testbed.dense_eval import exact_match
+    model, tok, problems, _ = setup
+    em = exact_match(model, tok, problems, batch_size=len(problems), progress=False)["em"]["reasoning"]
+    assert em >= 5 / 6, em
+
+
+def test_learned_scorers_keep_the_facts_at_88_percent(setup):
+    from kvpop_hf.testbed.evaluate import token_accuracy
+    model, tok, problems, factories = setup
+    got = {}
+    for name, factory in factories.items():
+        r = token_accuracy(model, tok, problems, cache_factory=factory, progress=False)
+        got[name] = {"tok": r["acc"]["all"], "lookup": r["lookup_acc"]["reasoning"]}
+    for name, measured in MEASURED.items():
+        for metric in ("tok", "lookup"):
+            assert got[name][metric] >= measured[metric] - MARGIN[metric], (name, metric, got)
+    for metric, gap in (("tok", 0.10), ("lookup", 0.10)):
+        best = max(got[h][metric] for h in HEURISTICS)
+        assert min(got[n][metric] for n in MEASURED) > best + gap, (metric, got)
+
+
+def test_oracle_recall_at_88_percent(setup):
+    from kvpop_hf.testbed.analysis import recall_rows
+    model, tok, problems, factories = setup
     budget = types.SimpleNamespace(B=B, cr=0.88)
-    scored = [("kvpop", budget, KVpopCache.from_pretrained(SCORERS / "kvpop_cr88", model.config)),
-              ("kvpop_mlp", budget, KVpopCache.from_pretrained(SCORERS / "kvpop_mlp_cr88", model.config))]
-    for name in ("streaming", "knorm", "random"):
-        scored.append((name, budget, KVpopCache(model.config, sinks=4, window=window, topk=B - 4 - window,
-                                                 scorer=name)))
-    assert all(c.budget == B for _, _, c in scored)
-    rows = recall_rows(model, tok, problems, scored, progress=False)
+    rows = recall_rows(model, tok, problems[:2], [(n, budget, f()) for n, f in factories.items()], progress=False)
     recall = {}
-    for name in {r["policy"] for r in rows}:
+    for name in factories:
         vals = [r["recall"] for r in rows if r["policy"] == name]
         recall[name] = sum(vals) / len(vals)
     for name, measured in MEASURED.items():
-        assert recall[name] >= measured - MARGIN, recall
-    best_heuristic = max(recall[n] for n in ("streaming", "knorm", "random"))
-    assert min(recall["kvpop"], recall["kvpop_mlp"]) > best_heuristic + 0.2, recall
+        assert recall[name] >= measured["recall"] - MARGIN["recall"], recall
+    best_heuristic = max(recall[n] for n in HEURISTICS)
+    assert min(recall[n] for n in MEASURED) > best_heuristic + 0.2, recall
