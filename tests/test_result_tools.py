@@ -1,0 +1,74 @@
+"""The small result tools: benchmarks/merge_eval_runs.py and benchmarks/plot_probe_curves.py."""
+
+from __future__ import annotations
+
+import csv
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import merge_eval_runs  # noqa: E402
+import plot_probe_curves  # noqa: E402
+
+COLS = ["policy", "budget", "cr", "sinks", "window", "topk", "family", "em", "token_acc", "lookup_acc", "n",
+        "n_target_tokens"]
+META = {"model": "m", "length": 1024, "n_per_family": 2, "seeds": {"base": 7}, "families": ["reasoning"],
+        "knobs": {}}
+
+
+def _run(folder: Path, rows, **meta_changes):
+    folder.mkdir()
+    (folder / "meta.json").write_text(json.dumps({**META, **meta_changes}))
+    with open(folder / "results.csv", "w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=COLS)
+        w.writeheader()
+        for r in rows:
+            w.writerow({c: r.get(c, "") for c in COLS})
+
+
+def _r(policy, budget, cr, em, acc=0.9, lk=0.5):
+    return {"policy": policy, "budget": budget, "cr": cr, "family": "reasoning", "em": em, "token_acc": acc,
+            "lookup_acc": lk, "n": 2}
+
+
+def test_merge_keeps_first_dense_and_all_budgets(tmp_path):
+    _run(tmp_path / "a", [_r("dense", "full", 0, 1.0, 1.0, 1.0), _r("kvpop", "123", 0.88, 0.0)])
+    _run(tmp_path / "b", [_r("dense", "full", 0, 0.5), _r("kvpop", "512", 0.5, 1.0)])
+    merge_eval_runs.main(["--out", str(tmp_path / "m"), str(tmp_path / "a"), str(tmp_path / "b")])
+    rows = list(csv.DictReader(open(tmp_path / "m" / "merged_results.csv")))
+    assert [(r["policy"], r["budget"]) for r in rows] == [("dense", "full"), ("kvpop", "512"), ("kvpop", "123")]
+    assert float(rows[0]["em"]) == 1.0  # the first run's dense row wins
+    table = (tmp_path / "m" / "merged_table.md").read_text()
+    assert "| kvpop | 512 | 0.500 | 1.000 |" in table
+    assert (tmp_path / "m" / "merged_quality_vs_budget.png").stat().st_size > 1000
+
+
+def test_merge_refuses_runs_on_different_problems(tmp_path):
+    _run(tmp_path / "a", [_r("dense", "full", 0, 1.0)])
+    _run(tmp_path / "b", [_r("dense", "full", 0, 1.0)], length=2048)
+    with pytest.raises(SystemExit, match="length"):
+        merge_eval_runs.main(["--out", str(tmp_path / "m"), str(tmp_path / "a"), str(tmp_path / "b")])
+
+
+def test_probe_curves_from_log_and_manifest(tmp_path):
+    log = tmp_path / "t.log"
+    log.write_text("step 1 loss 7\rtrain: 5%\rprobe step 250: {\"step\": 250, \"lookup_acc\": 0.1, \"token_acc\": 0.5}\n"
+                   "probe step 500: {\"step\": 500, \"lookup_acc\": 0.9, \"token_acc\": 0.95}\n")
+    man = tmp_path / "manifest.json"
+    man.write_text(json.dumps({"probe_curve": [{"step": 3, "lookup_acc": 0.2, "token_acc": 0.3}]}))
+    assert [r["step"] for r in plot_probe_curves.read_curve(str(log))] == [250, 500]
+    out = tmp_path / "p.png"
+    plot_probe_curves.main(["--out", str(out), f"a={log}", f"b={man}"])
+    assert out.stat().st_size > 1000
+    rows = list(csv.DictReader(open(tmp_path / "p.csv")))
+    assert [(r["run"], r["step"], r["lookup_acc"]) for r in rows] == [("a", "250", "0.1"), ("a", "500", "0.9"),
+                                                                      ("b", "3", "0.2")]
+    with pytest.raises(SystemExit, match="no probe records"):
+        empty = tmp_path / "e.log"
+        empty.write_text("nothing\n")
+        plot_probe_curves.main(["--out", str(out), f"e={empty}"])
