@@ -3,12 +3,16 @@
     python examples/generate.py                       # tiny random-init Qwen3, no download, CPU, < 60 s
     python examples/generate.py --scorer mlstm --prompt-len 1024 --max-new-tokens 256
     python examples/generate.py --checkpoint checkpoints/teacher   # a trained model + its tokenizer
+    python examples/generate.py --scorer knorm        # a heuristic scorer instead of the learned one
 
 Without a checkpoint (the default unless ``checkpoints/teacher`` holds a ``config.json`` and a
 tokenizer) the model is a small random-init Qwen3 fed random token ids: the text is meaningless,
 but the cache mechanics (fixed budget, memory, speed, agreement with a full cache) are real.
 With a checkpoint the prompt is a ``reasoning`` problem from ``kvpop_hf.testbed`` and the script
-prints the reference answer and the answers extracted from both generations.
+prints the reference answer and the answers extracted from both generations; the cache then uses the
+learned KVpop_mlp scorer retrofitted onto that model (``--scorer-checkpoint``, default
+``checkpoints/scorers/kvpop_mlp_cr75``) at the budget given by ``--sinks/--window/--topk``, unless
+``--scorer`` names another one.
 
 The model runs with ``attn_implementation="kvpop"``, so every query of the prompt sees exactly its
 own fixed-budget set per KV head (the same set it would see when decoding token by token).
@@ -32,6 +36,7 @@ from kvpop_hf.compat import with_cache
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_CHECKPOINT = REPO / "checkpoints" / "teacher"
+DEFAULT_SCORER_CHECKPOINT = REPO / "checkpoints" / "scorers" / "kvpop_mlp_cr75"
 
 
 class TqdmStreamer(BaseStreamer):
@@ -65,6 +70,26 @@ class TqdmStreamer(BaseStreamer):
 def has_checkpoint(path: Path) -> bool:
     tok_files = ("tokenizer.json", "tokenizer_config.json")
     return (path / "config.json").is_file() and any((path / f).is_file() for f in tok_files)
+
+
+def pick_scorer_checkpoint(args, trained_model: bool) -> Path | None:
+    """The learned scorer folder to load, or None for a scorer by name. An explicit --scorer-checkpoint must
+    exist and needs the trained model; the default one is used only with the trained model, when present and
+    no --scorer was named."""
+    if args.scorer_checkpoint is not None:
+        path = Path(args.scorer_checkpoint)
+        if args.scorer is not None:
+            raise SystemExit("give either --scorer or --scorer-checkpoint, not both")
+        if not (path / "kvpop_config.json").is_file():
+            raise SystemExit(f"--scorer-checkpoint {path}: no kvpop_config.json there (expected a trained scorer "
+                             "folder such as checkpoints/scorers/kvpop_mlp_cr75)")
+        if not trained_model:
+            raise SystemExit("--scorer-checkpoint needs the trained model it was retrofitted on (--checkpoint); "
+                             "the random-init model has no trained scorer")
+        return path
+    if trained_model and args.scorer is None and (DEFAULT_SCORER_CHECKPOINT / "kvpop_config.json").is_file():
+        return DEFAULT_SCORER_CHECKPOINT
+    return None
 
 
 def tiny_qwen3(args) -> torch.nn.Module:
@@ -108,7 +133,11 @@ def run_generate(model, ids, cache, args, desc, eos_token_id, pad_token_id):
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--scorer", default="knorm", choices=sorted(SCORERS))
+    ap.add_argument("--scorer", default=None, choices=sorted(SCORERS),
+                    help="scorer by name (default: the learned --scorer-checkpoint with a trained model, else knorm)")
+    ap.add_argument("--scorer-checkpoint", default=None,
+                    help="folder of a trained scorer (kvpop_config.json + kvpop_scorer.safetensors) for the trained "
+                         f"model (default: {DEFAULT_SCORER_CHECKPOINT.relative_to(REPO)} when present)")
     ap.add_argument("--sinks", type=int, default=4)
     ap.add_argument("--window", type=int, default=64)
     ap.add_argument("--topk", type=int, default=128)
@@ -132,8 +161,10 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
 
     ckpt = Path(args.checkpoint)
+    trained = not args.random_model and has_checkpoint(ckpt)
+    scorer_dir = pick_scorer_checkpoint(args, trained_model=trained)  # bad flags fail before any work
     problem = tokenizer = None
-    if not args.random_model and has_checkpoint(ckpt):
+    if trained:
         from transformers import AutoTokenizer
 
         from kvpop_hf.testbed import make_problem
@@ -159,11 +190,19 @@ def main(argv=None) -> int:
         ids = torch.randint(1, args.vocab, (1, args.prompt_len), generator=g_ids)
         eos_token_id, pad_token_id = None, 0
 
-    cache = KVpopCache(model.config, sinks=args.sinks, window=args.window, topk=args.topk, scorer=args.scorer)
+    budget = dict(sinks=args.sinks, window=args.window, topk=args.topk)
+    if scorer_dir is not None:
+        cache = KVpopCache.from_pretrained(scorer_dir, model.config, **budget)
+        scorer_name = f"learned {cache.kvpop_config.scorer} from {scorer_dir}"
+        args.scorer = cache.kvpop_config.scorer
+    else:
+        args.scorer = args.scorer or "knorm"
+        cache = KVpopCache(model.config, scorer=args.scorer, **budget)
+        scorer_name = repr(args.scorer)
     B = cache.budget
     n_prompt = ids.shape[1]
     print(f"budget: B = sinks {args.sinks} + window {args.window} + topk {args.topk} = {B} entries per layer "
-          f"and KV head; scorer {args.scorer!r}")
+          f"and KV head; scorer {scorer_name}")
     print(f"prompt: {n_prompt} tokens; max new tokens: {args.max_new_tokens}; torch threads: "
           f"{torch.get_num_threads()}")
 
