@@ -232,7 +232,8 @@ def token_accuracy(model: Any, tokenizer: Any, problems: Sequence[Problem],
     facts); chance is about 0.1. It is the part of the target that needs the far context, so it is what
     eviction can break even when the model gets the rest of the trace right.
     Returns ``{"acc": {family: float, "all": float}, "correct": {...}, "total": {...}, "per_problem": [...],
-    "lookup_acc": {family: float}}`` (``lookup_acc`` only for families with fact lookups).
+    "lookup_acc": {family: float}, "lookup_correct": {...}, "lookup_total": {...}}`` (the lookup entries only
+    for families with fact lookups).
     """
     device = next(model.parameters()).device
     was_training = model.training
@@ -281,7 +282,8 @@ def token_accuracy(model: Any, tokenizer: Any, problems: Sequence[Problem],
     n_all = sum(total.values())
     acc["all"] = sum(correct.values()) / n_all if n_all else float("nan")
     lookup_acc = {f: lk_correct[f] / lk_total[f] for f in lk_total if lk_total[f]}
-    return {"acc": acc, "correct": correct, "total": total, "per_problem": per_problem, "lookup_acc": lookup_acc}
+    return {"acc": acc, "correct": correct, "total": total, "per_problem": per_problem, "lookup_acc": lookup_acc,
+            "lookup_correct": lk_correct, "lookup_total": lk_total}
 
 
 def _fact_lookup_mask(problem: Problem, ids: torch.Tensor, tokenizer: Any) -> torch.Tensor:

@@ -1,0 +1,65 @@
+"""Oracle eviction: keep the tokens the dense model's *future* attention will use (an analysis tool, not a
+causal policy).
+
+The future-attention oracle of KVpop (arXiv:2607.05061, Sec. 3.2; the training target of the scorers)
+needs the whole sequence, so it cannot run inside a real generation. For a problem whose reference
+``<bos> prompt target <eos>`` is known, :func:`oracle_table` runs the dense model over it once and keeps,
+per layer, the oracle priorities ``r* [Hkv, S]``; :class:`OracleScorer` then serves them by position to a
+:class:`~kvpop_hf.KVpopCache`, which evicts exactly as with any static scorer (same running top-k
+contract). Under eviction the model's later layers see different keys than the dense pass did, so this
+is the dense model's oracle replayed, a reference point for how much of a budget is usable, not a proven
+upper bound.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..scorers.base import Scorer
+from ..training.targets import dense_causal_lse, future_attention_target
+from .analysis import record_qkv
+
+__all__ = ["OracleScorer", "oracle_table"]
+
+#: priority of positions the table does not cover (beyond the reference sequence): below every real score
+OUTSIDE = -1e9
+
+
+class OracleScorer(Scorer):
+    """Static scorer reading precomputed priorities: ``table [num_layers, kv_heads, S]`` float32;
+    ``score(layer, keys, values, positions [b, h, n]) -> table[layer, h, positions]`` (``OUTSIDE`` for
+    positions ``< 0`` or ``>= S``)."""
+
+    def __init__(self, table: torch.Tensor):
+        if table.dim() != 3:
+            raise ValueError(f"OracleScorer needs a [num_layers, kv_heads, S] table, got shape {tuple(table.shape)}")
+        L, H, _ = table.shape
+        super().__init__(L, H, head_dim=0)
+        self.register_buffer("table", table.float(), persistent=False)
+
+    def bind_head_dim(self, head_dim: int) -> "OracleScorer":
+        """Set the model's head size (the cache checks the scorer's shape against the model)."""
+        self.head_dim = head_dim
+        return self
+
+    def score(self, layer_idx, keys, values, positions):
+        b, h, n = positions.shape
+        S = self.table.shape[-1]
+        tab = self.table[layer_idx].to(positions.device)  # [H, S]
+        idx = positions.clamp(0, S - 1).reshape(b, h, n)
+        out = torch.gather(tab.unsqueeze(0).expand(b, -1, -1), 2, idx.reshape(b, h, n))
+        inside = (positions >= 0) & (positions < S)
+        return torch.where(inside, out, torch.full_like(out, OUTSIDE))
+
+
+@torch.no_grad()
+def oracle_table(model, ids: torch.Tensor, window: int, backend: str = "chunked") -> torch.Tensor:
+    """Dense pass over ``ids [1, S]`` -> oracle priorities ``[num_layers, kv_heads, S]`` (float32, CPU), the
+    future attention each key receives from queries at least ``window`` tokens later."""
+    qkv = record_qkv(model, ids)
+    rows = []
+    for layer in sorted(qkv):
+        q, k, _, scale = qkv[layer]
+        lse = dense_causal_lse(q, k, scale)
+        rows.append(future_attention_target(q, k, lse, window, scale=scale, backend=backend)[0].cpu())
+    return torch.stack(rows)

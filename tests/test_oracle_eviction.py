@@ -1,0 +1,58 @@
+"""kvpop_hf.testbed.oracle: the future-attention oracle replayed through a KVpopCache."""
+
+import pytest
+import torch
+from transformers import Qwen3Config, Qwen3ForCausalLM
+
+import kvpop_hf  # noqa: F401  (registers the "kvpop" attention)
+from kvpop_hf import KVpopCache
+from kvpop_hf.testbed.oracle import OUTSIDE, OracleScorer, oracle_table
+from kvpop_hf.training.targets import future_attention_target_reference
+
+
+def _model():
+    cfg = Qwen3Config(vocab_size=100, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=16)
+    torch.manual_seed(0)
+    m = Qwen3ForCausalLM(cfg).eval()
+    m.set_attn_implementation("kvpop")
+    return m
+
+
+def test_table_matches_the_reference_oracle():
+    from kvpop_hf.testbed.analysis import record_qkv
+    from kvpop_hf.training.targets import dense_causal_lse
+    m = _model()
+    ids = torch.randint(0, 100, (1, 50), generator=torch.Generator().manual_seed(1))
+    table = oracle_table(m, ids, window=6)
+    assert table.shape == (2, 2, 50)
+    for layer, (q, k, _, scale) in record_qkv(m, ids).items():
+        ref = future_attention_target_reference(q, k, dense_causal_lse(q, k, scale), 6, scale=scale)[0]
+        torch.testing.assert_close(table[layer], ref, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("chunk", [0, 7, 1])
+def test_cache_keeps_the_oracle_top_k(chunk):
+    m = _model()
+    S, sinks, window, topk = 60, 2, 8, 10
+    ids = torch.randint(0, 100, (1, S), generator=torch.Generator().manual_seed(2))
+    table = oracle_table(m, ids, window=window)
+    cache = KVpopCache(m.config, sinks=sinks, window=window, topk=topk, scorer=OracleScorer(table).bind_head_dim(16))
+    step = chunk or S
+    for s in range(0, S, step):
+        m(ids[:, s:s + step], past_key_values=cache, use_cache=True)
+    for layer in range(2):
+        kept = cache.stored_positions(layer)[0]
+        for h in range(2):
+            long_range = table[layer, h, sinks:S - window].topk(topk).indices + sinks
+            want = set(range(sinks)) | set(range(S - window, S)) | set(long_range.tolist())
+            assert set(kept[h].tolist()) == want
+
+
+def test_positions_outside_the_table_score_lowest():
+    sc = OracleScorer(torch.arange(12.0).view(1, 2, 6)).bind_head_dim(4)
+    pos = torch.tensor([[[-1, 0, 5, 6], [2, 3, 9, -1]]])
+    out = sc.score(0, None, None, pos)
+    assert out.tolist() == [[[OUTSIDE, 0.0, 5.0, OUTSIDE], [8.0, 9.0, OUTSIDE, OUTSIDE]]]
+    with pytest.raises(ValueError, match="num_layers, kv_heads, S"):
+        OracleScorer(torch.zeros(2, 3))
