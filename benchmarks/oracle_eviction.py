@@ -45,7 +45,11 @@ def main(argv=None) -> None:
     ap.add_argument("--window", type=int, default=32)
     ap.add_argument("--seed-base", type=int, default=DEFAULT_SEED_BASE)
     ap.add_argument("--device", default="cpu")
+    ap.add_argument("--kind", choices=["mean", "max"], default="mean",
+                    help="mean: the paper's future-attention target (mean over later queries); max: the largest "
+                         "attention weight any later query gives the token")
     args = ap.parse_args(argv)
+    policy = "oracle" if args.kind == "mean" else "oracle_max"
     budgets = parse_budgets(args.budgets, args.length, args.sinks, args.window)  # bad budgets fail here
     if not (Path(args.model) / "config.json").is_file():
         raise SystemExit(f"--model {args.model}: no config.json there (expected a model folder)")
@@ -64,7 +68,8 @@ def main(argv=None) -> None:
     stats = {b.B: {"em": 0, "tok_c": 0, "tok_n": 0, "lk_c": 0, "lk_n": 0} for b in budgets}
     for p in tqdm(problems, desc="oracle"):
         ids = torch.tensor([training_example(p, tok)["input_ids"]], device=device)
-        table = oracle_table(model, ids, args.window, backend="flex" if device.type == "cuda" else "chunked")
+        table = oracle_table(model, ids, args.window, backend="flex" if device.type == "cuda" else "chunked",
+                             kind=args.kind)
         for b in budgets:
             def factory(b=b):
                 return KVpopCache(model.config, sinks=b.sinks, window=b.window, topk=b.topk,
@@ -80,7 +85,7 @@ def main(argv=None) -> None:
     rows = []
     for b in budgets:
         s = stats[b.B]
-        rows.append({"policy": "oracle", "budget": str(b.B), "cr": float(b.cr), "sinks": b.sinks, "window": b.window,
+        rows.append({"policy": policy, "budget": str(b.B), "cr": float(b.cr), "sinks": b.sinks, "window": b.window,
                      "topk": b.topk, "family": args.family, "em": s["em"] / len(problems),
                      "token_acc": s["tok_c"] / max(1, s["tok_n"]),
                      "lookup_acc": s["lk_c"] / s["lk_n"] if s["lk_n"] else float("nan"), "n": len(problems),
@@ -93,10 +98,11 @@ def main(argv=None) -> None:
             "n_per_family": args.n, "families": [args.family], "knobs": {},
             "seeds": {"base": args.seed_base, "rule": "problem i of each family: make_problem(family, length, "
                       "seed=base + i)", "per_family": {args.family: [seeds[0], seeds[-1]]}},
-            "device": str(device), "note": "oracle = the dense model's future-attention priorities replayed "
-                                           "through KVpopCache (not causal; see kvpop_hf/testbed/oracle.py)"}
+            "device": str(device), "kind": args.kind,
+            "note": "oracle = the dense model's future-attention priorities (mean or max over later queries) "
+                    "replayed through KVpopCache (not causal; see kvpop_hf/testbed/oracle.py)"}
     (out / "meta.json").write_text(json.dumps(meta, indent=2))
-    table = quality_table(rows, [args.family], f"Oracle eviction ({args.family}, {args.n} problems of "
+    table = quality_table(rows, [args.family], f"Oracle eviction, {args.kind} future attention ({args.family}, {args.n} problems of "
                                                f"{args.length} tokens)")
     (out / "table.md").write_text(f"<!-- {command} -->\n<!-- git {meta['git_commit']} -->\n\n{table}")
     print(table)
