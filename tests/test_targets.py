@@ -202,3 +202,54 @@ def test_bad_inputs():
         dense_causal_lse(q, k, chunk=0)
     with pytest.raises(ValueError):
         dense_causal_lse(q[:, :3], k)
+
+
+# --- reduce="max": the largest future attention weight instead of the mean --------------------------------
+def _brute_force_max(q, k, lse, w, eps, agg):
+    B, Hq, S, D = q.shape
+    Hkv = k.shape[1]
+    G = Hq // Hkv
+    sc = D ** -0.5
+    r = torch.empty(B, Hkv, S)
+    for b in range(B):
+        for h in range(Hkv):
+            for t in range(S):
+                ms = [max([math.exp(sc * float(q[b, j, d] @ k[b, h, t]) - float(lse[b, j, d]))
+                           for d in range(t + w, S)], default=0.0) for j in range(h * G, (h + 1) * G)]
+                r[b, h, t] = (math.log(eps + sum(ms) / G) if agg == "log_mean"
+                              else sum(math.log(eps + m) for m in ms) / G)
+    return r
+
+
+@pytest.mark.parametrize("agg", ["log_mean", "mean_log"])
+def test_max_reference_matches_brute_force(agg):
+    q, k = _inputs(11, seed=6, B=1, Hq=4, Hkv=2, D=8)
+    lse = dense_causal_lse(q, k)
+    ref = future_attention_target_reference(q, k, lse, 2, agg=agg, reduce="max")
+    torch.testing.assert_close(ref, _brute_force_max(q, k, lse, 2, 1e-6, agg), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("agg", ["log_mean", "mean_log"])
+@pytest.mark.parametrize("window,S,Hq,Hkv", [(1, 37, 4, 2), (4, 64, 4, 4), (9, 96, 4, 1), (40, 30, 4, 2)])
+@pytest.mark.parametrize("lse_kind", ["dense", "sparse"])
+def test_max_chunked_matches_reference(agg, window, S, Hq, Hkv, lse_kind):
+    seed = S * 10 + window
+    q, k = _inputs(S, seed=seed, Hq=Hq, Hkv=Hkv)
+    lse = dense_causal_lse(q, k) if lse_kind == "dense" else _sparse_lse(q, k, seed)
+    ref = future_attention_target_reference(q, k, lse, window, agg=agg, reduce="max")
+    got = future_attention_target(q, k, lse, window, agg=agg, backend="chunked", chunk=7, reduce="max")
+    torch.testing.assert_close(got, ref, atol=ATOL, rtol=ATOL)
+
+
+def test_max_never_below_mean_and_bad_reduce():
+    q, k = _inputs(40, seed=9)
+    lse = dense_causal_lse(q, k)
+    mx = future_attention_target(q, k, lse, 3, backend="chunked", reduce="max")
+    mean = future_attention_target(q, k, lse, 3, backend="chunked")
+    assert bool((mx >= mean - 1e-5).all())
+    with pytest.raises(ValueError, match="backend='chunked' only"):
+        future_attention_target(q, k, lse, 3, backend="flex", reduce="max")
+    with pytest.raises(ValueError, match="reduce must be one of"):
+        future_attention_target(q, k, lse, 3, backend="chunked", reduce="sum")
+    with pytest.raises(ValueError, match="reduce must be one of"):
+        future_attention_target_reference(q, k, lse, 3, reduce="sum")

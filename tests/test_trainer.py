@@ -134,3 +134,34 @@ def test_learned_decay_is_trained_and_saved(tmp_path):
     t.save_model(str(tmp_path / "final"))
     cache = KVpopCache.from_pretrained(tmp_path / "final")
     torch.testing.assert_close(cache.log_gamma, lg.float())
+
+
+def test_max_target_trains_and_bad_combinations(tmp_path):
+    with pytest.raises(ValueError, match="target_reduce must be"):
+        args(tmp_path, target_reduce="sum")
+    with pytest.raises(ValueError, match="chunked target pass"):
+        args(tmp_path, target_reduce="max", target_backend="flex")
+    model = tiny_model("qwen3", attn="sdpa")
+    data = dataset(n=2, length=48) * 8
+    a = args(tmp_path, train_backbone=False, max_steps=30, learning_rate=1e-2, scorer="mlp", scorer_kwargs="{}",
+             target_reduce="max")
+    t = KVpopTrainer(model=model, args=a, train_dataset=data)
+    assert t.settings.target_reduce == "max"
+    t.train()
+    hist = [e for e in t.state.log_history if "boundary_loss" in e]
+    first, last = sum(e["boundary_loss"] for e in hist[:5]) / 5, sum(e["boundary_loss"] for e in hist[-5:]) / 5
+    assert last < first
+
+
+def test_student_forward_uses_the_max_target():
+    model = tiny_model("qwen3")
+    ids = distinct_ids(2, 48)
+    cache = KVpopCache(model.config, scorer="mlp", **BUDGET)
+    model.set_attn_implementation("kvpop_train")
+    losses = {}
+    for reduce in ("mean", "max"):
+        st = StudentSettings(attention_backend="reference", target_reduce=reduce, **BUDGET)
+        with torch.no_grad(), student_forward(cache.scorer, st, None) as rec:
+            model(ids)
+        losses[reduce] = torch.stack([rec.boundary[i] for i in sorted(rec.boundary)])
+    assert not torch.allclose(losses["mean"], losses["max"])  # a different target, a different loss

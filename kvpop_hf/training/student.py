@@ -42,6 +42,7 @@ class StudentSettings:
     omega: str = "none"  # none | margin | balance | margin+balance
     target_lse: str = "sparse"  # sparse (paper) | dense (exact)
     target_agg: str = "log_mean"
+    target_reduce: str = "mean"  # mean (paper) | max (chunked target pass only)
     target_eps: float = 1e-6
     topk_backend: str = "auto"
     attention_backend: str = "auto"  # flex | reference | auto (flex unless CPU autograd, unsupported there)
@@ -118,9 +119,9 @@ def kvpop_train_attention(module, query, key, value, attention_mask, scaling=Non
         lse_used = lse.detach() if st.target_lse == "sparse" else dense_causal_lse(q_d, k_d, scaling)
         backend = st.target_backend
         if backend == "auto":
-            backend = "flex" if query.is_cuda else "chunked"
+            backend = "flex" if query.is_cuda and st.target_reduce == "mean" else "chunked"
         r_tgt = future_attention_target(q_d, k_d, lse_used, st.window, eps=st.target_eps, agg=st.target_agg,
-                                        scale=scaling, backend=backend)
+                                        scale=scaling, backend=backend, reduce=st.target_reduce)
         S = r_tgt.shape[-1]
         p_tgt = r_tgt
         if lg is not None:

@@ -24,6 +24,11 @@ Future-attention mass of key ``t`` for query head ``j`` with window ``w >= 1``::
 * ``agg="log_mean"``: ``r[h, t] = log(eps + mean_{j in group h} m_t^{(j)})``
 * ``agg="mean_log"``: ``r[h, t] = mean_{j in group h} log(eps + m_t^{(j)})``
 
+``reduce="max"`` (not in the paper; ``chunked`` backend and the reference only) replaces the mean over
+future queries by the largest weight, ``m_t = max_{d >= t + w} A[d, t]``: a token that one later query
+reads sharply then ranks as high as one that many queries read (on the testbed the mean undervalues
+facts that a single lookup reads; see ``benchmarks/oracle_eviction.py``).
+
 Backends of :func:`future_attention_target`
 -------------------------------------------
 * ``"flex"``: a *transposed* FlexAttention pass.  Flex queries are the keys
@@ -53,6 +58,7 @@ __all__ = [
 ]
 
 _AGGS = ("log_mean", "mean_log")
+_REDUCES = ("mean", "max")
 _BACKENDS = ("flex", "chunked")
 
 
@@ -122,14 +128,16 @@ def _counts(S: int, window: int, device) -> torch.Tensor:
     return torch.clamp(S - (t + window), min=1.0)
 
 
-def _aggregate(log_sum: torch.Tensor, Hkv: int, window: int, eps: float, agg: str) -> torch.Tensor:
-    """log_sum [B, Hq, S] = log sum_{d>=t+w} A[d,t] (-inf if empty) -> r [B, Hkv, S]."""
+def _aggregate(log_sum: torch.Tensor, Hkv: int, window: int, eps: float, agg: str,
+               normalise: bool = True) -> torch.Tensor:
+    """log_sum [B, Hq, S] = log sum_{d>=t+w} A[d,t] (-inf if empty) -> r [B, Hkv, S]; ``normalise=False``:
+    the input is already the per-key statistic (``log max``), not divided by the query count."""
     B, Hq, S = log_sum.shape
     G = Hq // Hkv
     log_sum = log_sum.float()
     # Guard: anything that is not a finite number or -inf (NaN) is treated as empty.
     log_sum = torch.where(torch.isnan(log_sum), torch.full_like(log_sum, -math.inf), log_sum)
-    log_m = log_sum - torch.log(_counts(S, window, log_sum.device))  # [B, Hq, S]
+    log_m = log_sum - torch.log(_counts(S, window, log_sum.device)) if normalise else log_sum  # [B, Hq, S]
     log_m = log_m.view(B, Hkv, G, S)
     log_eps = torch.full((), math.log(eps), dtype=torch.float32, device=log_m.device)
     if agg == "log_mean":
@@ -179,7 +187,7 @@ def dense_causal_lse(q: torch.Tensor, k: torch.Tensor, scale: Optional[float] = 
 
 
 def future_attention_target_reference(q, k, lse, window, eps=1e-6, agg="log_mean",
-                                      scale=None) -> torch.Tensor:
+                                      scale=None, reduce: str = "mean") -> torch.Tensor:
     """Obviously-correct oracle: materialises the full ``S x S`` map of
     ``A[d, t] = exp(scale q_d.k_t - LSE_d)``, sums it over ``d >= t + window``,
     divides by ``N_t`` and aggregates per KV head.  Returns float32 ``[B, Hkv, S]``.
@@ -193,7 +201,12 @@ def future_attention_target_reference(q, k, lse, window, eps=1e-6, agg="log_mean
     d_idx = torch.arange(S, device=q.device)[:, None]
     t_idx = torch.arange(S, device=q.device)[None, :]
     P = torch.where(d_idx >= t_idx + window, P, torch.zeros_like(P))
-    m = P.sum(dim=2) / _counts(S, window, q.device)  # [B, Hq, S(t)]
+    if reduce not in _REDUCES:
+        raise ValueError(f"reduce must be one of {_REDUCES}, got {reduce!r}")
+    if reduce == "max":
+        m = P.amax(dim=2)  # [B, Hq, S(t)]
+    else:
+        m = P.sum(dim=2) / _counts(S, window, q.device)  # [B, Hq, S(t)]
     G = Hq // Hkv
     m = m.view(B, Hkv, G, S)
     if agg == "log_mean":
@@ -267,8 +280,9 @@ def _flex_log_sum(qf, kf_exp, lse_f, window: int, sc: float, block_mask=None, ke
     return log_sum
 
 
-def _chunked_log_sum(qf, kf_exp, lse_f, window: int, sc: float, chunk: int) -> torch.Tensor:
-    """Plain-torch transposed pass over key chunks: ``[B, Hq, chunk, S]`` at a time."""
+def _chunked_log_sum(qf, kf_exp, lse_f, window: int, sc: float, chunk: int, reduce: str = "mean") -> torch.Tensor:
+    """Plain-torch transposed pass over key chunks: ``[B, Hq, chunk, S]`` at a time. Returns
+    ``log sum_{d >= t+w} A[d, t]`` (``reduce="max"``: ``log max``) ``[B, Hq, S]``."""
     B, Hq, S, D = qf.shape
     device = qf.device
     out = torch.full((B, Hq, S), -math.inf, dtype=torch.float32, device=device)
@@ -283,12 +297,12 @@ def _chunked_log_sum(qf, kf_exp, lse_f, window: int, sc: float, chunk: int) -> t
         t_idx = torch.arange(t0, t1, device=device)[:, None]
         d_idx = torch.arange(d0, S, device=device)[None, :]
         s = s.masked_fill(d_idx < t_idx + window, -math.inf)
-        out[:, :, t0:t1] = torch.logsumexp(s, dim=-1)
+        out[:, :, t0:t1] = s.amax(dim=-1) if reduce == "max" else torch.logsumexp(s, dim=-1)
     return out
 
 
 def future_attention_target(q, k, lse, window, eps=1e-6, agg="log_mean", scale=None,
-                            backend="flex", chunk: int = 512) -> torch.Tensor:
+                            backend="flex", chunk: int = 512, reduce: str = "mean") -> torch.Tensor:
     """Future-attention target ``r`` ``[B, Hkv, S]`` (float32) via a transposed pass.
 
     See the module docstring for the definition.  ``backend="flex"`` uses
@@ -299,6 +313,11 @@ def future_attention_target(q, k, lse, window, eps=1e-6, agg="log_mean", scale=N
     B, Hq, Hkv, S, D = _check_common(q, k, lse, window, eps, agg)
     if backend not in _BACKENDS:
         raise ValueError(f"backend must be one of {_BACKENDS}, got {backend!r}")
+    if reduce not in _REDUCES:
+        raise ValueError(f"reduce must be one of {_REDUCES}, got {reduce!r}")
+    if reduce == "max" and backend != "chunked":
+        raise ValueError("reduce='max' is implemented by backend='chunked' only (FlexAttention's transposed pass "
+                         "yields a log-sum-exp, not a max); pass backend='chunked'")
     if backend == "chunked" and (not isinstance(chunk, int) or chunk < 1):
         raise ValueError(f"chunk must be an int >= 1, got {chunk!r}")
     sc = _scale(scale, D)
@@ -313,5 +332,5 @@ def future_attention_target(q, k, lse, window, eps=1e-6, agg="log_mean", scale=N
         if backend == "flex":
             log_sum = _flex_log_sum(qf, kf_exp, lse_f, window, sc)
         else:
-            log_sum = _chunked_log_sum(qf, kf_exp, lse_f, window, sc, chunk)
-        return _aggregate(log_sum, Hkv, window, eps, agg)
+            log_sum = _chunked_log_sum(qf, kf_exp, lse_f, window, sc, chunk, reduce)
+        return _aggregate(log_sum, Hkv, window, eps, agg, normalise=reduce == "mean")

@@ -51,6 +51,8 @@ class KVpopTrainingArguments(TrainingArguments):
     distill_temperature: float = field(default=1.0)
     target_lse: str = field(default="sparse", metadata={"help": "sparse (paper's approximation) | dense (exact)."})
     target_agg: str = field(default="log_mean", metadata={"help": "log_mean | mean_log (over query heads)."})
+    target_reduce: str = field(default="mean", metadata={
+        "help": "mean (paper: mean future attention) | max (largest future attention weight; chunked target pass)."})
     scorer_learning_rate: float | None = field(default=None, metadata={"help": "Scorer LR (default: learning_rate)."})
     train_backbone: bool = field(default=True, metadata={"help": "False: train the scorer only (no teacher needed)."})
     topk_backend: str = field(default="auto", metadata={"help": "Running top-k: auto | triton | torch."})
@@ -72,6 +74,11 @@ class KVpopTrainingArguments(TrainingArguments):
             raise ValueError(f"omega must be none | margin | balance | margin+balance, got {self.omega!r}.")
         if self.target_lse not in ("sparse", "dense"):
             raise ValueError(f"target_lse must be 'sparse' or 'dense', got {self.target_lse!r}.")
+        if self.target_reduce not in ("mean", "max"):
+            raise ValueError(f"target_reduce must be 'mean' or 'max', got {self.target_reduce!r}.")
+        if self.target_reduce == "max" and self.target_backend == "flex":
+            raise ValueError("target_reduce='max' runs on the chunked target pass; use target_backend='auto' or "
+                             "'chunked' (FlexAttention's transposed pass yields a log-sum-exp, not a max).")
         if self.learn_decay and self.log_gamma is None:
             raise ValueError("learn_decay=True needs an initial log_gamma (< 0).")
         try:
@@ -143,6 +150,7 @@ class KVpopTrainer(Trainer):
         self.settings = StudentSettings(sinks=args.sinks, window=args.window, topk=args.topk,
                                         decay_step=args.decay_step, tau=args.tau, omega=args.omega,
                                         target_lse=args.target_lse, target_agg=args.target_agg,
+                                        target_reduce=args.target_reduce,
                                         topk_backend=args.topk_backend, attention_backend=args.attention_backend,
                                         target_backend=args.target_backend)
         self._kvpop_logs: dict[str, list[float]] = {}
