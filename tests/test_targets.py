@@ -56,8 +56,8 @@ def test_dense_lse_custom_scale():
     torch.testing.assert_close(dense_causal_lse(q, k, scale=0.37, chunk=9), want, atol=1e-5, rtol=1e-5)
 
 
-def _brute_force(q, k, lse, w, eps, agg):
-    """Scalar-loop version of the definition for one tiny case."""
+def _brute_force(q, k, lse, w, eps, agg, reduce="mean"):
+    """Scalar-loop version of the definition for one tiny case (``reduce``: mean or max over later queries)."""
     B, Hq, S, D = q.shape
     Hkv = k.shape[1]
     G = Hq // Hkv
@@ -68,10 +68,8 @@ def _brute_force(q, k, lse, w, eps, agg):
             for t in range(S):
                 ms = []
                 for j in range(h * G, (h + 1) * G):
-                    tot = 0.0
-                    for d in range(t + w, S):
-                        tot += math.exp(sc * float(q[b, j, d] @ k[b, h, t]) - float(lse[b, j, d]))
-                    ms.append(tot / max(1, S - (t + w)))
+                    ws = [math.exp(sc * float(q[b, j, d] @ k[b, h, t]) - float(lse[b, j, d])) for d in range(t + w, S)]
+                    ms.append(max(ws, default=0.0) if reduce == "max" else sum(ws) / max(1, S - (t + w)))
                 if agg == "log_mean":
                     r[b, h, t] = math.log(eps + sum(ms) / G)
                 else:
@@ -205,28 +203,12 @@ def test_bad_inputs():
 
 
 # --- reduce="max": the largest future attention weight instead of the mean --------------------------------
-def _brute_force_max(q, k, lse, w, eps, agg):
-    B, Hq, S, D = q.shape
-    Hkv = k.shape[1]
-    G = Hq // Hkv
-    sc = D ** -0.5
-    r = torch.empty(B, Hkv, S)
-    for b in range(B):
-        for h in range(Hkv):
-            for t in range(S):
-                ms = [max([math.exp(sc * float(q[b, j, d] @ k[b, h, t]) - float(lse[b, j, d]))
-                           for d in range(t + w, S)], default=0.0) for j in range(h * G, (h + 1) * G)]
-                r[b, h, t] = (math.log(eps + sum(ms) / G) if agg == "log_mean"
-                              else sum(math.log(eps + m) for m in ms) / G)
-    return r
-
-
 @pytest.mark.parametrize("agg", ["log_mean", "mean_log"])
 def test_max_reference_matches_brute_force(agg):
     q, k = _inputs(11, seed=6, B=1, Hq=4, Hkv=2, D=8)
     lse = dense_causal_lse(q, k)
     ref = future_attention_target_reference(q, k, lse, 2, agg=agg, reduce="max")
-    torch.testing.assert_close(ref, _brute_force_max(q, k, lse, 2, 1e-6, agg), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(ref, _brute_force(q, k, lse, 2, 1e-6, agg, reduce="max"), atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("agg", ["log_mean", "mean_log"])
