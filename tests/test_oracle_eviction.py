@@ -58,20 +58,21 @@ def test_positions_outside_the_table_score_lowest():
         OracleScorer(torch.zeros(2, 3))
 
 
-def test_max_future_attention_against_a_loop():
-    from kvpop_hf.testbed.oracle import max_future_attention
-    g = torch.Generator().manual_seed(3)
-    q, k = torch.randn(1, 4, 12, 8, generator=g), torch.randn(1, 2, 12, 8, generator=g)
-    window, scale = 3, 8 ** -0.5
-    got = max_future_attention(q, k, scale, window)
-    for h in range(2):
-        for t in range(12):
-            best = 0.0
-            for qh in (2 * h, 2 * h + 1):
-                for d in range(t + window, 12):
-                    w = torch.softmax(q[0, qh, d] @ k[0, h, :d + 1].T * scale, -1)[t].item()
-                    best = max(best, w)
-            assert abs(got[h, t].item() - torch.log(torch.tensor(1e-6 + best)).item()) < 1e-4
+def test_max_table_against_a_loop():
+    from kvpop_hf.testbed.analysis import record_qkv
+    m = _model()
+    S, window = 12, 3
+    ids = torch.randint(0, 100, (1, S), generator=torch.Generator().manual_seed(3))
+    got = oracle_table(m, ids, window, kind="max")
+    for layer, (q, k, _, scale) in record_qkv(m, ids).items():
+        for h in range(2):
+            for t in range(S):
+                best = 0.0
+                for qh in (2 * h, 2 * h + 1):
+                    for d in range(t + window, S):
+                        w = torch.softmax(q[0, qh, d] @ k[0, h, :d + 1].T * scale, -1)[t].item()
+                        best = max(best, w)
+                assert abs(got[layer, h, t].item() - torch.log(torch.tensor(1e-6 + best)).item()) < 1e-4
 
 
 def test_oracle_table_kinds():

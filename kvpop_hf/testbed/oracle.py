@@ -19,7 +19,7 @@ from ..scorers.base import Scorer
 from ..training.targets import dense_causal_lse, future_attention_target
 from .analysis import record_qkv
 
-__all__ = ["OracleScorer", "oracle_table", "max_future_attention"]
+__all__ = ["OracleScorer", "oracle_table"]
 
 #: priority of positions the table does not cover (beyond the reference sequence): below every real score
 OUTSIDE = -1e9
@@ -46,24 +46,10 @@ class OracleScorer(Scorer):
         b, h, n = positions.shape
         S = self.table.shape[-1]
         tab = self.table[layer_idx].to(positions.device)  # [H, S]
-        idx = positions.clamp(0, S - 1).reshape(b, h, n)
-        out = torch.gather(tab.unsqueeze(0).expand(b, -1, -1), 2, idx.reshape(b, h, n))
+        idx = positions.clamp(0, S - 1)
+        out = torch.gather(tab.unsqueeze(0).expand(b, -1, -1), 2, idx)
         inside = (positions >= 0) & (positions < S)
         return torch.where(inside, out, torch.full_like(out, OUTSIDE))
-
-
-def max_future_attention(q: torch.Tensor, k: torch.Tensor, scale: float, window: int) -> torch.Tensor:
-    """``log max`` over queries ``d >= t + window`` and over the query heads of each KV head of the attention
-    weight ``A[d, t]``: q ``[1, Hq, S, D]``, k ``[1, Hkv, S, D]`` -> ``[Hkv, S]`` float32 (``log 1e-6`` where no
-    such query exists). Materialises ``S x S`` per head: an analysis tool for S of a few thousand."""
-    _, Hq, S, _ = q.shape
-    Hkv = k.shape[1]
-    kf = k.float().repeat_interleave(Hq // Hkv, 1)
-    scores = torch.matmul(q.float(), kf.transpose(-1, -2))[0] * scale  # [Hq, S(d), S(t)]
-    d, t = torch.arange(S)[:, None], torch.arange(S)[None, :]
-    attn = torch.softmax(scores.masked_fill(t > d, float("-inf")), dim=-1)
-    future = attn.masked_fill(d < t + window, 0.0).amax(dim=1)  # [Hq, S(t)]
-    return torch.log(1e-6 + future.view(Hkv, Hq // Hkv, S).amax(dim=1))
 
 
 @torch.no_grad()
@@ -71,18 +57,22 @@ def oracle_table(model, ids: torch.Tensor, window: int, backend: str = "chunked"
     """Dense pass over ``ids [1, S]`` -> oracle priorities ``[num_layers, kv_heads, S]`` (float32, CPU).
 
     ``kind="mean"``: the paper's future-attention target, the *mean* attention a key receives from queries at
-    least ``window`` tokens later (``future_attention_target``). ``kind="max"``: the *largest* such attention
-    weight (:func:`max_future_attention`), which ranks a token read by a single later query as high as one
-    read by many."""
+    least ``window`` tokens later, averaged over the query heads of its KV head (``future_attention_target``).
+    ``kind="max"``: the *largest* such attention weight over later queries and over the query heads of the KV
+    head (``future_attention_target(..., reduce="max")`` per query head, chunked pass, then the max over the
+    group: ``log`` is monotonic), which ranks a token read by a single later query as high as one read by many."""
     if kind not in ("mean", "max"):
         raise ValueError(f"kind must be 'mean' or 'max', got {kind!r}")
     qkv = record_qkv(model, ids)
     rows = []
     for layer in sorted(qkv):
         q, k, _, scale = qkv[layer]
-        if kind == "max":
-            rows.append(max_future_attention(q.cpu(), k.cpu(), scale, window))
-            continue
         lse = dense_causal_lse(q, k, scale)
-        rows.append(future_attention_target(q, k, lse, window, scale=scale, backend=backend)[0].cpu())
+        if kind == "mean":
+            rows.append(future_attention_target(q, k, lse, window, scale=scale, backend=backend)[0].cpu())
+            continue
+        hq, hkv = q.shape[1], k.shape[1]
+        per_head = future_attention_target(q, k.repeat_interleave(hq // hkv, 1), lse, window, scale=scale,
+                                           backend="chunked", reduce="max")[0]  # [Hq, S]
+        rows.append(per_head.view(hkv, hq // hkv, -1).amax(dim=1).cpu())
     return torch.stack(rows)
