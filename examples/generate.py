@@ -209,7 +209,7 @@ def main(argv=None) -> int:
     new_kv, st_kv, wall_kv = run_generate(model, ids, cache, args, f"KVpopCache({args.scorer})",
                                           eos_token_id, pad_token_id)
     n_new = len(new_kv)
-    seen = cache.get_seq_length()
+    seen = int(cache.get_seq_length())
     stored = torch.stack([(cache.stored_positions(i) >= 0).sum(-1) for i in range(len(cache.layers))])
     kv_bytes = cache.memory_bytes()
     kv_only = sum(l.keys.numel() * l.keys.element_size() + l.values.numel() * l.values.element_size()

@@ -4,16 +4,21 @@ Registered on import with `transformers.AttentionInterface` and `AttentionMaskIn
 (both are needed: without a mask function of the same name every call gets no mask).
 Select it with ``attn_implementation="kvpop"`` or ``model.set_attn_implementation("kvpop")``.
 
-Flow per forward: the mask function records the forward's 2D padding mask; the KVpopCache layer's
-``update`` (which runs right before the layer's attention) consumes it, stores the new tokens and
-leaves a pending record here keyed by ``layer_idx``; the attention function picks it up and
-attends each query to exactly its set ``R(q)`` per KV head. Without a KVpopCache (training, other
-caches) the function is plain causal attention with padding.
+Hand-off, per call and without module state: the mask function returns a :class:`KVpopMaskInfo`
+(the padding of this forward's queries); a KVpopCache layer's ``update`` (which runs right before
+the layer's attention) returns tensors that carry what the attention needs:
+
+* a prompt chunk: the candidates, with ``key.kvpop_chunk`` (a :class:`~kvpop_hf.layer.PendingChunk`)
+  that the attention commits with the padding, getting the exact per-head plan ``R(q)``;
+* a decode step: all ``B`` slots of the layer's fixed buffers, with ``key.kvpop_seen`` (real tokens
+  per row) that masks the empty slots. Fixed shapes, so the step can be captured as a CUDA graph.
+
+Keys without these attributes come from another cache (or none: training); they get plain causal
+attention with padding.
 """
 
 from __future__ import annotations
 
-import inspect
 import os
 from dataclasses import dataclass
 from typing import Callable
@@ -25,18 +30,21 @@ from transformers.masking_utils import sdpa_mask
 
 ATTN_NAME = "kvpop"
 
-_PENDING: dict[int, tuple[object, torch.Tensor]] = {}
-_PADDING: list[torch.Tensor | None] = [None]
-
 
 @dataclass
 class KVpopMaskInfo:
     """What the ``kvpop`` mask function hands to the attention function: the padding of this
     forward's queries ``[b, q]`` (True = real token) and the arguments to build a dense causal
-    mask for the fallback path (no KVpopCache)."""
+    mask for the fallback path (no KVpopCache).
+
+    ``generate`` builds the mask ahead of the forward when the cache is compileable and passes it
+    in as ``attention_mask``; the model then calls the mask function again with it. ``ndim = 4``
+    makes transformers treat it as a prepared mask (not a 2D padding mask) and :func:`kvpop_mask`
+    returns it unchanged."""
 
     valid: torch.Tensor | None
     dense_kwargs: dict
+    ndim = 4
 
     def dense(self) -> torch.Tensor | None:
         return sdpa_mask(**self.dense_kwargs)
@@ -44,10 +52,11 @@ class KVpopMaskInfo:
 
 def kvpop_mask(batch_size: int, q_length: int, kv_length: int, q_offset: int = 0, kv_offset: int = 0,
                mask_function: Callable | None = None, attention_mask: torch.Tensor | None = None, **kwargs):
+    if isinstance(attention_mask, KVpopMaskInfo):  # prepared by generate for this very forward
+        return attention_mask
     valid = None
     if attention_mask is not None and attention_mask.ndim == 2:
         valid = attention_mask[:, -q_length:].bool()
-    _PADDING[0] = valid
     dense_kwargs = dict(batch_size=batch_size, q_length=q_length, kv_length=kv_length, kv_offset=kv_offset,
                         mask_function=mask_function, attention_mask=attention_mask,
                         allow_is_causal_skip=False, device=kwargs.get("device", "cpu"))
@@ -56,22 +65,6 @@ def kvpop_mask(batch_size: int, q_length: int, kv_length: int, q_offset: int = 0
     else:
         dense_kwargs["q_offset"] = q_offset
     return KVpopMaskInfo(valid, dense_kwargs)
-
-
-def pop_padding(batch: int, q_len: int) -> torch.Tensor | None:
-    """The padding mask recorded for this forward, if it fits ``[batch, q_len]``; clears it."""
-    valid, _PADDING[0] = _PADDING[0], None
-    if valid is None or tuple(valid.shape) != (batch, q_len):
-        return None
-    return valid
-
-
-def register_pending(layer, keys: torch.Tensor) -> None:
-    _PENDING[layer.layer_idx] = (layer, keys)
-
-
-def _repeat_kv(x: torch.Tensor, groups: int) -> torch.Tensor:
-    return x if groups == 1 else x.repeat_interleave(groups, dim=1)
 
 
 # -- multi-token chunks through FlexAttention (GPU): no dense [L x C] mask ---------------------------
@@ -99,21 +92,19 @@ def use_flex(query: torch.Tensor) -> bool:
 
 
 def _flex_fns(device_type: str):
-    """``(flex_attention, create_block_mask, supports_gqa)``; compiled once per process on CUDA."""
+    """``(flex_attention, create_block_mask)``; compiled once per process on CUDA."""
     fns = _FLEX_FNS.get(device_type)
     if fns is None:
         from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
-        gqa = "enable_gqa" in inspect.signature(flex_attention).parameters
         if device_type == "cuda":
             # compiled: the kernel never builds scores or masks densely (create_block_mask is only used
             # with KVPOP_FLEX_BLOCK_MASK=create; see flex_mask.build_block_mask)
             dynamic = os.environ.get("KVPOP_FLEX_DYNAMIC")
             dynamic = None if dynamic is None else dynamic.lower() in ("1", "true")
-            fns = (torch.compile(flex_attention, dynamic=dynamic), torch.compile(create_block_mask, dynamic=dynamic),
-                   gqa)
+            fns = (torch.compile(flex_attention, dynamic=dynamic), torch.compile(create_block_mask, dynamic=dynamic))
         else:
-            fns = (flex_attention, create_block_mask, gqa)
+            fns = (flex_attention, create_block_mask)
         _FLEX_FNS[device_type] = fns
     return fns
 
@@ -124,57 +115,61 @@ def _flex_chunk_attention(plan, query, key, value, scaling):
     b, hq, L, _ = query.shape
     hkv, C = key.shape[1], key.shape[2]
     groups = hq // hkv
-    flex, make_block_mask, gqa = _flex_fns(query.device.type)
+    flex, make_block_mask = _flex_fns(query.device.type)
     cm = plan.compact()
     if os.environ.get("KVPOP_FLEX_BLOCK_MASK", "tiled") == "create":
         block_mask = make_block_mask(cm.mask_mod(groups), b, hq, L, C, device=query.device)
     else:  # default: never holds the [b, Hq, L, C] grid (create_block_mask does, even compiled)
         block_mask = build_block_mask(cm, groups)
     key, value = key.to(query.dtype), value.to(query.dtype)
-    if groups > 1 and not gqa:
-        key, value = _repeat_kv(key, groups), _repeat_kv(value, groups)
-    kw = {"enable_gqa": True} if groups > 1 and gqa else {}
+    kw = {"enable_gqa": True} if groups > 1 else {}
     out = flex(query, key, value, block_mask=block_mask, scale=scaling, **kw)
     return out.transpose(1, 2).contiguous()
 
 
-def kvpop_attention(module, query, key, value, attention_mask, scaling=None, dropout: float = 0.0, **kwargs):
-    """query ``[b, Hq, L, d]``, key/value ``[b, Hkv, C, d]`` -> (out ``[b, L, Hq, d]``, None)."""
-    layer_idx = getattr(module, "layer_idx", None)
-    pending = _PENDING.pop(layer_idx, None)
+def _decode_attention(query, key, value, seen, scaling):
+    """One query per row over the ``B`` fixed slots: slot ``i`` is visible iff ``i < seen[row]``.
+
+    The ``G`` query heads of a KV head are laid out as ``G`` queries of that head, so keys and values
+    are never expanded. query ``[b, Hq, 1, d]``, key/value ``[b, Hkv, B, d]``, seen ``[b]``."""
+    b, hq, _, d = query.shape
+    hkv, B = key.shape[1], key.shape[2]
+    mask = (torch.arange(B, device=key.device) < seen[:, None]).view(b, 1, 1, B)
+    q = query.reshape(b, hkv, hq // hkv, d)
+    out = F.scaled_dot_product_attention(q, key.to(query.dtype), value.to(query.dtype), attn_mask=mask, scale=scaling)
+    return out.reshape(b, 1, hq, value.shape[-1])
+
+
+def _chunk_attention(chunk, query, key, value, attention_mask, scaling):
+    """A prompt chunk: commit it with this forward's padding, then attend each query to ``R(q)`` per head."""
+    valid = attention_mask.valid if isinstance(attention_mask, KVpopMaskInfo) else None
+    plan = chunk.commit(valid, key, value)
+    if use_flex(query):
+        return _flex_chunk_attention(plan, query, key, value, scaling)
     b, hq, L, d = query.shape
     hkv = key.shape[1]
     groups = hq // hkv
-    if pending is None or pending[1] is not key:
-        # no KVpopCache in this forward: plain causal attention with padding
-        if layer_idx == 0:
-            _PADDING[0] = None
-        mask = attention_mask.dense() if isinstance(attention_mask, KVpopMaskInfo) else attention_mask
-        out = F.scaled_dot_product_attention(
-            query, _repeat_kv(key, groups), _repeat_kv(value, groups), attn_mask=mask, scale=scaling,
-            dropout_p=dropout if module.training else 0.0, is_causal=mask is None and L > 1)
-        return out.transpose(1, 2).contiguous(), None
-    layer = pending[0]
-    plan = layer.plan
-    if plan is None:
-        # single-token decode: the returned entries are exactly R(q); mask empty slots of padded rows
-        mask = None
-        if layer.cache.has_padding:
-            n = key.shape[2]
-            mask = (layer.pos[:, :, :n] >= 0)[:, :, None, :]
-            mask = _repeat_kv(mask, groups)
-        out = F.scaled_dot_product_attention(query, _repeat_kv(key, groups), _repeat_kv(value, groups),
-                                             attn_mask=mask, scale=scaling)
-        return out.transpose(1, 2).contiguous(), None
-    layer.plan = None
-    if use_flex(query):
-        return _flex_chunk_attention(plan, query, key, value, scaling), None
     vis = plan.visibility()  # [b, hkv, L, C]
     # group the G query heads of each KV head along the query axis: no copy of keys/values
     q = query.reshape(b, hkv, groups * L, d)
     mask = vis[:, :, None].expand(b, hkv, groups, L, vis.shape[-1]).reshape(b, hkv, groups * L, vis.shape[-1])
     out = F.scaled_dot_product_attention(q, key, value, attn_mask=mask, scale=scaling)
-    out = out.reshape(b, hq, L, value.shape[-1])
+    return out.reshape(b, hq, L, value.shape[-1]).transpose(1, 2).contiguous()
+
+
+def kvpop_attention(module, query, key, value, attention_mask, scaling=None, dropout: float = 0.0, **kwargs):
+    """query ``[b, Hq, L, d]``, key/value ``[b, Hkv, C, d]`` -> (out ``[b, L, Hq, d]``, None)."""
+    chunk = getattr(key, "kvpop_chunk", None)
+    if chunk is not None:
+        return _chunk_attention(chunk, query, key, value, attention_mask, scaling), None
+    seen = getattr(key, "kvpop_seen", None)
+    if seen is not None and query.shape[2] == 1:
+        return _decode_attention(query, key, value, seen, scaling), None
+    # keys from another cache or none: plain causal attention with padding
+    mask = attention_mask.dense() if isinstance(attention_mask, KVpopMaskInfo) else attention_mask
+    out = F.scaled_dot_product_attention(
+        query, key, value, attn_mask=mask, scale=scaling, dropout_p=dropout if module.training else 0.0,
+        is_causal=mask is None and query.shape[2] > 1, enable_gqa=query.shape[1] != key.shape[1])
     return out.transpose(1, 2).contiguous(), None
 
 

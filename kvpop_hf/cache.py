@@ -80,8 +80,6 @@ class KVpopCache(Cache):
         self.log_gamma: torch.Tensor | None = None
         if cfg.log_gamma is not None:
             self.log_gamma = torch.full((cfg.num_layers, cfg.num_kv_heads), float(cfg.log_gamma))
-        self.has_padding = False
-        self._chunk_padding: torch.Tensor | None = None
         self._warned_stock = False
         super().__init__(layers=[KVpopLayer(self, i) for i in range(cfg.num_layers)])
 
@@ -112,30 +110,6 @@ class KVpopCache(Cache):
             self.log_gamma = self.log_gamma.to(device)
         return self.log_gamma[layer_idx]
 
-    # padding hand-off: the "kvpop" mask function records the 2D padding mask of the forward's
-    # queries; layer 0's update takes it for the whole forward.
-    def take_padding(self, layer_idx: int, batch: int, q_len: int) -> torch.Tensor | None:
-        from .attention import pop_padding
-
-        if layer_idx == 0:
-            valid = pop_padding(batch, q_len)
-            if valid is not None and q_len == 1:
-                valid = None  # decoding tokens are real; padding only precedes the prompt
-            if valid is not None and not self.has_padding:
-                self.has_padding = bool((~valid).any())  # one host sync per prompt chunk, none per decode step
-            self._chunk_padding = valid
-        return self._chunk_padding
-
-    def reset(self):
-        super().reset()
-        self.has_padding = False
-        self._chunk_padding = None
-
-    def register_pending(self, layer: KVpopLayer, keys: torch.Tensor) -> None:
-        from .attention import register_pending
-
-        register_pending(layer, keys)
-
     def warn_stock_attention(self) -> None:
         if not self._warned_stock:
             self._warned_stock = True
@@ -150,7 +124,9 @@ class KVpopCache(Cache):
     # -- introspection ---------------------------------------------------------------------------
     def stored_positions(self, layer_idx: int) -> torch.Tensor:
         """Real positions held per slot, ``[batch, kv_heads, B]`` (-1: empty)."""
-        return self.layers[layer_idx].pos
+        layer = self.layers[layer_idx]
+        layer.flush()
+        return layer.pos
 
     def memory_bytes(self) -> int:
         """Bytes of all tensors the cache holds (keys, values, positions, priorities, scorer state)."""
@@ -158,8 +134,7 @@ class KVpopCache(Cache):
         for layer in self.layers:
             if not layer.is_initialized:
                 continue
-            tensors = [layer.keys, layer.values, layer.pos, layer.prio, layer.seen] + list(layer.state or ())
-            total += sum(t.numel() * t.element_size() for t in tensors)
+            total += sum(t.numel() * t.element_size() for t in layer._buffers())
         return total
 
     # -- Hub I/O -----------------------------------------------------------------------------

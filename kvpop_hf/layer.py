@@ -14,6 +14,7 @@ Because priorities are static, online eviction (newcomer vs. weakest slot) equal
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 
 import torch
@@ -70,22 +71,64 @@ class ChunkPlan:
                                   reference=reference, backend=backend)
 
 
-class KVpopLayer(CacheLayerMixin):
-    """Fixed-budget storage of one layer. Tensors: keys/values ``[b, h, B, d]``, pos ``[b, h, B]``
-    int64 (-1 empty), prio ``[b, h, B]`` float32, seen ``[b]`` real tokens seen per row."""
+class PendingChunk:
+    """A multi-token update that waits for the padding of its queries before it is committed.
 
-    is_compileable = False
+    ``update`` cannot see the forward's padding mask; the ``kvpop`` attention function can (it gets
+    it from the ``kvpop`` mask function of the same call). So ``update`` returns the candidates
+    (stored slots, then the new tokens) with this object attached to the returned keys as
+    ``keys.kvpop_chunk``; the attention function calls :meth:`commit` with the padding and gets the
+    exact :class:`ChunkPlan`. When a stock attention runs instead, the layer commits the chunk
+    itself at its next call, as unpadded. The hand-off belongs to the returned tensor: no module
+    state, so two caches in two threads or a nested model cannot see each other's chunks.
+    """
+
+    def __init__(self, layer: "KVpopLayer", k_new: torch.Tensor, v_new: torch.Tensor, n_old: int):
+        self._layer = weakref.ref(layer)  # the layer keeps the chunk, the chunk does not keep the layer
+        self.k_new, self.v_new, self.n_old = k_new, v_new, n_old
+        self.plan: ChunkPlan | None = None
+
+    def commit(self, valid: torch.Tensor | None, cand_k: torch.Tensor | None = None,
+               cand_v: torch.Tensor | None = None) -> ChunkPlan:
+        """Write the chunk into the layer (once) and return its plan. valid ``[b, L]`` (True: real token)."""
+        if self.plan is None:
+            layer = self._layer()
+            if layer is None:
+                raise RuntimeError("The KVpopCache of this chunk was deleted before its attention ran.")
+            self.plan = layer.commit_chunk(self, valid, cand_k, cand_v)
+        return self.plan
+
+
+class KVpopLayer(CacheLayerMixin):
+    """Fixed-budget storage of one layer. Tensors (allocated once, updated in place, static addresses
+    for CUDA graphs): keys/values ``[b, h, B, d]``, pos ``[b, h, B]`` int64 (-1 empty), prio
+    ``[b, h, B]`` float32, seen ``[b]`` real tokens seen per row, tokens ``[]`` tokens seen including
+    padding (what ``generate`` counts), and the scorer's state.
+
+    Occupied slots of a row are always the prefix ``[0, min(seen, B))``: sinks and the window ring
+    fill in position order and the long-range slots fill the first empty slot first. Decoding
+    therefore returns all ``B`` slots (fixed shapes) and masks ``slot >= seen`` per row.
+    """
+
+    is_compileable = True
     is_sliding = False
 
     def __init__(self, cache, layer_idx: int):
         super().__init__()
-        self.cache = cache
+        self._cache = weakref.ref(cache)  # no cycle: dropping the cache frees its buffers at once
         self.layer_idx = layer_idx
         cfg = cache.kvpop_config
         self.sinks, self.window, self.topk = cfg.sinks, cfg.window, cfg.topk
         self.budget = cfg.budget
-        self.seen_total = 0  # tokens seen including padding (what generate counts)
-        self.plan: ChunkPlan | None = None
+        self.tokens = torch.zeros((), dtype=torch.long)
+        self.pending: PendingChunk | None = None
+
+    @property
+    def cache(self):
+        cache = self._cache()
+        if cache is None:
+            raise RuntimeError("This KVpopLayer's KVpopCache was deleted; layers live only inside their cache.")
+        return cache
 
     # -- transformers layer API ----------------------------------------------------------------
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
@@ -98,26 +141,41 @@ class KVpopLayer(CacheLayerMixin):
         self.pos = torch.full((b, h, B), -1, dtype=torch.long, device=self.device)
         self.prio = torch.full((b, h, B), NEG_INF, dtype=torch.float32, device=self.device)
         self.seen = torch.zeros(b, dtype=torch.long, device=self.device)
+        self.tokens = self.tokens.to(self.device)
         scorer = self.cache.scorer_for(self.device)
         self.state = scorer.init_state(self.layer_idx, b, self.device) if scorer.stateful else None
+        self._mark_static()
         self.is_initialized = True
 
-    def get_seq_length(self) -> int:
-        return self.seen_total
+    def _buffers(self) -> list[torch.Tensor]:
+        return [self.keys, self.values, self.pos, self.prio, self.seen, self.tokens] + list(self.state or ())
+
+    def _mark_static(self) -> None:
+        """Tag the buffers for CUDA graphs (fixed addresses) and tell the attention function, through
+        the keys it is handed, where the per-row counts live (``keys.kvpop_seen``)."""
+        self.keys.kvpop_seen = self.seen
+        if not torch.compiler.is_compiling():
+            for t in self._buffers():
+                torch._dynamo.mark_static_address(t)
+
+    def get_seq_length(self) -> torch.Tensor | int:
+        """Tokens seen, padding included (a 0-d tensor once initialised, as in `StaticLayer`)."""
+        return self.tokens if self.is_initialized else 0
 
     def get_max_length(self) -> int:
         return -1  # any sequence length fits: memory is fixed at B entries
 
-    def stored_length(self, seen_total: int | None = None) -> int:
-        """Slots in use (a prefix of the layout when there is no padding): ``min(seen, B)``."""
-        return min(self.seen_total if seen_total is None else seen_total, self.budget)
+    def stored_length(self) -> int:
+        """Slots in use (a prefix of the layout): ``min(tokens, B)``. Syncs with the device."""
+        return min(int(self.tokens), self.budget) if self.is_initialized else 0
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
         if query_length == 1:
-            kv_length = self.stored_length(self.seen_total + 1)
-        else:
-            kv_length = self.stored_length() + query_length
-        return kv_length, self.seen_total + query_length - kv_length
+            # decoding: all B slots, slot i visible iff i <= tokens seen (the occupied prefix), as StaticLayer
+            return self.budget, 0
+        kv_length = self.stored_length() + query_length
+        seen = int(self.tokens) if self.is_initialized else 0
+        return kv_length, seen + query_length - kv_length
 
     def update(self, key_states, value_states, *args, **kwargs):
         if not self.is_initialized:
@@ -127,19 +185,19 @@ class KVpopLayer(CacheLayerMixin):
                 f"KVpopCache was filled with batch size {self.keys.shape[0]} but got {key_states.shape[0]}; "
                 "call `cache.reset()` (or use a new cache) for a different batch."
             )
-        if self.plan is not None:  # the last chunk's exact plan was not used: stock attention ran
-            self.plan = None
+        self.flush()
+        if key_states.shape[2] == 1:
+            return self.decode_step(key_states, value_states)
+        return self.begin_chunk(key_states, value_states)
+
+    def flush(self) -> None:
+        """Commit a chunk that no ``kvpop`` attention committed (a stock attention ran): as unpadded."""
+        if self.pending is not None:
             self.cache.warn_stock_attention()
-        valid = self.cache.take_padding(self.layer_idx, key_states.shape[0], key_states.shape[2])
-        if key_states.shape[2] == 1 and valid is None:
-            keys, values = self.decode_step(key_states, value_states)
-            self.plan = None
-        else:
-            keys, values = self.update_chunk(key_states, value_states, valid)
-        self.cache.register_pending(self, keys)
-        return keys, values
+            self.pending.commit(None)  # clears self.pending
 
     def reset(self) -> None:
+        self.pending = None
         if self.is_initialized:
             self.keys.zero_()
             self.values.zero_()
@@ -147,10 +205,9 @@ class KVpopLayer(CacheLayerMixin):
             self.prio.fill_(NEG_INF)
             self.seen.zero_()
             if self.state is not None:
-                scorer = self.cache.scorer_for(self.device)
-                self.state = scorer.init_state(self.layer_idx, self.keys.shape[0], self.device)
-        self.seen_total = 0
-        self.plan = None
+                for t in self.state:
+                    t.zero_()
+        self.tokens.zero_()
 
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
         self._select_batch(beam_idx)
@@ -159,21 +216,22 @@ class KVpopLayer(CacheLayerMixin):
         self._select_batch(indices)
 
     def batch_repeat_interleave(self, repeats: int) -> None:
-        if not self.is_initialized:
-            return
-        for name in ("keys", "values", "pos", "prio", "seen"):
-            setattr(self, name, getattr(self, name).repeat_interleave(repeats, dim=0))
-        if self.state is not None:
-            self.state = tuple(x.repeat_interleave(repeats, dim=0) for x in self.state)
+        if self.is_initialized:
+            self.flush()
+            self._replace_rows(lambda x: x.repeat_interleave(repeats, dim=0))
 
     def _select_batch(self, idx: torch.Tensor) -> None:
-        if not self.is_initialized:
-            return
-        idx = idx.to(self.device)
+        if self.is_initialized:
+            self.flush()
+            idx = idx.to(self.device)
+            self._replace_rows(lambda x: x.index_select(0, idx))
+
+    def _replace_rows(self, fn) -> None:
         for name in ("keys", "values", "pos", "prio", "seen"):
-            setattr(self, name, getattr(self, name).index_select(0, idx))
+            setattr(self, name, fn(getattr(self, name)))
         if self.state is not None:
-            self.state = tuple(x.index_select(0, idx) for x in self.state)
+            self.state = tuple(fn(x) for x in self.state)
+        self._mark_static()
 
     def crop(self, max_length: int) -> None:
         raise NotImplementedError(
@@ -183,7 +241,7 @@ class KVpopLayer(CacheLayerMixin):
 
     # -- priorities --------------------------------------------------------------------------
     def _priority(self, scores: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """``p_t = r_t - floor(t / n) * log_gamma_h`` (block-aligned recency decay, DESIGN.md §1)."""
+        """``p_t = r_t - floor(t / n) * log_gamma_h`` (block-aligned recency decay, docs/design.md)."""
         log_gamma = self.cache.log_gamma_for(self.layer_idx, self.device)
         if log_gamma is None:
             return scores.float()
@@ -191,10 +249,12 @@ class KVpopLayer(CacheLayerMixin):
         return scores.float() - blocks.float() * log_gamma.float()[None, :, None]
 
     def _score(self, k_new, v_new, valid_new, k_read, v_read, pos_read):
-        """Scores of the tokens read at each new position; advances the stateful scorer."""
+        """Scores of the tokens read at each new position; advances the stateful scorer in place."""
         scorer = self.cache.scorer_for(self.device)
         if scorer.stateful:
-            self.state, r = scorer.absorb_and_read(self.layer_idx, self.state, k_new, v_new, valid_new, k_read, v_read)
+            state, r = scorer.absorb_and_read(self.layer_idx, self.state, k_new, v_new, valid_new, k_read, v_read)
+            for old, new in zip(self.state, state):
+                old.copy_(new)
         else:
             r = scorer.score(self.layer_idx, k_read, v_read, pos_read)
         return self._priority(r, pos_read)
@@ -203,19 +263,23 @@ class KVpopLayer(CacheLayerMixin):
         scorer = self.cache.scorer_for(self.device)
         return scorer.stateful and not getattr(scorer, "delayed", True)
 
-    # -- one new token per row: vectorised, no host synchronisation ---------------------------
+    # -- one new token per row: fixed shapes, in place, no host synchronisation ----------------
     def decode_step(self, k_new: torch.Tensor, v_new: torch.Tensor):
+        """Write token ``t = seen`` of every row, score the token leaving the window, keep the better of
+        it and the weakest long-range slot. Returns all ``B`` slots (``keys.kvpop_seen`` masks the
+        empty ones). k_new/v_new ``[b, h, 1, d]``."""
         s, w, k = self.sinks, self.window, self.topk
         b, h, _, d = k_new.shape
+        dv = self.values.shape[-1]
         t = self.seen  # [b] real position of the new token
-        ring_slot = s + torch.remainder(t - s, w)
-        slot = torch.where(t < s, t, ring_slot)  # where the new token goes
+        slot = torch.where(t < s, t, s + torch.remainder(t - s, w))  # where the new token goes
         slot_idx = slot.view(b, 1, 1).expand(b, h, 1)
         leaving_pos = self.pos.gather(2, slot_idx)  # token currently in that slot ([b,h,1])
         leaving = (t - w >= s).view(b, 1, 1) & (leaving_pos >= s)
-        kd = slot_idx[..., None].expand(b, h, 1, d)
-        k_leave = self.keys.gather(2, kd)
-        v_leave = self.values.gather(2, slot_idx[..., None].expand(b, h, 1, self.values.shape[-1]))
+        k_idx = slot_idx[..., None].expand(b, h, 1, d)
+        v_idx = slot_idx[..., None].expand(b, h, 1, dv)
+        k_leave = self.keys.gather(2, k_idx)
+        v_leave = self.values.gather(2, v_idx)
         if self._reads_at_entry():
             p_new = self._score(k_new, v_new, None, k_new, v_new, t.view(b, 1, 1).expand(b, h, 1))
             p_leave = self.prio.gather(2, slot_idx)
@@ -227,41 +291,62 @@ class KVpopLayer(CacheLayerMixin):
             lo = s + w
             prio_tk, pos_tk = self.prio[:, :, lo:], self.pos[:, :, lo:]
             weakest_p = prio_tk.min(-1, keepdim=True).values
-            big = torch.iinfo(torch.long).max
-            m = torch.where(prio_tk == weakest_p, pos_tk, big).argmin(-1, keepdim=True)  # [b,h,1]
+            newest_last = torch.iinfo(torch.long).max
+            weakest = torch.where(prio_tk == weakest_p, pos_tk, newest_last).argmin(-1, keepdim=True)  # [b,h,1]
             replace = leaving & (p_leave >= weakest_p)  # a tie goes to the newer token
-            m_slot = m + lo
-            md = m_slot[..., None].expand(b, h, 1, d)
-            self.keys.scatter_(2, md, torch.where(replace[..., None], k_leave, self.keys.gather(2, md)))
-            mv = m_slot[..., None].expand(b, h, 1, self.values.shape[-1])
-            self.values.scatter_(2, mv, torch.where(replace[..., None], v_leave, self.values.gather(2, mv)))
-            self.pos.scatter_(2, m_slot, torch.where(replace, leaving_pos, self.pos.gather(2, m_slot)))
-            self.prio.scatter_(2, m_slot, torch.where(replace, p_leave, self.prio.gather(2, m_slot)))
+            dest = weakest + lo
+            dest_k = dest[..., None].expand(b, h, 1, d)
+            dest_v = dest[..., None].expand(b, h, 1, dv)
+            self.keys.scatter_(2, dest_k, torch.where(replace[..., None], k_leave, self.keys.gather(2, dest_k)))
+            self.values.scatter_(2, dest_v, torch.where(replace[..., None], v_leave, self.values.gather(2, dest_v)))
+            self.pos.scatter_(2, dest, torch.where(replace, leaving_pos, self.pos.gather(2, dest)))
+            self.prio.scatter_(2, dest, torch.where(replace, p_leave, self.prio.gather(2, dest)))
 
-        self.keys.scatter_(2, kd, k_new.to(self.keys.dtype))
-        self.values.scatter_(2, slot_idx[..., None].expand(b, h, 1, self.values.shape[-1]), v_new.to(self.values.dtype))
+        self.keys.scatter_(2, k_idx, k_new.to(self.keys.dtype))
+        self.values.scatter_(2, v_idx, v_new.to(self.values.dtype))
         self.pos.scatter_(2, slot_idx, t.view(b, 1, 1).expand(b, h, 1))
         self.prio.scatter_(2, slot_idx, p_new)
-        self.seen = self.seen + 1
-        self.seen_total += 1
-        n = self.stored_length()
-        return self.keys[:, :, :n], self.values[:, :, :n]
+        self.seen.add_(1)
+        self.tokens.add_(1)
+        return self.keys, self.values
 
     # -- many new tokens: exact selection over old slots + new tokens ------------------------
-    def update_chunk(self, k_new: torch.Tensor, v_new: torch.Tensor, valid: torch.Tensor | None):
+    def begin_chunk(self, k_new: torch.Tensor, v_new: torch.Tensor):
+        """Return the candidates (the ``n_old`` stored slots, then the ``L`` new tokens) with a
+        :class:`PendingChunk` attached as ``keys.kvpop_chunk``; the state changes at its commit."""
+        n_old = self.stored_length()
+        cand_k = torch.cat([self.keys[:, :, :n_old], k_new.to(self.keys.dtype)], dim=2)
+        cand_v = torch.cat([self.values[:, :, :n_old], v_new.to(self.values.dtype)], dim=2)
+        self.pending = PendingChunk(self, k_new, v_new, n_old)
+        cand_k.kvpop_chunk = self.pending
+        self.tokens.add_(k_new.shape[2])
+        return cand_k, cand_v
+
+    def commit_chunk(self, chunk: PendingChunk, valid: torch.Tensor | None, cand_k=None, cand_v=None) -> ChunkPlan:
+        """Select what stays after the chunk and write it into the buffers; returns the chunk's plan."""
+        if self.pending is not chunk:
+            raise RuntimeError(
+                "A KVpopCache chunk was committed out of order: the layer has received newer tokens since. "
+                "Each forward's attention must run before the next forward updates the same cache."
+            )
+        self.pending = None
         s, w, k, B = self.sinks, self.window, self.topk, self.budget
+        k_new, v_new, n_old = chunk.k_new, chunk.v_new, chunk.n_old
         b, h, L, d = k_new.shape
         dev = k_new.device
+        if cand_k is None:
+            cand_k = torch.cat([self.keys[:, :, :n_old], k_new.to(self.keys.dtype)], dim=2)
+            cand_v = torch.cat([self.values[:, :, :n_old], v_new.to(self.values.dtype)], dim=2)
         if valid is None:
             valid = torch.ones(b, L, dtype=torch.bool, device=dev)
-        n_old = self.stored_length()
+        elif tuple(valid.shape) != (b, L):
+            raise ValueError(f"Padding mask of shape {tuple(valid.shape)} does not fit a chunk of {b} x {L} tokens.")
+        valid = valid.to(dev)
         C = n_old + L
         n_real = valid.sum(-1)  # [b]
         n_pad = L - n_real
         qpos = torch.where(valid, self.seen[:, None] + valid.long().cumsum(-1) - 1, -1)  # [b, L]
 
-        cand_k = torch.cat([self.keys[:, :, :n_old], k_new.to(self.keys.dtype)], dim=2)
-        cand_v = torch.cat([self.values[:, :, :n_old], v_new.to(self.values.dtype)], dim=2)
         cand_pos = torch.cat([self.pos[:, :, :n_old], qpos[:, None, :].expand(b, h, L)], dim=2)
         cand_prio = torch.cat([self.prio[:, :, :n_old], self.prio.new_full((b, h, L), NEG_INF)], dim=2)
 
@@ -272,18 +357,18 @@ class KVpopLayer(CacheLayerMixin):
         new_idx = n_old + n_pad[:, None] + (u - self.seen[:, None])
         leave_idx = torch.where(u < self.seen[:, None], old_slot, new_idx)
         leave_idx = torch.where(has_leave, leave_idx, 0).clamp(0, C - 1)
-        li = leave_idx[:, None, :].expand(b, h, L)
-        k_leave = cand_k.gather(2, li[..., None].expand(b, h, L, d))
-        v_leave = cand_v.gather(2, li[..., None].expand(b, h, L, cand_v.shape[-1]))
-        pos_leave = cand_pos.gather(2, li)
+        leave_at = leave_idx[:, None, :].expand(b, h, L)
+        k_leave = cand_k.gather(2, leave_at[..., None].expand(b, h, L, d))
+        v_leave = cand_v.gather(2, leave_at[..., None].expand(b, h, L, cand_v.shape[-1]))
+        pos_leave = cand_pos.gather(2, leave_at)
 
-        dump = torch.full_like(li, C)  # scatter target for queries without a leaving token
-        target = torch.where(has_leave[:, None, :], li, dump)
+        discard = torch.full_like(leave_at, C)  # scatter target for queries without a leaving token
+        target = torch.where(has_leave[:, None, :], leave_at, discard)
         prio_ext = torch.cat([cand_prio, cand_prio.new_full((b, h, 1), NEG_INF)], dim=2)
         if self._reads_at_entry():
             p_entry = self._score(k_new, v_new, valid, k_new, v_new, qpos[:, None, :].expand(b, h, L))
             prio_ext[:, :, n_old:C] = torch.where(valid[:, None, :], p_entry, NEG_INF)
-            p_leave = prio_ext.gather(2, li)
+            p_leave = prio_ext.gather(2, leave_at)
         else:
             p_leave = self._score(k_new, v_new, valid, k_leave, v_leave, pos_leave)
         prio_ext.scatter_(2, target, p_leave)
@@ -315,7 +400,5 @@ class KVpopLayer(CacheLayerMixin):
         self.values.copy_(new_v[:, :, :B])
         self.pos.copy_(new_pos[:, :, :B])
         self.prio.copy_(new_prio[:, :, :B])
-        self.seen = self.seen + n_real
-        self.seen_total += L
-        self.plan = ChunkPlan(cand_k, cand_v, cand_pos, order, qpos, s, w, k)
-        return cand_k, cand_v
+        self.seen.add_(n_real)
+        return ChunkPlan(cand_k, cand_v, cand_pos, order, qpos, s, w, k)

@@ -227,7 +227,7 @@ def retention_after_generation(model, tokenizer, problem: Problem, cache) -> tup
     out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), **with_cache(model, cache),
                          max_new_tokens=count_tokens(problem.target) + 9, do_sample=False,
                          eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
-    n_seen = cache.layers[0].get_seq_length()  # the last generated token is never fed back
+    n_seen = int(cache.layers[0].get_seq_length())  # the last generated token is never fed back
     text = tokenizer.decode(out[0, ids.shape[1]:].tolist(), skip_special_tokens=True)
     return retention_map(cache, n_seen), n_seen, text
 

@@ -1,0 +1,200 @@
+"""The fixed-shape decode path and the per-call hand-off between the cache and the attention function.
+
+* compiled decoding (transformers' own ``compile_config`` path, one graph, no recompiles) gives the
+  same tokens and logits as eager decoding, which the contract tests tie to the reference mask;
+* the occupied slots are always the prefix the decode mask assumes;
+* two caches in two threads, a nested model, an exception inside a forward: each call sees only its
+  own chunk; a dropped cache is freed at once (no module state holds it).
+"""
+
+import gc
+import threading
+import weakref
+
+import pytest
+import torch
+from transformers import CompileConfig
+
+from helpers import distinct_ids, left_padded, reference_logits, run_chunks, run_tokens, tiny_model
+from kvpop_hf import KVpopCache
+from kvpop_hf.compat import with_cache
+
+KW = dict(sinks=2, window=4, topk=6)
+
+
+def compile_config(backend="eager"):
+    cfg = CompileConfig(backend=backend, fullgraph=True, mode=None)
+    cfg._compile_all_devices = True  # transformers compiles decode steps on CUDA only unless told so
+    return cfg
+
+
+def graphs_compiled() -> int:
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
+
+
+@pytest.mark.parametrize("scorer", ["knorm", "mlp", "mlstm"])
+def test_compiled_generate_equals_eager(scorer):
+    model = tiny_model("qwen3")
+    ids = distinct_ids(2, 20, seed=7)
+    gen = dict(max_new_tokens=24, do_sample=False, pad_token_id=0, output_logits=True, return_dict_in_generate=True)
+    eager = model.generate(ids, **with_cache(model, KVpopCache(model.config, scorer=scorer, **KW)), **gen)
+    torch._dynamo.reset()
+    before = graphs_compiled()
+    cache = KVpopCache(model.config, scorer=scorer, **KW)
+    assert cache.is_compileable
+    compiled = model.generate(ids, **with_cache(model, cache), compile_config=compile_config(), **gen)
+    assert graphs_compiled() - before == 1, "decode steps must reuse one graph (no per-step recompiles)"
+    assert torch.equal(compiled.sequences, eager.sequences)
+    diff = max((a - b).abs().max().item() for a, b in zip(compiled.logits, eager.logits))
+    assert diff < 1e-4, diff
+    assert int(cache.get_seq_length()) == ids.shape[1] + 23  # the last new token is never fed back
+
+
+def test_compiled_decode_matches_reference_mask_token_by_token():
+    """Decode-only feeding (every token a decode step) through a compiled forward == reference mask."""
+    model = tiny_model("llama")
+    ids = distinct_ids(1, 36, seed=8)
+    cache = KVpopCache(model.config, scorer="mlp", **KW)
+    ref, _ = reference_logits(model, ids, cache.scorer, KW["sinks"], KW["window"], KW["topk"])
+    torch._dynamo.reset()
+    forward = lambda x: model(x, **with_cache(model, cache)).logits  # noqa: E731
+    step = torch.compile(forward, backend="eager", fullgraph=True)
+    with torch.no_grad():
+        first = forward(ids[:, :1])  # eager: allocates the buffers (as generate's prefill does)
+        before = graphs_compiled()
+        out = torch.cat([first] + [step(ids[:, i:i + 1]) for i in range(1, ids.shape[1])], 1)
+    torch.testing.assert_close(out, ref, atol=2e-5, rtol=0)
+    assert graphs_compiled() - before == 1
+
+
+def test_padded_batch_compiled_equals_rows_alone():
+    model = tiny_model("qwen3")
+    rows = [distinct_ids(1, n, seed=10 + n)[0] for n in (9, 17, 13)]
+    ids, mask, _ = left_padded(rows)
+    gen = dict(max_new_tokens=12, do_sample=False, pad_token_id=0)
+    batch = model.generate(ids, attention_mask=mask, **with_cache(model, KVpopCache(model.config, **KW)),
+                           compile_config=compile_config(), **gen)
+    for i, r in enumerate(rows):
+        alone = model.generate(r[None], **with_cache(model, KVpopCache(model.config, **KW)), **gen)
+        assert torch.equal(batch[i, -12:], alone[0, -12:])
+
+
+def test_occupied_slots_are_a_prefix():
+    """The decode mask (slot < seen) relies on this layout invariant, through chunks and steps."""
+    model = tiny_model("qwen3")
+    rows = [distinct_ids(1, n, seed=n)[0] for n in (5, 11, 19)]
+    ids, mask, _ = left_padded(rows)
+    cache = KVpopCache(model.config, scorer="mlstm", **KW)
+    with torch.no_grad():
+        model(ids, attention_mask=mask, **with_cache(model, cache))
+        for step in range(15):
+            mask = torch.cat([mask, torch.ones_like(mask[:, :1])], 1)
+            model(ids[:, :1], attention_mask=mask, **with_cache(model, cache))
+            for li in range(len(cache.layers)):
+                pos = cache.stored_positions(li)
+                n = cache.layers[li].seen.clamp(max=cache.budget)
+                slot = torch.arange(cache.budget)
+                assert torch.equal(pos >= 0, (slot < n[:, None, None]).expand_as(pos))
+
+
+def test_decode_buffers_keep_their_storage():
+    """CUDA graphs replay fixed addresses: decoding must update every buffer in place."""
+    model = tiny_model("qwen3")
+    ids = distinct_ids(1, 30, seed=3)
+    cache = KVpopCache(model.config, scorer="mlstm", **KW)
+    with torch.no_grad():
+        model(ids[:, :10], **with_cache(model, cache))
+        ptrs = [[t.data_ptr() for t in layer._buffers()] for layer in cache.layers]
+        run_tokens(model, ids[:, 10:], cache)
+    assert ptrs == [[t.data_ptr() for t in layer._buffers()] for layer in cache.layers]
+    assert int(cache.get_seq_length()) == 30
+
+
+def _chunked_logits(model, ids, cache, sizes):
+    return run_chunks(model, ids, cache, sizes=sizes)
+
+
+def test_two_caches_two_threads_equal_their_runs_alone():
+    models = [tiny_model("qwen3", seed=0), tiny_model("llama", seed=1)]
+    prompts = [distinct_ids(2, 60, seed=20), distinct_ids(2, 55, seed=21)]
+    sizes = [(7, 3, 11), (5, 13, 2)]
+    alone = [_chunked_logits(m, p, KVpopCache(m.config, scorer="mlp", **KW), s)
+             for m, p, s in zip(models, prompts, sizes)]
+    for _ in range(5):
+        results = [None, None]
+        barrier = threading.Barrier(2)
+
+        def work(i):
+            barrier.wait()
+            results[i] = _chunked_logits(models[i], prompts[i], KVpopCache(models[i].config, scorer="mlp", **KW),
+                                         sizes[i])
+
+        threads = [threading.Thread(target=work, args=(i,)) for i in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        for got, want in zip(results, alone):
+            assert torch.equal(got, want)
+
+
+def test_nested_model_inside_a_forward():
+    """A model run (with its own KVpopCache) inside another model's forward does not disturb either."""
+    outer, inner = tiny_model("qwen3", seed=0), tiny_model("qwen3", seed=1)
+    ids_o, ids_i = distinct_ids(1, 40, seed=30), distinct_ids(1, 33, seed=31)
+    want_o = run_chunks(outer, ids_o, KVpopCache(outer.config, **KW), sizes=(20, 20))
+    want_i = run_chunks(inner, ids_i, KVpopCache(inner.config, **KW), sizes=(33,))
+    got_i = []
+    inner_cache = KVpopCache(inner.config, **KW)
+
+    def hook(module, args, kwargs):
+        if not got_i:
+            with torch.no_grad():
+                got_i.append(inner(ids_i, **with_cache(inner, inner_cache)).logits)
+
+    handle = outer.model.layers[1].self_attn.register_forward_pre_hook(hook, with_kwargs=True)
+    try:
+        got_o = run_chunks(outer, ids_o, KVpopCache(outer.config, **KW), sizes=(20, 20))
+    finally:
+        handle.remove()
+    torch.testing.assert_close(got_o, want_o, atol=0, rtol=0)
+    torch.testing.assert_close(got_i[0], want_i, atol=0, rtol=0)
+
+
+def test_exception_inside_a_forward_leaks_nothing():
+    model = tiny_model("qwen3")
+    ids = distinct_ids(1, 30, seed=40)
+    want = run_chunks(model, ids, KVpopCache(model.config, **KW), sizes=(12, 18))
+
+    def boom(module, args, kwargs):
+        raise RuntimeError("boom")
+
+    handle = model.model.layers[1].self_attn.register_forward_pre_hook(boom, with_kwargs=True)
+    try:
+        with pytest.raises(RuntimeError, match="boom"):
+            run_chunks(model, ids, KVpopCache(model.config, **KW), sizes=(12, 18))
+    finally:
+        handle.remove()
+    torch.testing.assert_close(run_chunks(model, ids, KVpopCache(model.config, **KW), sizes=(12, 18)), want,
+                               atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("attn", ["kvpop", "sdpa"])
+def test_dropped_cache_is_freed_without_garbage_collection(attn):
+    model = tiny_model("qwen3", attn=attn)
+    ids = distinct_ids(1, 30, seed=50)
+    gc.collect()
+    gc.disable()  # reference counting alone must free it: no cycles, no module-level records
+    try:
+        cache = KVpopCache(model.config, **KW)
+        with torch.no_grad():
+            model(ids[:, :20], **with_cache(model, cache))  # a chunk (left pending with sdpa)
+            model(ids[:, 20:21], **with_cache(model, cache))  # a decode step
+        ref = weakref.ref(cache)
+        keys = weakref.ref(cache.layers[0].keys)
+        del cache
+        assert ref() is None and keys() is None
+    finally:
+        gc.enable()
