@@ -1,0 +1,503 @@
+"""Long-context generation speed and memory: dense caches vs KVpopCache, eager and compiled decoding.
+
+    # one H200, Qwen3-8B shapes with random bf16 weights (speed does not depend on weight values)
+    python benchmarks/generation_speed.py --device cuda --shape qwen3-8b \
+        --contexts 4096 16384 32768 65536 131072 --out-prefix results/generation_speed/h200
+    # CPU smoke run (tiny shape)
+    python benchmarks/generation_speed.py --shape tiny --contexts 256 512 --steps 4 --warmup 2 --batches
+
+Rows, per context (prompts prefilled in ``--prefill-chunk`` token chunks, then ``--warmup`` untimed and
+``--steps`` timed greedy decode steps, each step synchronised and timed alone):
+
+* ``dynamic/eager``: DynamicCache, ``attn_implementation="sdpa"``, plain forward calls;
+* ``static/compiled``: StaticCache, decode through ``model.get_compiled_call(CompileConfig())`` -- the
+  call ``generate`` makes for a compileable cache (inductor, ``mode="reduce-overhead"``: CUDA graphs);
+* ``kvpop-<scorer>/eager`` and ``kvpop-<scorer>/compiled``: one KVpopCache per scorer, prefilled once
+  with ``attn_implementation="kvpop"``; both decode modes start from the same post-prefill state
+  (buffers restored in place), are fed the same tokens, and their max |logit difference| is printed.
+
+Per row: prefill seconds, peak memory above the weights during prefill and decode, resident cache
+memory, decode ms/token (median, p90), and the ratio to the bandwidth floor (weights + the cache's
+buffers read once per step at the copy bandwidth measured at start). ``eviction share`` is the part of
+an eager step spent inside the cache's ``update`` (torch.profiler, CUDA time), and for compiled rows
+``1 - (StaticCache+compile at B tokens) / (KVpop compiled)`` at the smallest context (same attention
+length, so the difference is the eviction and scorer work). ``--batches`` adds batch 1/8/32 at
+``--batch-context`` tokens with caches filled synthetically in place (random keys/values, a valid slot
+layout; no prefill): tokens/s and peak memory, OOM where the dense cache does not fit. ``--leak-caches N``
+creates, fills and drops N KVpopCaches and prints the allocated memory before and after.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import datetime as _dt
+import gc
+import os
+import shlex
+import statistics
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import torch
+import transformers
+from transformers import AutoModelForCausalLM, CompileConfig, DynamicCache, Qwen3Config, StaticCache
+
+from kvpop_hf import KVpopCache
+from kvpop_hf.cache import kv_tensor_bytes
+from kvpop_hf.compat import with_cache
+from kvpop_hf.provenance import git_commit
+from kvpop_hf.timing import quantiles, sync
+
+REPO = Path(__file__).resolve().parents[1]
+warnings.filterwarnings("ignore", message=r".*`past_key_values` is deprecated.*", category=FutureWarning)
+
+SHAPES = {  # hidden, intermediate, layers, q heads, kv heads, head_dim, vocab
+    "qwen3-8b": (4096, 12288, 36, 32, 8, 128, 151936),
+    "qwen3-0.6b": (1024, 3072, 28, 16, 8, 128, 151936),
+    "tiny": (128, 256, 2, 4, 2, 32, 512),
+}
+
+
+# ----------------------------------------------------------------------------------------- setup
+def build_model(shape: str, device, dtype, max_pos: int):
+    hidden, inter, layers, heads, kv_heads, head_dim, vocab = SHAPES[shape]
+    cfg = Qwen3Config(vocab_size=vocab, hidden_size=hidden, intermediate_size=inter, num_hidden_layers=layers,
+                      num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=head_dim,
+                      max_position_embeddings=max_pos, bos_token_id=None, eos_token_id=None, pad_token_id=0)
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa", dtype=dtype)
+    return model.eval()
+
+
+def copy_bandwidth(device) -> float:
+    """Bytes/s of a device-to-device copy (read + write counted), median of 5."""
+    if device.type != "cuda":
+        return float("nan")
+    x = torch.empty(1 << 30, dtype=torch.float32, device=device)  # 4 GiB
+    y = torch.empty_like(x)
+    times = []
+    for _ in range(6):
+        sync(device)
+        t0 = time.perf_counter()
+        y.copy_(x)
+        sync(device)
+        times.append(time.perf_counter() - t0)
+    del x, y
+    torch.cuda.empty_cache()
+    return 2 * (1 << 32) / statistics.median(times[1:])
+
+
+def allocated(device) -> int:
+    return torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
+
+
+def reset_peak(device) -> None:
+    if device.type == "cuda":
+        sync(device)
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def peak(device) -> int:
+    return torch.cuda.max_memory_allocated(device) if device.type == "cuda" else 0
+
+
+def cache_bytes(cache) -> int:
+    return cache.memory_bytes() if isinstance(cache, KVpopCache) else kv_tensor_bytes(cache)
+
+
+# ----------------------------------------------------------------------------------------- phases
+def prefill(model, cache, prompt, chunk, device) -> tuple[float, torch.Tensor]:
+    sync(device)
+    t0 = time.perf_counter()
+    logits = None
+    for start in range(0, prompt.shape[1], chunk):
+        logits = model(input_ids=prompt[:, start:start + chunk],
+                       **with_cache(model, cache, use_cache=True, logits_to_keep=1)).logits
+    sync(device)
+    return time.perf_counter() - t0, logits[:, -1].argmax(-1, keepdim=True)
+
+
+def decode(step, model, cache, tok, n, device, feed=None):
+    """``n`` greedy steps (or the tokens ``feed [b, n]``); returns (ms per step, fed tokens, logits)."""
+    times, toks, logits = [], [], []
+    for i in range(n):
+        cur = tok if feed is None else feed[:, i:i + 1].contiguous()
+        sync(device)
+        t0 = time.perf_counter()
+        out = step(input_ids=cur, **with_cache(model, cache, use_cache=True, logits_to_keep=1)).logits[:, -1]
+        sync(device)
+        times.append((time.perf_counter() - t0) * 1e3)
+        toks.append(cur)
+        logits.append(out.float().clone())
+        tok = out.argmax(-1, keepdim=True)
+    return times, torch.cat(toks, 1), torch.stack(logits, 1)
+
+
+def snapshot(cache: KVpopCache):
+    return [[t.clone() for t in layer._buffers()] for layer in cache.layers]
+
+
+def restore(cache: KVpopCache, snap) -> None:
+    for layer, saved in zip(cache.layers, snap):
+        for t, s in zip(layer._buffers(), saved):
+            t.copy_(s)
+
+
+def eviction_share(model, cache, tok, device) -> float:
+    """Share of an eager decode step's CUDA time spent inside the KVpop layers' ``update``."""
+    if device.type != "cuda":
+        return float("nan")
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    originals = []
+    for layer in cache.layers:
+        original = layer.update
+
+        def wrapped(*a, _original=original, **k):
+            with record_function("kvpop_update"):
+                return _original(*a, **k)
+
+        originals.append(original)
+        layer.update = wrapped
+    try:
+        with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
+            for _ in range(3):
+                model(input_ids=tok, **with_cache(model, cache, use_cache=True, logits_to_keep=1))
+            sync(device)
+    finally:
+        for layer, original in zip(cache.layers, originals):
+            layer.update = original
+    events = prof.key_averages()
+    total = sum(e.self_device_time_total for e in events if e.device_type.name == "CUDA")
+    inside = max((e.device_time_total for e in events if e.key == "kvpop_update"), default=0.0)
+    return inside / total if total else float("nan")
+
+
+def profile_prefill_chunk(model, cache, prompt, chunk, device, path: Path) -> None:
+    """torch.profiler table of one prefill chunk (the second), with the chunk path's stages as ranges."""
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    import kvpop_hf.attention as attention
+    import kvpop_hf.flex_mask as flex_mask
+    from kvpop_hf.layer import KVpopLayer
+
+    def ranged(fn, name):
+        def wrapped(*a, **k):
+            with record_function(name):
+                return fn(*a, **k)
+        return wrapped
+
+    patches = [(KVpopLayer, "commit_chunk"), (KVpopLayer, "begin_chunk"), (flex_mask, "build_block_mask"),
+               (flex_mask, "compact_chunk_mask"), (attention, "_flex_chunk_attention")]
+    saved = [getattr(obj, name) for obj, name in patches]
+    for obj, name in patches:
+        setattr(obj, name, ranged(getattr(obj, name), f"kvpop::{name}"))
+    try:
+        prefill(model, cache, prompt[:, :chunk], chunk, device)
+        acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+        with profile(activities=acts) as prof:
+            prefill(model, cache, prompt[:, chunk:2 * chunk], chunk, device)
+    finally:
+        for (obj, name), fn in zip(patches, saved):
+            setattr(obj, name, fn)
+    sort = "cuda_time_total" if device.type == "cuda" else "cpu_time_total"
+    path.write_text(prof.key_averages().table(sort_by=sort, row_limit=40))
+
+
+# ----------------------------------------------------------------------------------------- synthetic fill
+def fill_kvpop(cache: KVpopCache, model, batch, ctx, device) -> None:
+    """A warm KVpopCache of ``ctx`` tokens without prefill: one decode step allocates the buffers, then
+    every buffer is overwritten in place with random contents and a valid slot layout."""
+    model(input_ids=torch.ones(batch, 1, dtype=torch.long, device=device), **with_cache(model, cache, use_cache=True))
+    s, w, k, B = cache.kvpop_config.sinks, cache.kvpop_config.window, cache.kvpop_config.topk, cache.budget
+    slots = torch.arange(B, device=device)
+    pos = torch.where(slots < s, slots, ctx - w + (slots - s) % w)  # sinks and the newest window
+    long_range = s + torch.randperm(ctx - w - s, device=device)[:k].sort().values  # k distinct eligible tokens
+    pos[s + w:] = long_range
+    for layer in cache.layers:
+        layer.keys.normal_()
+        layer.values.normal_()
+        layer.pos.copy_(pos.expand_as(layer.pos))
+        layer.prio.normal_()
+        layer.seen.fill_(ctx)
+        layer.tokens.fill_(ctx)
+        for t in layer.state or ():
+            t.normal_(std=0.01)
+
+
+def fill_dense(kind, model, batch, ctx, extra, device, dtype):
+    cfg = model.config
+    shape = (batch, cfg.num_key_value_heads, ctx, cfg.head_dim)
+    if kind == "dynamic":
+        cache = DynamicCache(config=cfg)
+        for i in range(cfg.num_hidden_layers):
+            cache.update(torch.randn(shape, device=device, dtype=dtype), torch.randn(shape, device=device, dtype=dtype), i)
+        return cache
+    cache = StaticCache(config=cfg, max_cache_len=ctx + extra)
+    model(input_ids=torch.ones(batch, 1, dtype=torch.long, device=device), **with_cache(model, cache, use_cache=True))
+    for layer in cache.layers:
+        layer.keys.normal_()
+        layer.values.normal_()
+        layer.cumulative_length.fill_(ctx)
+    return cache
+
+
+# ----------------------------------------------------------------------------------------- main
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--dtype", default=None, choices=["float32", "bfloat16"], help="default: bf16 on CUDA")
+    ap.add_argument("--shape", default="tiny", choices=sorted(SHAPES))
+    ap.add_argument("--contexts", type=int, nargs="+", default=[4096, 32768])
+    ap.add_argument("--prefill-chunk", type=int, default=16384)
+    ap.add_argument("--steps", type=int, default=32)
+    ap.add_argument("--warmup", type=int, default=8)
+    ap.add_argument("--budget", type=int, nargs=3, default=[4, 256, 3836], metavar=("SINKS", "WINDOW", "TOPK"))
+    ap.add_argument("--scorers", nargs="+", default=["knorm", "mlp", "mlstm"])
+    ap.add_argument("--rows", nargs="+", default=["dynamic", "static", "kvpop"],
+                    help="which cache families to run per context")
+    ap.add_argument("--static-contexts", type=int, nargs="*", default=None,
+                    help="contexts for StaticCache+compile (default: the smallest and largest)")
+    ap.add_argument("--batches", type=int, nargs="*", default=None, help="batch sizes for the throughput rows")
+    ap.add_argument("--batch-context", type=int, default=32768)
+    ap.add_argument("--leak-caches", type=int, default=0)
+    ap.add_argument("--profile-prefill", action="store_true", help="write a profiler table of one KVpop chunk")
+    ap.add_argument("--out-prefix", default=None)
+    args = ap.parse_args(argv)
+
+    device = torch.device(args.device)
+    dtype = getattr(torch, args.dtype or ("bfloat16" if device.type == "cuda" else "float32"))
+    prefix = Path(args.out_prefix or REPO / "results" / "generation_speed" / device.type)
+    prefix.parent.mkdir(parents=True, exist_ok=True)
+    command = "python " + " ".join(shlex.quote(a) for a in [os.path.relpath(sys.argv[0], REPO)] + sys.argv[1:]) \
+        if argv is None else f"main({argv!r})"
+    commit = git_commit(REPO) or "unknown"
+    started = _dt.datetime.now().astimezone().isoformat(timespec="seconds")
+    torch._dynamo.config.recompile_limit = 64  # one graph per cache kind; never fall back to eager silently
+    torch._dynamo.config.accumulated_recompile_limit = 512
+
+    max_ctx = max(args.contexts + [args.batch_context if args.batches else 0])
+    model = build_model(args.shape, device, dtype, max_ctx + args.steps + args.warmup + 64)
+    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    bw = copy_bandwidth(device)
+    s, w, k = args.budget
+    B = s + w + k
+    compiled_call = model.get_compiled_call(CompileConfig())
+    gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    head = (f"{args.shape} random {str(dtype)[6:]} ({weight_bytes / 1e9:.2f} GB) on {gpu}; B = {s}+{w}+{k} = {B}; "
+            f"copy bandwidth {bw / 1e12:.2f} TB/s; commit {commit[:12]}; torch {torch.__version__}, "
+            f"transformers {transformers.__version__}")
+    print(head, flush=True)
+    static_ctx = set(args.static_contexts if args.static_contexts is not None
+                     else [min(args.contexts), max(args.contexts)])
+
+    rows, notes = [], []
+    gen = torch.Generator().manual_seed(0)
+    vocab = model.config.vocab_size
+
+    def record(ctx, batch, cache_name, mode, times, prefill_s, peak_b, resident_b, read_b, **extra):
+        q = quantiles(sorted(times))
+        floor_ms = (weight_bytes + read_b) / bw * 1e3 if bw == bw else float("nan")
+        row = dict(context=ctx, batch=batch, cache=cache_name, mode=mode, prefill_s=prefill_s,
+                   decode_ms_median=q["median"], decode_ms_p90=q["p90"], tokens_per_s=batch * 1e3 / q["median"],
+                   floor_ms=floor_ms, x_floor=q["median"] / floor_ms, peak_gb=peak_b / 1e9,
+                   resident_gb=resident_b / 1e9, **extra)
+        rows.append(row)
+        print(f"  ctx {ctx:>6} b {batch:>2} {cache_name:<13} {mode:<8} prefill {prefill_s:7.2f} s  decode "
+              f"{q['median']:7.2f} ms (p90 {q['p90']:.2f})  {row['x_floor']:.2f}x floor  peak {row['peak_gb']:.2f} GB  "
+              f"resident {row['resident_gb']:.3f} GB " + " ".join(f"{a}={b}" for a, b in extra.items()), flush=True)
+
+    with torch.inference_mode():
+        for ctx in args.contexts:
+            prompt = torch.randint(1, vocab, (1, ctx), generator=gen).to(device)
+            base = allocated(device)
+            if "dynamic" in args.rows:
+                model.set_attn_implementation("sdpa")
+                cache = DynamicCache(config=model.config)
+                reset_peak(device)
+                pre_s, tok = prefill(model, cache, prompt, args.prefill_chunk, device)
+                decode(model, model, cache, tok, args.warmup, device)
+                times, _, _ = decode(model, model, cache, tok, args.steps, device)
+                record(ctx, 1, "dynamic", "eager", times, pre_s, peak(device) - base, allocated(device) - base,
+                       kv_tensor_bytes(cache))
+                del cache
+                gc.collect()
+            if "static" in args.rows and ctx in static_ctx:
+                model.set_attn_implementation("sdpa")
+                cache = StaticCache(config=model.config, max_cache_len=ctx + 2 * (args.steps + args.warmup) + 8)
+                reset_peak(device)
+                pre_s, tok = prefill(model, cache, prompt, args.prefill_chunk, device)
+                t0 = time.perf_counter()
+                decode(compiled_call, model, cache, tok, args.warmup, device)
+                compile_s = time.perf_counter() - t0
+                times, _, _ = decode(compiled_call, model, cache, tok, args.steps, device)
+                record(ctx, 1, "static", "compiled", times, pre_s, peak(device) - base, allocated(device) - base,
+                       kv_tensor_bytes(cache), warmup_s=round(compile_s, 1))
+                del cache
+                gc.collect()
+            if "kvpop" in args.rows:
+                model.set_attn_implementation("kvpop")
+                for scorer in args.scorers:
+                    cache = KVpopCache(model.config, sinks=s, window=w, topk=k, scorer=scorer)
+                    name = f"kvpop-{scorer}"
+                    if args.profile_prefill and ctx >= 2 * args.prefill_chunk:
+                        profile_prefill_chunk(model, cache, prompt, args.prefill_chunk, device,
+                                              Path(f"{prefix}_prefill_profile_{scorer}_{ctx}.txt"))
+                        cache = KVpopCache(model.config, sinks=s, window=w, topk=k, scorer=scorer)
+                    reset_peak(device)
+                    pre_s, tok = prefill(model, cache, prompt, args.prefill_chunk, device)
+                    peak_pre = peak(device) - base
+                    resident = allocated(device) - base
+                    snap = snapshot(cache)
+                    reset_peak(device)
+                    decode(model, model, cache, tok, args.warmup, device)
+                    times_e, fed, logits_e = decode(model, model, cache, tok, args.steps, device)
+                    share = eviction_share(model, cache, fed[:, -1:], device)
+                    record(ctx, 1, name, "eager", times_e, pre_s, max(peak_pre, peak(device) - base), resident,
+                           cache.memory_bytes(), eviction_share=round(share, 3))
+                    restore(cache, snap)
+                    reset_peak(device)
+                    t0 = time.perf_counter()
+                    _, warm_fed, _ = decode(compiled_call, model, cache, tok, args.warmup, device)
+                    compile_s = time.perf_counter() - t0
+                    times_c, _, logits_c = decode(compiled_call, model, cache, tok, args.steps, device, feed=fed)
+                    restore(cache, snap)
+                    _, _, logits_e2 = decode(model, model, cache, tok, args.warmup + args.steps, device,
+                                             feed=torch.cat([warm_fed, fed], 1))
+                    dlogit = (logits_c - logits_e2[:, args.warmup:]).abs().max().item()
+                    record(ctx, 1, name, "compiled", times_c, pre_s, max(peak_pre, peak(device) - base), resident,
+                           cache.memory_bytes(), max_abs_dlogit=f"{dlogit:.3g}", warmup_s=round(compile_s, 1))
+                    del cache, snap
+                    gc.collect()
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+
+        # eviction share of compiled steps: the same attention length as StaticCache+compile at B tokens
+        static_small = [r for r in rows if r["cache"] == "static" and r["context"] == min(static_ctx)]
+        if static_small and min(static_ctx) == B:
+            for r in rows:
+                if r["mode"] == "compiled" and r["cache"].startswith("kvpop") and r["context"] == min(args.contexts):
+                    r["eviction_share"] = round(1 - static_small[0]["decode_ms_median"] / r["decode_ms_median"], 3)
+
+        for batch in args.batches or []:
+            ctx = args.batch_context
+            extra = args.steps + args.warmup + 8
+            for name in ["dynamic", "static"] + [f"kvpop-{sc}" for sc in args.scorers]:
+                gc.collect()
+                if device.type == "cuda":
+                    torch.cuda.empty_cache()
+                base = allocated(device)
+                reset_peak(device)
+                cache = None
+                try:
+                    if name.startswith("kvpop"):
+                        model.set_attn_implementation("kvpop")
+                        cache = KVpopCache(model.config, sinks=s, window=w, topk=k, scorer=name[6:])
+                        fill_kvpop(cache, model, batch, ctx, device)
+                    else:
+                        model.set_attn_implementation("sdpa")
+                        cache = fill_dense(name, model, batch, ctx, extra, device, dtype)
+                    step = model if name == "dynamic" else compiled_call
+                    tok = torch.ones(batch, 1, dtype=torch.long, device=device)
+                    decode(step, model, cache, tok, args.warmup, device)
+                    times, _, _ = decode(step, model, cache, tok, args.steps, device)
+                    record(ctx, batch, name, "eager" if name == "dynamic" else "compiled", times, float("nan"),
+                           peak(device) - base, allocated(device) - base, cache_bytes(cache), filled="synthetic")
+                except torch.OutOfMemoryError:
+                    need = 2 * model.config.num_hidden_layers * batch * model.config.num_key_value_heads * \
+                        (ctx + extra) * model.config.head_dim * dtype.itemsize
+                    notes.append(f"batch {batch} at {ctx}: {name} ran out of GPU memory (its KV alone needs "
+                                 f"{need / 1e9:.0f} GB beside {weight_bytes / 1e9:.1f} GB of weights)")
+                    print("  " + notes[-1], flush=True)
+                del cache
+                gc.collect()
+
+        if args.leak_caches:
+            model.set_attn_implementation("kvpop")
+            prompt = torch.randint(1, vocab, (1, 1024), generator=gen).to(device)
+            gc.collect()
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+            before = allocated(device)
+            for i in range(args.leak_caches):
+                cache = KVpopCache(model.config, sinks=s, window=w, topk=k, scorer=args.scorers[i % len(args.scorers)])
+                _, tok = prefill(model, cache, prompt, 512, device)
+                decode(model, model, cache, tok, 2, device)
+                del cache
+            after_del = allocated(device)
+            gc.collect()
+            after_gc = allocated(device)
+            notes.append(f"{args.leak_caches} KVpopCaches created, filled (1024-token prompt in 512-token chunks + 2 "
+                         f"decode steps) and dropped: allocated {before / 2**20:.1f} MiB before, "
+                         f"{after_del / 2**20:.1f} MiB after (no gc.collect), {after_gc / 2**20:.1f} MiB after gc")
+            print("  " + notes[-1], flush=True)
+
+    write_outputs(prefix, rows, notes, head, command, commit, started, args)
+    return 0
+
+
+def write_outputs(prefix: Path, rows, notes, head, command, commit, started, args) -> None:
+    fields = []
+    for r in rows:
+        fields += [f for f in r if f not in fields]
+    with open(prefix.with_suffix(".csv"), "w", newline="") as f:
+        f.write(f"# command: {command}\n# commit: {commit}\n# started: {started}\n# {head}\n")
+        wr = csv.DictWriter(f, fieldnames=fields)
+        wr.writeheader()
+        wr.writerows(rows)
+    cols = ["context", "batch", "cache", "mode", "prefill_s", "decode_ms_median", "decode_ms_p90", "tokens_per_s",
+            "x_floor", "peak_gb", "resident_gb", "eviction_share", "max_abs_dlogit", "warmup_s"]
+
+    def fmt(v):
+        return f"{v:.3g}" if isinstance(v, float) else ("" if v is None else str(v))
+
+    md = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    md += ["| " + " | ".join(fmt(r.get(c)) for c in cols) + " |" for r in rows]
+    with open(prefix.with_suffix(".md"), "w") as f:
+        f.write(f"# Generation speed and memory\n\nCommand: `{command}`\n\n- commit `{commit}`, started {started}\n"
+                f"- {head}\n- decode ms: median and p90 of {args.steps} steps after {args.warmup} untimed ones; "
+                "x_floor: median / (weights + cache buffers read once at the measured copy bandwidth); peak/resident: "
+                "GB above the weights\n\n" + "\n".join(md) + "\n\n" + "".join(f"- {n}\n" for n in notes))
+        if any(r["batch"] == 1 for r in rows):
+            f.write(f"\n![latency and memory vs context]({prefix.name}.png)\n")
+    plot(rows, prefix.with_suffix(".png"), f"{command}\n{head}")
+    print(f"wrote {prefix.with_suffix('.md')}, .csv, .png")
+
+
+def plot(rows, path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    single = [r for r in rows if r["batch"] == 1 and r.get("filled") != "synthetic"]
+    if not single:
+        return
+    fig, (ax_t, ax_m) = plt.subplots(1, 2, figsize=(12, 4.5))
+    for key in dict.fromkeys((r["cache"], r["mode"]) for r in single):
+        rs = sorted((r for r in single if (r["cache"], r["mode"]) == key), key=lambda r: r["context"])
+        x = [r["context"] for r in rs]
+        style = "-" if key[1] == "compiled" else "--"
+        ax_t.plot(x, [r["decode_ms_median"] for r in rs], style, marker="o", label=f"{key[0]} {key[1]}")
+        ax_m.plot(x, [r["peak_gb"] for r in rs], style, marker="o", label=f"{key[0]} {key[1]}")
+    for ax in (ax_t, ax_m):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("context (tokens)")
+        ax.grid(True, which="both", alpha=0.3)
+    ax_t.set_ylabel("decode ms/token (median)")
+    ax_t.set_ylim(bottom=0)
+    ax_m.set_ylabel("peak GB above the weights (prefill + decode)")
+    ax_t.legend(fontsize=7)
+    fig.suptitle(title, fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
