@@ -125,7 +125,7 @@ def decode(step, model, cache, tok, n, device, feed=None):
     """``n`` greedy steps (or the tokens ``feed [b, n]``); returns (ms per step, fed tokens, logits)."""
     times, toks, logits = [], [], []
     for i in range(n):
-        cur = tok if feed is None else feed[:, i:i + 1].contiguous()
+        cur = tok if feed is None else feed[:, i:i + 1].clone(memory_format=torch.contiguous_format)
         sync(device)
         t0 = time.perf_counter()
         out = step(input_ids=cur, **with_cache(model, cache, use_cache=True, logits_to_keep=1)).logits[:, -1]
@@ -137,13 +137,20 @@ def decode(step, model, cache, tok, n, device, feed=None):
     return times, torch.cat(toks, 1), torch.stack(logits, 1)
 
 
-def snapshot(cache: KVpopCache):
-    return [[t.clone() for t in layer._buffers()] for layer in cache.layers]
+def state_tensors(layer) -> list[torch.Tensor]:
+    """Every tensor a cache layer updates in place (KVpop layer or StaticCache layer)."""
+    if hasattr(layer, "_buffers") and callable(layer._buffers):
+        return layer._buffers()
+    return [layer.keys, layer.values, layer.cumulative_length]
 
 
-def restore(cache: KVpopCache, snap) -> None:
+def snapshot(cache):
+    return [[t.clone() for t in state_tensors(layer)] for layer in cache.layers]
+
+
+def restore(cache, snap) -> None:
     for layer, saved in zip(cache.layers, snap):
-        for t, s in zip(layer._buffers(), saved):
+        for t, s in zip(state_tensors(layer), saved):
             t.copy_(s)
 
 
@@ -206,6 +213,35 @@ def profile_prefill_chunk(model, cache, prompt, chunk, device, path: Path) -> No
             setattr(obj, name, fn)
     sort = "cuda_time_total" if device.type == "cuda" else "cpu_time_total"
     path.write_text(prof.key_averages().table(sort_by=sort, row_limit=40))
+
+
+def check_eviction_kernel(device, dtype, trials: int = 20) -> str:
+    """The fused decode eviction (Triton) against its torch reference on random states on ``device``."""
+    from kvpop_hf.decode_eviction import evict_and_insert_reference, evict_and_insert_triton
+
+    if device.type != "cuda":
+        return "eviction kernel check: skipped (CPU)"
+    g = torch.Generator(device=device).manual_seed(0)
+    bad = 0
+    for trial in range(trials):
+        b, h, d, (s, w, k) = 2, 8, 128, [(4, 256, 3836), (4, 16, 44), (0, 8, 0), (2, 4, 7)][trial % 4]
+        B = s + w + k
+        seen = torch.randint(0, 3 * B, (b,), device=device, generator=g)
+        keys = torch.randn(b, h, B, d, device=device, dtype=dtype, generator=g)
+        values = torch.randn(b, h, B, d, device=device, dtype=dtype, generator=g)
+        slot = torch.arange(B, device=device)
+        pos = torch.where(slot < seen.clamp(max=B)[:, None], slot * 3, -1)[:, None].expand(b, h, B).contiguous()
+        prio = torch.where(pos >= 0, torch.randn(b, h, B, device=device, generator=g).round(), float("-inf"))
+        k_new = torch.randn(b, h, d, device=device, dtype=dtype, generator=g)
+        v_new = torch.randn(b, h, d, device=device, dtype=dtype, generator=g)
+        p_leave = torch.randn(b, h, device=device, generator=g).round()
+        p_new = torch.full((b, h), float("-inf"), device=device)
+        ref = [x.clone() for x in (keys, values, pos, prio)]
+        got = [x.clone() for x in (keys, values, pos, prio)]
+        evict_and_insert_reference(*ref, seen, k_new, v_new, p_leave, p_new, s, w, k)
+        evict_and_insert_triton(*got, seen, k_new, v_new, p_leave, p_new, s, w, k)
+        bad += not all(torch.equal(a, e) for a, e in zip(got, ref))
+    return f"eviction kernel check on {device}: {trials - bad}/{trials} random states equal to the torch reference"
 
 
 # ----------------------------------------------------------------------------------------- synthetic fill
@@ -288,15 +324,21 @@ def main(argv=None) -> int:
     s, w, k = args.budget
     B = s + w + k
     compiled_call = model.get_compiled_call(CompileConfig())
+    notes = []
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     head = (f"{args.shape} random {str(dtype)[6:]} ({weight_bytes / 1e9:.2f} GB) on {gpu}; B = {s}+{w}+{k} = {B}; "
             f"copy bandwidth {bw / 1e12:.2f} TB/s; commit {commit[:12]}; torch {torch.__version__}, "
             f"transformers {transformers.__version__}")
     print(head, flush=True)
+    notes.append(check_eviction_kernel(device, dtype))
+    print("  " + notes[-1], flush=True)
+    if "20/20" not in notes[-1] and device.type == "cuda":
+        os.environ["KVPOP_DECODE_EVICTION"] = "torch"
+        notes.append("the kernel disagreed: this run decodes with the torch reference (KVPOP_DECODE_EVICTION=torch)")
     static_ctx = set(args.static_contexts if args.static_contexts is not None
                      else [min(args.contexts), max(args.contexts)])
 
-    rows, notes = [], []
+    rows = []
     gen = torch.Generator().manual_seed(0)
     vocab = model.config.vocab_size
 
@@ -311,6 +353,33 @@ def main(argv=None) -> int:
         print(f"  ctx {ctx:>6} b {batch:>2} {cache_name:<13} {mode:<8} prefill {prefill_s:7.2f} s  decode "
               f"{q['median']:7.2f} ms (p90 {q['p90']:.2f})  {row['x_floor']:.2f}x floor  peak {row['peak_gb']:.2f} GB  "
               f"resident {row['resident_gb']:.3f} GB " + " ".join(f"{a}={b}" for a, b in extra.items()), flush=True)
+
+    def eager_and_compiled(ctx, name, cache, tok, pre_s, base, read_b):
+        """Eager, then compiled decoding from the same post-prefill state; the compiled steps' logits are
+        compared with eager ones on the same tokens."""
+        peak_pre, resident = peak(device) - base, allocated(device) - base
+        snap = snapshot(cache)
+        reset_peak(device)
+        decode(model, model, cache, tok, args.warmup, device)
+        times_e, fed, _ = decode(model, model, cache, tok, args.steps, device)
+        share = eviction_share(model, cache, fed[:, -1:], device) if name.startswith("kvpop") else None
+        record(ctx, 1, name, "eager", times_e, pre_s, max(peak_pre, peak(device) - base), resident, read_b,
+               **({} if share is None else {"eviction_share": round(share, 3)}))
+        restore(cache, snap)
+        reset_peak(device)
+        t0 = time.perf_counter()
+        _, warm_fed, _ = decode(compiled_call, model, cache, tok, args.warmup, device)
+        compile_s = time.perf_counter() - t0
+        times_c, _, logits_c = decode(compiled_call, model, cache, tok, args.steps, device, feed=fed)
+        restore(cache, snap)
+        _, _, logits_e = decode(model, model, cache, tok, args.warmup + args.steps, device,
+                                feed=torch.cat([warm_fed, fed], 1))
+        logits_e = logits_e[:, args.warmup:]
+        dlogit = (logits_c - logits_e).abs().max().item()
+        same_top = (logits_c.argmax(-1) == logits_e.argmax(-1)).float().mean().item()
+        record(ctx, 1, name, "compiled", times_c, pre_s, max(peak_pre, peak(device) - base), resident, read_b,
+               max_abs_dlogit=f"{dlogit:.3g}", logit_scale=f"{logits_e.abs().max().item():.3g}",
+               same_argmax=f"{same_top:.3f}", warmup_s=round(compile_s, 1))
 
     with torch.inference_mode():
         for ctx in args.contexts:
@@ -332,50 +401,25 @@ def main(argv=None) -> int:
                 cache = StaticCache(config=model.config, max_cache_len=ctx + 2 * (args.steps + args.warmup) + 8)
                 reset_peak(device)
                 pre_s, tok = prefill(model, cache, prompt, args.prefill_chunk, device)
-                t0 = time.perf_counter()
-                decode(compiled_call, model, cache, tok, args.warmup, device)
-                compile_s = time.perf_counter() - t0
-                times, _, _ = decode(compiled_call, model, cache, tok, args.steps, device)
-                record(ctx, 1, "static", "compiled", times, pre_s, peak(device) - base, allocated(device) - base,
-                       kv_tensor_bytes(cache), warmup_s=round(compile_s, 1))
+                eager_and_compiled(ctx, "static", cache, tok, pre_s, base, kv_tensor_bytes(cache))
                 del cache
                 gc.collect()
             if "kvpop" in args.rows:
                 model.set_attn_implementation("kvpop")
                 for scorer in args.scorers:
                     cache = KVpopCache(model.config, sinks=s, window=w, topk=k, scorer=scorer)
-                    name = f"kvpop-{scorer}"
                     if args.profile_prefill and ctx >= 2 * args.prefill_chunk:
                         profile_prefill_chunk(model, cache, prompt, args.prefill_chunk, device,
                                               Path(f"{prefix}_prefill_profile_{scorer}_{ctx}.txt"))
                         cache = KVpopCache(model.config, sinks=s, window=w, topk=k, scorer=scorer)
                     reset_peak(device)
                     pre_s, tok = prefill(model, cache, prompt, args.prefill_chunk, device)
-                    peak_pre = peak(device) - base
-                    resident = allocated(device) - base
-                    snap = snapshot(cache)
-                    reset_peak(device)
-                    decode(model, model, cache, tok, args.warmup, device)
-                    times_e, fed, logits_e = decode(model, model, cache, tok, args.steps, device)
-                    share = eviction_share(model, cache, fed[:, -1:], device)
-                    record(ctx, 1, name, "eager", times_e, pre_s, max(peak_pre, peak(device) - base), resident,
-                           cache.memory_bytes(), eviction_share=round(share, 3))
-                    restore(cache, snap)
-                    reset_peak(device)
-                    t0 = time.perf_counter()
-                    _, warm_fed, _ = decode(compiled_call, model, cache, tok, args.warmup, device)
-                    compile_s = time.perf_counter() - t0
-                    times_c, _, logits_c = decode(compiled_call, model, cache, tok, args.steps, device, feed=fed)
-                    restore(cache, snap)
-                    _, _, logits_e2 = decode(model, model, cache, tok, args.warmup + args.steps, device,
-                                             feed=torch.cat([warm_fed, fed], 1))
-                    dlogit = (logits_c - logits_e2[:, args.warmup:]).abs().max().item()
-                    record(ctx, 1, name, "compiled", times_c, pre_s, max(peak_pre, peak(device) - base), resident,
-                           cache.memory_bytes(), max_abs_dlogit=f"{dlogit:.3g}", warmup_s=round(compile_s, 1))
-                    del cache, snap
+                    eager_and_compiled(ctx, f"kvpop-{scorer}", cache, tok, pre_s, base, cache.memory_bytes())
+                    del cache
                     gc.collect()
             if device.type == "cuda":
                 torch.cuda.empty_cache()
+            write_outputs(prefix, rows, notes, head, command, commit, started, args, plot_too=False)
 
         # eviction share of compiled steps: the same attention length as StaticCache+compile at B tokens
         static_small = [r for r in rows if r["cache"] == "static" and r["context"] == min(static_ctx)]
@@ -416,6 +460,7 @@ def main(argv=None) -> int:
                     print("  " + notes[-1], flush=True)
                 del cache
                 gc.collect()
+            write_outputs(prefix, rows, notes, head, command, commit, started, args, plot_too=False)
 
         if args.leak_caches:
             model.set_attn_implementation("kvpop")
@@ -441,7 +486,7 @@ def main(argv=None) -> int:
     return 0
 
 
-def write_outputs(prefix: Path, rows, notes, head, command, commit, started, args) -> None:
+def write_outputs(prefix: Path, rows, notes, head, command, commit, started, args, plot_too=True) -> None:
     fields = []
     for r in rows:
         fields += [f for f in r if f not in fields]
@@ -465,8 +510,9 @@ def write_outputs(prefix: Path, rows, notes, head, command, commit, started, arg
                 "GB above the weights\n\n" + "\n".join(md) + "\n\n" + "".join(f"- {n}\n" for n in notes))
         if any(r["batch"] == 1 for r in rows):
             f.write(f"\n![latency and memory vs context]({prefix.name}.png)\n")
-    plot(rows, prefix.with_suffix(".png"), f"{command}\n{head}")
-    print(f"wrote {prefix.with_suffix('.md')}, .csv, .png")
+    if plot_too:
+        plot(rows, prefix.with_suffix(".png"), f"{command}\n{head}")
+        print(f"wrote {prefix.with_suffix('.md')}, .csv, .png")
 
 
 def plot(rows, path: Path, title: str) -> None:

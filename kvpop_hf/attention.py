@@ -167,9 +167,10 @@ def kvpop_attention(module, query, key, value, attention_mask, scaling=None, dro
         return _decode_attention(query, key, value, seen, scaling), None
     # keys from another cache or none: plain causal attention with padding
     mask = attention_mask.dense() if isinstance(attention_mask, KVpopMaskInfo) else attention_mask
+    groups = query.shape[1] // key.shape[1]
     out = F.scaled_dot_product_attention(
-        query, key, value, attn_mask=mask, scale=scaling, dropout_p=dropout if module.training else 0.0,
-        is_causal=mask is None and query.shape[2] > 1, enable_gqa=query.shape[1] != key.shape[1])
+        query, key.repeat_interleave(groups, 1), value.repeat_interleave(groups, 1), attn_mask=mask, scale=scaling,
+        dropout_p=dropout if module.training else 0.0, is_causal=mask is None and query.shape[2] > 1)
     return out.transpose(1, 2).contiguous(), None
 
 

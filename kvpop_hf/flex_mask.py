@@ -26,7 +26,8 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["CompactChunkMask", "chunk_cutoff", "chunk_cutoff_reference", "compact_chunk_mask", "dense_from_compact"]
+__all__ = ["CompactChunkMask", "build_block_mask", "chunk_block_flags", "chunk_cutoff", "chunk_cutoff_reference",
+           "compact_chunk_mask", "dense_from_compact"]
 
 
 @dataclass
@@ -147,12 +148,73 @@ def _ordered(dense: torch.Tensor):
     return num, idx
 
 
-def build_block_mask(cm: CompactChunkMask, groups: int, block: int = 128, max_tile_elems: int = 1 << 22):
-    """The FlexAttention ``BlockMask`` of ``cm`` for ``H = h * groups`` query heads (see :func:`tiled_block_mask`)."""
+def build_block_mask(cm: CompactChunkMask, groups: int, block: int = 128):
+    """The FlexAttention ``BlockMask`` of ``cm`` for ``H = h * groups`` query heads, from the analytic
+    per-block flags of :func:`chunk_block_flags` (``O(L/block * C)`` work per head, no ``L x C`` grid)."""
     b, h, C = cm.cand_pos.shape
     L = cm.query_pos.shape[-1]
-    return tiled_block_mask(cm.mask_mod(1), b, h, L, C, groups, cm.mask_mod(groups), cm.cand_pos.device,
-                            block, max_tile_elems)
+    partial, full = chunk_block_flags(cm, block)
+    if groups > 1:
+        partial, full = partial.repeat_interleave(groups, 1), full.repeat_interleave(groups, 1)
+    return block_mask_from_flags(partial, full, L, C, cm.mask_mod(groups), block)
+
+
+def chunk_block_flags(cm: CompactChunkMask, block: int = 128, max_tile_elems: int = 1 << 25):
+    """Per-block (partial, full) flags ``[b, h, Qb, Kb]`` of a chunk's visibility, without the grid.
+
+    The real queries of a row have consecutive positions (padding takes none), so the real queries
+    of a query block cover positions ``[qmin, qmax]``. Candidate ``c`` (position ``p``, rank ``r``) is
+    seen by some query of the block iff ``0 <= p <= qmax`` and (``p < s``, or ``qmin < p + w`` (the
+    window), or ``s <= p <= qmax - w`` and ``r <= `` the largest cutoff among the queries at
+    positions ``>= p + w``); by all of them iff ``0 <= p <= qmin`` and (``p < s``, or ``p + w > qmax``,
+    or ``r <=`` the smallest such cutoff). Cutoffs are laid out by position offset inside the block,
+    so these are suffix max/min lookups. A padding query sees only its own token (never full).
+    Blocks past ``L`` or ``C`` count as masked, as in ``create_block_mask``. Equal to the blocks of
+    :func:`dense_from_compact` (tests compare them with :func:`tiled_block_mask`)."""
+    rank, pos, qpos, cutoff, own = cm.cand_rank, cm.cand_pos, cm.query_pos, cm.cutoff, cm.own
+    s, w = int(cm.sinks), int(cm.window)
+    b, h, C = pos.shape
+    L = qpos.shape[-1]
+    dev = pos.device
+    Qb, Kb = -(-L // block), -(-C // block)
+    Lp, Cp = Qb * block, Kb * block
+    big = 1 << 62
+    F = torch.nn.functional
+    qp = F.pad(qpos, (0, Lp - L), value=-1).view(b, Qb, block)
+    real = qp >= 0
+    qmin = torch.where(real, qp, big).amin(-1)  # [b, Qb]
+    qmax = torch.where(real, qp, -1).amax(-1)
+    not_full_rows = (~real).any(-1)  # padding queries or the tail past L
+    # cutoffs by position offset inside each block (the real queries fill offsets 0 .. n_real - 1)
+    offset = torch.where(real, qp - qmin[..., None], block)[:, None].expand(b, h, Qb, block)
+    cut = F.pad(cutoff.long(), (0, Lp - L)).view(b, h, Qb, block)
+    by_off_max = torch.full((b, h, Qb, block + 1), -big, dtype=torch.long, device=dev).scatter_(-1, offset, cut)
+    by_off_min = torch.full((b, h, Qb, block + 1), big, dtype=torch.long, device=dev).scatter_(-1, offset, cut)
+    suf_max = by_off_max[..., :block].flip(-1).cummax(-1).values.flip(-1)
+    suf_min = by_off_min[..., :block].flip(-1).cummin(-1).values.flip(-1)
+
+    p = F.pad(pos.long(), (0, Cp - C), value=-1)[:, :, None, :]  # [b,h,1,Cp]
+    r = F.pad(rank.long(), (0, Cp - C), value=big)[:, :, None, :]
+    in_range = (torch.arange(Cp, device=dev) < C).view(1, 1, 1, Cp)
+    partial = torch.empty(b, h, Qb, Kb, dtype=torch.bool, device=dev)
+    full = torch.empty_like(partial)
+    rows = max(1, max_tile_elems // max(b * h * Cp, 1))
+    for r0 in range(0, Qb, rows):
+        r1 = min(Qb, r0 + rows)
+        lo, hi = qmin[:, None, r0:r1, None], qmax[:, None, r0:r1, None]  # [b,1,R,1]
+        first_lr = (p + w - lo).clamp(0, block - 1).expand(b, h, r1 - r0, Cp)
+        smax = suf_max[:, :, r0:r1].gather(-1, first_lr)
+        smin = suf_min[:, :, r0:r1].gather(-1, first_lr)
+        some = (p >= 0) & (p <= hi) & ((p < s) | (lo < p + w) | ((p >= s) & (p + w <= hi) & (r <= smax)))
+        every = in_range & (p >= 0) & (p <= lo) & ((p < s) | (p + w > hi) | (r <= smin))
+        R = r1 - r0
+        full[:, :, r0:r1] = every.view(b, h, R, Kb, block).all(-1) & ~not_full_rows[:, None, r0:r1, None]
+        partial[:, :, r0:r1] = some.view(b, h, R, Kb, block).any(-1)
+    # a padding query sees its own token (a whole block only when blocks are single entries)
+    pad_q = (qpos < 0).nonzero(as_tuple=True)  # (rows, query index)
+    if pad_q[0].numel():
+        (full if block == 1 else partial)[pad_q[0], :, pad_q[1] // block, own[pad_q] // block] = True
+    return partial & ~full, full
 
 
 def tiled_block_mask(kv_mask_mod, b: int, h: int, L: int, C: int, groups: int, mask_mod, device,

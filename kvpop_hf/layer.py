@@ -20,6 +20,9 @@ from dataclasses import dataclass
 import torch
 from transformers.cache_utils import CacheLayerMixin
 
+from . import decode_eviction
+from .decode_eviction import evict_and_insert, ring_slot
+
 NEG_INF = float("-inf")
 
 
@@ -144,6 +147,7 @@ class KVpopLayer(CacheLayerMixin):
         self.tokens = self.tokens.to(self.device)
         scorer = self.cache.scorer_for(self.device)
         self.state = scorer.init_state(self.layer_idx, b, self.device) if scorer.stateful else None
+        decode_eviction.prepare(self.device)
         self._mark_static()
         self.is_initialized = True
 
@@ -266,46 +270,23 @@ class KVpopLayer(CacheLayerMixin):
     # -- one new token per row: fixed shapes, in place, no host synchronisation ----------------
     def decode_step(self, k_new: torch.Tensor, v_new: torch.Tensor):
         """Write token ``t = seen`` of every row, score the token leaving the window, keep the better of
-        it and the weakest long-range slot. Returns all ``B`` slots (``keys.kvpop_seen`` masks the
-        empty ones). k_new/v_new ``[b, h, 1, d]``."""
-        s, w, k = self.sinks, self.window, self.topk
+        it and the weakest long-range slot (:mod:`kvpop_hf.decode_eviction`). Returns all ``B`` slots
+        (``keys.kvpop_seen`` masks the empty ones). k_new/v_new ``[b, h, 1, d]``."""
+        s, w = self.sinks, self.window
         b, h, _, d = k_new.shape
-        dv = self.values.shape[-1]
         t = self.seen  # [b] real position of the new token
-        slot = torch.where(t < s, t, s + torch.remainder(t - s, w))  # where the new token goes
-        slot_idx = slot.view(b, 1, 1).expand(b, h, 1)
-        leaving_pos = self.pos.gather(2, slot_idx)  # token currently in that slot ([b,h,1])
-        leaving = (t - w >= s).view(b, 1, 1) & (leaving_pos >= s)
-        k_idx = slot_idx[..., None].expand(b, h, 1, d)
-        v_idx = slot_idx[..., None].expand(b, h, 1, dv)
-        k_leave = self.keys.gather(2, k_idx)
-        v_leave = self.values.gather(2, v_idx)
+        slot = ring_slot(t, s, w).view(b, 1, 1).expand(b, h, 1)
         if self._reads_at_entry():
             p_new = self._score(k_new, v_new, None, k_new, v_new, t.view(b, 1, 1).expand(b, h, 1))
-            p_leave = self.prio.gather(2, slot_idx)
+            p_leave = self.prio.gather(2, slot)
         else:
+            leaving_pos = self.pos.gather(2, slot)  # the token in that slot, scored after absorbing t
+            k_leave = self.keys.gather(2, slot[..., None].expand(b, h, 1, d))
+            v_leave = self.values.gather(2, slot[..., None].expand(b, h, 1, self.values.shape[-1]))
             p_leave = self._score(k_new, v_new, None, k_leave, v_leave, leaving_pos)
             p_new = torch.full_like(p_leave, NEG_INF)
-
-        if k > 0:
-            lo = s + w
-            prio_tk, pos_tk = self.prio[:, :, lo:], self.pos[:, :, lo:]
-            weakest_p = prio_tk.min(-1, keepdim=True).values
-            newest_last = torch.iinfo(torch.long).max
-            weakest = torch.where(prio_tk == weakest_p, pos_tk, newest_last).argmin(-1, keepdim=True)  # [b,h,1]
-            replace = leaving & (p_leave >= weakest_p)  # a tie goes to the newer token
-            dest = weakest + lo
-            dest_k = dest[..., None].expand(b, h, 1, d)
-            dest_v = dest[..., None].expand(b, h, 1, dv)
-            self.keys.scatter_(2, dest_k, torch.where(replace[..., None], k_leave, self.keys.gather(2, dest_k)))
-            self.values.scatter_(2, dest_v, torch.where(replace[..., None], v_leave, self.values.gather(2, dest_v)))
-            self.pos.scatter_(2, dest, torch.where(replace, leaving_pos, self.pos.gather(2, dest)))
-            self.prio.scatter_(2, dest, torch.where(replace, p_leave, self.prio.gather(2, dest)))
-
-        self.keys.scatter_(2, k_idx, k_new.to(self.keys.dtype))
-        self.values.scatter_(2, v_idx, v_new.to(self.values.dtype))
-        self.pos.scatter_(2, slot_idx, t.view(b, 1, 1).expand(b, h, 1))
-        self.prio.scatter_(2, slot_idx, p_new)
+        evict_and_insert(self.keys, self.values, self.pos, self.prio, t, k_new, v_new, p_leave, p_new,
+                         s, w, self.topk)
         self.seen.add_(1)
         self.tokens.add_(1)
         return self.keys, self.values

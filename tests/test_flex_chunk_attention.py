@@ -27,16 +27,18 @@ def chunk_mode():
 
 
 # ---------------------------------------------------------------- compact mask == visibility()
-def random_plan(gen: random.Random, b=2, h=3, d=8):
+def random_plan(gen: random.Random, b=2, h=3, d=8, max_len=16, holes=False):
+    """A chunk plan with random stored positions, left padding (or, with ``holes``, padding anywhere)."""
     s, w, k = gen.randint(0, 3), gen.randint(1, 6), gen.choice([0, 1, 2, 5, 9])
-    n_old, L = gen.randint(0, 20), gen.randint(1, 16)
+    n_old, L = gen.randint(0, 20), gen.randint(1, max_len)
     C = n_old + L
     pos = torch.full((b, h, C), -1, dtype=torch.long)
     qpos = torch.full((b, L), -1, dtype=torch.long)
     for bi in range(b):
         seen = gen.randint(n_old, 3 * n_old + 1)
         n_pad = gen.randint(0, L)  # left padding, possibly the whole chunk
-        qpos[bi, n_pad:] = seen + torch.arange(L - n_pad)
+        real = list(range(n_pad, L)) if not holes else sorted(gen.sample(range(L), L - n_pad))
+        qpos[bi, real] = seen + torch.arange(L - n_pad)
         pos[bi, :, n_old:] = qpos[bi]
         for hi in range(h):
             stored = gen.sample(range(seen), min(n_old, seen))
@@ -153,7 +155,7 @@ def test_flex_left_padding_with_prefill_chunks(scorer, chunk_mode):
         torch.testing.assert_close(a[i], b[0], atol=2e-5, rtol=0)
 
 
-def test_tiled_block_mask_equals_create_block_mask():
+def test_chunk_block_mask_equals_create_block_mask():
     from torch.nn.attention.flex_attention import create_block_mask
 
     from kvpop_hf.flex_mask import build_block_mask
@@ -165,10 +167,36 @@ def test_tiled_block_mask_equals_create_block_mask():
             plan = random_plan(gen, b=1, h=2)
         cm = plan.compact()
         L, C = plan.query_pos.shape[1], plan.pos.shape[-1]
-        for groups, block, tile in ((1, 8, 64), (3, 4, 1 << 22), (2, 128, 1 << 22)):
-            ours = build_block_mask(cm, groups, block=block, max_tile_elems=tile)
+        for groups, block in ((1, 8), (3, 4), (2, 128)):
+            ours = build_block_mask(cm, groups, block=block)
             ref = create_block_mask(cm.mask_mod(groups), plan.pos.shape[0], 2 * groups, L, C, device="cpu",
                                     BLOCK_SIZE=block)
             assert torch.equal(ours.to_dense(), ref.to_dense())
             for a, b in ((ours.full_kv_num_blocks, ref.full_kv_num_blocks), (ours.kv_num_blocks, ref.kv_num_blocks)):
                 assert torch.equal(a.long(), b.long())
+
+
+@pytest.mark.parametrize("holes", [False, True])
+def test_chunk_block_flags_equal_the_dense_mask_blocks(holes):
+    """Analytic per-block flags == the blocks of the evaluated mask (tile-by-tile builder), any tiling."""
+    from kvpop_hf.flex_mask import chunk_block_flags, tiled_block_mask
+
+    gen = random.Random(11 + holes)
+    for trial in range(40):
+        plan = random_plan(gen, b=2, h=2, max_len=gen.choice([16, 70]), holes=holes)
+        cm = plan.compact(reference=True)
+        b, h, C = plan.pos.shape
+        L = plan.query_pos.shape[1]
+        for block in (1, 4, 16):
+            ref = tiled_block_mask(cm.mask_mod(1), b, h, L, C, 1, cm.mask_mod(1), "cpu", block=block)
+            ref_partial, ref_full = ref.kv_num_blocks, ref.full_kv_num_blocks
+            for tile in (1, 100, 1 << 25):
+                partial, full = chunk_block_flags(cm, block, max_tile_elems=tile)
+                assert torch.equal(partial.sum(-1).int(), ref_partial.int()), (trial, block, tile)
+                assert torch.equal(full.sum(-1).int(), ref_full.int()), (trial, block, tile)
+                dense = torch.zeros(b, h, -(-L // block) * block, -(-C // block) * block, dtype=torch.bool)
+                dense[..., :L, :C] = dense_from_compact(cm)
+                blocks = dense.view(b, h, -(-L // block), block, -(-C // block), block)
+                assert torch.equal(partial | full, blocks.any(3).any(-1)), (trial, block, tile)
+                assert torch.equal(full[..., :L // block, :C // block],
+                                   blocks.all(3).all(-1)[..., :L // block, :C // block]), (trial, block, tile)
