@@ -340,6 +340,7 @@ def main(argv=None) -> int:
 
     rows = []
     gen = torch.Generator().manual_seed(0)
+    profile_ctx = min((c for c in args.contexts if c >= 2 * args.prefill_chunk), default=None)
     vocab = model.config.vocab_size
 
     def record(ctx, batch, cache_name, mode, times, prefill_s, peak_b, resident_b, read_b, **extra):
@@ -408,7 +409,7 @@ def main(argv=None) -> int:
                 model.set_attn_implementation("kvpop")
                 for scorer in args.scorers:
                     cache = KVpopCache(model.config, sinks=s, window=w, topk=k, scorer=scorer)
-                    if args.profile_prefill and ctx >= 2 * args.prefill_chunk:
+                    if args.profile_prefill and ctx == profile_ctx:
                         profile_prefill_chunk(model, cache, prompt, args.prefill_chunk, device,
                                               Path(f"{prefix}_prefill_profile_{scorer}_{ctx}.txt"))
                         cache = KVpopCache(model.config, sinks=s, window=w, topk=k, scorer=scorer)
