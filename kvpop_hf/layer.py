@@ -89,17 +89,23 @@ class PendingChunk:
     def __init__(self, layer: "KVpopLayer", k_new: torch.Tensor, v_new: torch.Tensor, n_old: int):
         self._layer = weakref.ref(layer)  # the layer keeps the chunk, the chunk does not keep the layer
         self.k_new, self.v_new, self.n_old = k_new, v_new, n_old
-        self.plan: ChunkPlan | None = None
+        self.committed = False
 
     def commit(self, valid: torch.Tensor | None, cand_k: torch.Tensor | None = None,
                cand_v: torch.Tensor | None = None) -> ChunkPlan:
-        """Write the chunk into the layer (once) and return its plan. valid ``[b, L]`` (True: real token)."""
-        if self.plan is None:
-            layer = self._layer()
-            if layer is None:
-                raise RuntimeError("The KVpopCache of this chunk was deleted before its attention ran.")
-            self.plan = layer.commit_chunk(self, valid, cand_k, cand_v)
-        return self.plan
+        """Write the chunk into the layer and return its plan (once). valid ``[b, L]`` (True: real token).
+
+        The chunk keeps nothing afterwards: the returned keys refer to it, so holding the plan (which
+        refers to the keys) would make a reference cycle that keeps every layer's candidates alive."""
+        if self.committed:
+            raise RuntimeError("This KVpopCache chunk was already committed (its attention ran twice).")
+        layer = self._layer()
+        if layer is None:
+            raise RuntimeError("The KVpopCache of this chunk was deleted before its attention ran.")
+        plan = layer.commit_chunk(self, valid, cand_k, cand_v)
+        self.committed = True
+        self.k_new = self.v_new = None
+        return plan
 
 
 class KVpopLayer(CacheLayerMixin):

@@ -198,3 +198,25 @@ def test_dropped_cache_is_freed_without_garbage_collection(attn):
         assert ref() is None and keys() is None
     finally:
         gc.enable()
+
+
+@pytest.mark.parametrize("attn", ["kvpop", "sdpa"])
+def test_forwards_leave_no_reference_cycles_with_tensors(attn):
+    """Chunk candidates must be freed when the forward returns: a cycle (keys -> chunk -> plan -> keys)
+    would keep every layer's candidates alive until the garbage collector runs."""
+    model = tiny_model("qwen3", attn=attn)
+    ids = distinct_ids(1, 40, seed=51)
+    cache = KVpopCache(model.config, scorer="mlstm", **KW)
+    gc.collect()
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        with torch.no_grad():
+            model(ids[:, :25], **with_cache(model, cache))
+            model(ids[:, 25:39], **with_cache(model, cache))
+            model(ids[:, 39:40], **with_cache(model, cache))
+        gc.collect()
+        cyclic = [o for o in gc.garbage if isinstance(o, torch.Tensor)]
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+    assert not cyclic, f"{len(cyclic)} tensors were only reachable through reference cycles"

@@ -61,8 +61,15 @@ class Scorer(nn.Module):
 
 
 def headwise_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """Per-head linear map. x ``[b, h, n, i]``, weight ``[h, i, o]``, bias ``[h, o]`` -> ``[b, h, n, o]``."""
-    out = torch.einsum("bhni,hio->bhno", x, weight)
+    """Per-head linear map. x ``[b, h, n, i]``, weight ``[h, i, o]``, bias ``[h, o]`` -> ``[b, h, n, o]``.
+
+    For one token (``n == 1``, a decode step) it is written as a broadcast product and a sum, which
+    ``torch.compile`` fuses with its neighbours into one kernel (a batched matmul would be a launch of
+    its own for a few hundred multiply-adds)."""
+    if x.shape[2] == 1:
+        out = (x[..., :, None] * weight[None, :, None]).sum(-2)
+    else:
+        out = torch.einsum("bhni,hio->bhno", x, weight)
     if bias is not None:
         out = out + bias[None, :, None, :]
     return out

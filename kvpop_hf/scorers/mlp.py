@@ -36,4 +36,4 @@ class MLPScorer(Scorer):
     def score(self, layer_idx, keys, values, positions):
         x = scorer_input(keys, values)
         hid = nn.functional.silu(headwise_linear(x, self.w1[layer_idx].float(), self.b1[layer_idx].float()))
-        return torch.einsum("bhno,ho->bhn", hid, self.w2[layer_idx].float()) + self.b2[layer_idx].float()[None, :, None]
+        return (hid * self.w2[layer_idx].float()[None, :, None]).sum(-1) + self.b2[layer_idx].float()[None, :, None]

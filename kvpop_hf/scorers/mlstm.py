@@ -25,6 +25,15 @@ from .base import Scorer, headwise_linear, scorer_input
 from .mlstm_ops import mlstm_chunkwise, mlstm_step
 
 
+#: sub-chunk length of the chunkwise form when no gradient is needed (prefill); the result is the same
+INFERENCE_BLOCK = 1024
+
+
+def _headwise_dot(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """x ``[b, h, n, i]``, weight ``[h, i]`` -> ``[b, h, n]``."""
+    return (x * weight[None, :, None, :]).sum(-1)
+
+
 class MLSTMScorer(Scorer):
     """Parameters (per layer l, KV head h): ``wq/wk/wv[l]`` ``[h, 2d, state_dim]``, gate weights
     ``wi/wf[l]`` ``[h, 2d]`` with biases ``bi/bf[l]`` ``[h]``, readout ``a[l]`` ``[h, state_dim]``, ``b[l]`` ``[h]``."""
@@ -62,8 +71,8 @@ class MLSTMScorer(Scorer):
         x = scorer_input(keys, values)
         k = headwise_linear(x, self.wk[layer_idx].float())
         v = headwise_linear(x, self.wv[layer_idx].float())
-        log_f = F.logsigmoid(torch.einsum("bhni,hi->bhn", x, self.wf[layer_idx].float()) + self.bf[layer_idx].float()[None, :, None])
-        i_gate = torch.sigmoid(torch.einsum("bhni,hi->bhn", x, self.wi[layer_idx].float()) + self.bi[layer_idx].float()[None, :, None])
+        log_f = F.logsigmoid(_headwise_dot(x, self.wf[layer_idx].float()) + self.bf[layer_idx].float()[None, :, None])
+        i_gate = torch.sigmoid(_headwise_dot(x, self.wi[layer_idx].float()) + self.bi[layer_idx].float()[None, :, None])
         if valid is not None:
             valid = valid[:, None, :].expand_as(log_f)
             log_f = torch.where(valid, log_f, torch.zeros_like(log_f))
@@ -78,7 +87,7 @@ class MLSTMScorer(Scorer):
     def readout(self, layer_idx, h):
         """``r = a^T SiLU(RMSNorm(h)) + b``; h ``[b,h,n,ds]`` -> ``[b,h,n]``."""
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)
-        return torch.einsum("bhns,hs->bhn", F.silu(h), self.a[layer_idx].float()) + self.b[layer_idx].float()[None, :, None]
+        return _headwise_dot(F.silu(h), self.a[layer_idx].float()) + self.b[layer_idx].float()[None, :, None]
 
     # -- Scorer interface --------------------------------------------------------------------
     def init_state(self, layer_idx, batch_size, device):
@@ -94,5 +103,7 @@ class MLSTMScorer(Scorer):
             C, n, h = mlstm_step(C, n, k[:, :, 0], v[:, :, 0], log_f[:, :, 0], i_gate[:, :, 0], q[:, :, 0])
             h = h[:, :, None]
         else:
-            C, n, h = mlstm_chunkwise(C, n, k, v, log_f, i_gate, q, self.chunk_size)
+            # without autograd the quadratic block is transient: larger blocks mean fewer launches
+            block = self.chunk_size if torch.is_grad_enabled() else max(self.chunk_size, INFERENCE_BLOCK)
+            C, n, h = mlstm_chunkwise(C, n, k, v, log_f, i_gate, q, block)
         return (C, n), self.readout(layer_idx, h)
