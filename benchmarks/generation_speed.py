@@ -303,6 +303,8 @@ def main(argv=None) -> int:
     ap.add_argument("--batch-context", type=int, default=32768)
     ap.add_argument("--leak-caches", type=int, default=0)
     ap.add_argument("--profile-prefill", action="store_true", help="write a profiler table of one KVpop chunk")
+    ap.add_argument("--profile-decode", action="store_true",
+                    help="write a kernel table of three compiled decode steps per cache (smallest context)")
     ap.add_argument("--out-prefix", default=None)
     args = ap.parse_args(argv)
 
@@ -378,6 +380,13 @@ def main(argv=None) -> int:
         logits_e = logits_e[:, args.warmup:]
         dlogit = (logits_c - logits_e).abs().max().item()
         same_top = (logits_c.argmax(-1) == logits_e.argmax(-1)).float().mean().item()
+        if args.profile_decode and ctx == min(args.contexts) and device.type == "cuda":
+            from torch.profiler import ProfilerActivity, profile
+
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                decode(compiled_call, model, cache, tok, 3, device)
+            Path(f"{prefix}_decode_profile_{name}_{ctx}.txt").write_text(
+                prof.key_averages().table(sort_by="cuda_time_total", row_limit=30))
         record(ctx, 1, name, "compiled", times_c, pre_s, max(peak_pre, peak(device) - base), resident, read_b,
                max_abs_dlogit=f"{dlogit:.3g}", logit_scale=f"{logits_e.abs().max().item():.3g}",
                same_argmax=f"{same_top:.3f}", warmup_s=round(compile_s, 1))

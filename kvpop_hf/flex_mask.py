@@ -66,7 +66,7 @@ class CompactChunkMask:
 def _topk_backend(device: torch.device, backend: str | None) -> str:
     if backend is not None:
         return backend
-    return "triton" if device.type == "cuda" else "torch"
+    return "blocked"
 
 
 def chunk_cutoff(pos: torch.Tensor, order: torch.Tensor, query_pos: torch.Tensor, sinks: int, window: int,
@@ -74,10 +74,14 @@ def chunk_cutoff(pos: torch.Tensor, order: torch.Tensor, query_pos: torch.Tensor
     """``cutoff [b,h,L]`` (int64) via the running top-k (see module docstring).
 
     pos ``[b,h,C]``, order ``[b,h,C]`` (candidate indices, best first), query_pos ``[b,L]``.
-    ``backend``: a :func:`kvpop_hf.topk.running_topk` backend; default Triton on CUDA, torch otherwise.
+    ``backend``: ``"blocked"`` (default, :func:`blocked_chunk_cutoff`: parallel over query blocks) or a
+    :func:`kvpop_hf.topk.running_topk` backend (``"torch"``, ``"triton"``: one sequential sweep per head).
     """
     from .topk import running_topk
 
+    backend = _topk_backend(pos.device, backend)
+    if backend == "blocked":
+        return blocked_chunk_cutoff(pos, order, query_pos, sinks, window, topk)
     b, h, C = pos.shape
     L = query_pos.shape[-1]
     dev = pos.device
@@ -91,12 +95,79 @@ def chunk_cutoff(pos: torch.Tensor, order: torch.Tensor, query_pos: torch.Tensor
     # priority -rank: the running top-k's ranks are the plan's ranks; a last dummy is never eligible
     pdtype = torch.float32 if C + 1 < (1 << 24) else torch.float64
     prio = torch.cat([-rank.gather(-1, seq).to(pdtype), torch.full((b, h, 1), -float(C), dtype=pdtype, device=dev)], -1)
-    res = running_topk(prio, 0, 1, topk, backend=_topk_backend(dev, backend))  # [b,h,C+1]
+    res = running_topk(prio, 0, 1, topk, backend=backend)  # [b,h,C+1]
     # number of candidates eligible at each query = sequence prefix length = query index with window 1
     thresh = (query_pos - window)[:, None, :].expand(b, h, L).contiguous()
     n_elig = torch.searchsorted(key_sorted.contiguous(), thresh, right=True)  # [b,h,L] in 0..C
     cutoff = res.cutoff.gather(-1, n_elig)
     return cutoff.clamp_max(C)  # "fewer than k eligible" is C + 1 there, C here
+
+
+def blocked_chunk_cutoff(pos: torch.Tensor, order: torch.Tensor, query_pos: torch.Tensor, sinks: int, window: int,
+                         topk: int, block: int = 128, max_tile_elems: int = 1 << 25) -> torch.Tensor:
+    """:func:`chunk_cutoff` computed in parallel over blocks of ``block`` queries (no sequential sweep).
+
+    Candidates are ordered by the query position at which they become eligible; query ``j`` sees the
+    first ``n_j`` of them and ``cutoff_j`` is the ``k``-th smallest rank among those (``C`` if fewer).
+    The real queries of a block have consecutive positions, so their ``n_j`` lie in ``[m, m + block]``
+    with ``m`` the block's smallest. Let ``A`` be the first ``m`` candidates. With ``t = n_j - m``
+    newcomers the answer is the k-th smallest of ``A`` and the ``t`` newcomers, which is either a
+    newcomer or one of the members of ``A`` ranked ``k - block .. k`` inside ``A`` (each newcomer below
+    it pushes it down one place). So per block: ``cntA(r)`` (members of ``A`` ranked ``<= r``) by a
+    cumulative sum over ranks, the ``<= 2 * block + 1`` possible answers, and for every ``t`` the
+    smallest possible answer ``r`` with ``cntA(r) + #{newcomers among the first t ranked <= r} >= k``.
+    ``O(L / block * C + L * block)`` work per head, a few dozen launches, tiled over query blocks."""
+    b, h, C = pos.shape
+    L = query_pos.shape[-1]
+    dev = pos.device
+    k, T = int(topk), int(block)
+    if k == 0:
+        return torch.full((b, h, L), -1, dtype=torch.long, device=dev)
+    big = torch.iinfo(torch.long).max
+    ar_C = torch.arange(C, device=dev)
+    rank = torch.empty_like(order).scatter_(-1, order, ar_C.expand_as(order))
+    key = torch.where(pos >= sinks, pos, big)
+    key_sorted, seq = key.sort(dim=-1, stable=True)  # seq[i]: candidate at sequence index i
+    rank_seq = rank.gather(-1, seq)  # ranks in eligibility order
+    seq_of_rank = torch.empty_like(rank_seq).scatter_(-1, rank_seq, ar_C.expand_as(rank_seq))
+    thresh = (query_pos - window)[:, None, :].expand(b, h, L).contiguous()
+    n_elig = torch.searchsorted(key_sorted.contiguous(), thresh, right=True)  # [b,h,L] in 0..C
+    real = (query_pos >= 0)[:, None, :].expand(b, h, L)
+
+    Qb = -(-L // T)
+    pad = Qb * T - L
+    F = torch.nn.functional
+    ne_blk = F.pad(n_elig, (0, pad)).view(b, h, Qb, T)
+    real_blk = F.pad(real, (0, pad), value=False).view(b, h, Qb, T)
+    m = torch.where(real_blk, ne_blk, big).amin(-1)
+    m = torch.where(m == big, 0, m)  # blocks of padding only: any start will do
+    ans = torch.empty(b, h, Qb, T + 1, dtype=torch.long, device=dev)
+    lo_slot = max(k - T, 1)  # A's members ranked lo_slot .. k inside A can be answers
+    ar_T = torch.arange(T, device=dev)
+    rows = max(1, max_tile_elems // max(b * h * max(C, (T + 1) * (2 * T + 2)), 1))
+    for r0 in range(0, Qb, rows):
+        r1 = min(Qb, r0 + rows)
+        mt = m[:, :, r0:r1, None]  # [b,h,R,1]
+        in_a = seq_of_rank[:, :, None, :] < mt  # [b,h,R,C] indexed by rank
+        cnt_a = in_a.cumsum(-1)
+        win_slot = torch.where(in_a & (cnt_a >= lo_slot) & (cnt_a <= k), cnt_a - lo_slot, T + 1)
+        win = torch.full((b, h, r1 - r0, T + 2), big, dtype=torch.long, device=dev)
+        win.scatter_(-1, win_slot, ar_C.expand_as(win_slot))
+        new_at = mt + ar_T  # sequence indices of the next T candidates
+        new_r = torch.where(new_at < C, rank_seq[:, :, None, :].expand(b, h, r1 - r0, C).gather(
+            -1, new_at.clamp_max(C - 1)), big)  # [b,h,R,T]
+        cands = torch.cat([win[..., :T + 1], new_r], -1).sort(-1).values  # [b,h,R,2T+1]
+        size_a = mt.clamp_max(C)
+        cnt_at = torch.where(cands < C, cnt_a.gather(-1, cands.clamp_max(C - 1)), size_a)
+        below = (new_r[..., :, None] <= cands[..., None, :]).cumsum(-2)  # [b,h,R,T,2T+1]: first u+1 newcomers
+        total = torch.cat([cnt_at[..., None, :], cnt_at[..., None, :] + below], -2)  # t = 0..T
+        hit = total >= k
+        first = hit.long().argmax(-1)  # [b,h,R,T+1]
+        found = hit.any(-1)
+        ans[:, :, r0:r1] = torch.where(found, cands.gather(-1, first), C).clamp_max(C)
+    t = (ne_blk - m[..., None]).clamp(0, T)  # newcomers seen by each query of the block
+    cut = ans.gather(-1, t).view(b, h, Qb * T)[..., :L]
+    return torch.where(real, cut, C)  # a padding query sees nothing eligible
 
 
 def chunk_cutoff_reference(pos: torch.Tensor, order: torch.Tensor, query_pos: torch.Tensor, sinks: int,

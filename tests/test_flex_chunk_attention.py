@@ -68,6 +68,22 @@ def test_compact_cutoff_equals_visibility():
         assert torch.equal(dense_from_compact(cm, groups=2), vis.repeat_interleave(2, dim=1))
 
 
+@pytest.mark.parametrize("holes", [False, True])
+def test_blocked_cutoff_equals_reference_and_running_topk(holes):
+    """The parallel blocked cutoff == the O(L*C) count == the sequential running top-k, for block sizes
+    smaller and larger than the chunk and any tiling."""
+    from kvpop_hf.flex_mask import blocked_chunk_cutoff
+
+    gen = random.Random(5 + holes)
+    for trial in range(60):
+        plan = random_plan(gen, max_len=gen.choice([16, 70]), holes=holes)
+        args = (plan.pos, plan.order, plan.query_pos, plan.sinks, plan.window, plan.topk)
+        ref = chunk_cutoff_reference(*args)
+        assert torch.equal(chunk_cutoff(*args, backend="torch"), ref)
+        for block, tile in ((1, 1 << 25), (3, 1), (8, 5000), (128, 1 << 25)):
+            assert torch.equal(blocked_chunk_cutoff(*args, block=block, max_tile_elems=tile), ref), (trial, block)
+
+
 def test_compact_cutoff_triton_backend():
     """The CUDA adapter path (Fenwick Triton kernel), through the Triton interpreter on CPU."""
     pytest.importorskip("triton")
