@@ -299,6 +299,8 @@ def main(argv=None) -> int:
                     help="which cache families to run per context")
     ap.add_argument("--static-contexts", type=int, nargs="*", default=None,
                     help="contexts for StaticCache+compile (default: the smallest and largest)")
+    ap.add_argument("--static-synthetic", type=int, nargs="*", default=[],
+                    help="contexts at which the StaticCache is filled synthetically (no prefill; decode rows only)")
     ap.add_argument("--batches", type=int, nargs="*", default=None, help="batch sizes for the throughput rows")
     ap.add_argument("--batch-context", type=int, default=32768)
     ap.add_argument("--leak-caches", type=int, default=0)
@@ -408,9 +410,13 @@ def main(argv=None) -> int:
                 gc.collect()
             if "static" in args.rows and ctx in static_ctx:
                 model.set_attn_implementation("sdpa")
-                cache = StaticCache(config=model.config, max_cache_len=ctx + 2 * (args.steps + args.warmup) + 8)
                 reset_peak(device)
-                pre_s, tok = prefill(model, cache, prompt, args.prefill_chunk, device)
+                if ctx in args.static_synthetic:  # decode speed only: contents do not change it
+                    cache = fill_dense("static", model, 1, ctx, 2 * (args.steps + args.warmup) + 8, device, dtype)
+                    pre_s, tok = float("nan"), torch.ones(1, 1, dtype=torch.long, device=device)
+                else:
+                    cache = StaticCache(config=model.config, max_cache_len=ctx + 2 * (args.steps + args.warmup) + 8)
+                    pre_s, tok = prefill(model, cache, prompt, args.prefill_chunk, device)
                 eager_and_compiled(ctx, "static", cache, tok, pre_s, base, kv_tensor_bytes(cache))
                 del cache
                 gc.collect()
