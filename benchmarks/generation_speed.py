@@ -37,6 +37,7 @@ import os
 import shlex
 import statistics
 import sys
+import textwrap
 import time
 import warnings
 from pathlib import Path
@@ -307,8 +308,13 @@ def main(argv=None) -> int:
     ap.add_argument("--profile-prefill", action="store_true", help="write a profiler table of one KVpop chunk")
     ap.add_argument("--profile-decode", action="store_true",
                     help="write a kernel table of three compiled decode steps per cache (smallest context)")
+    ap.add_argument("--compile-backend", default="inductor", help="torch.compile backend of the compiled rows")
+    ap.add_argument("--from-csv", default=None,
+                    help="redraw the table and plot of an earlier run's CSV (its command and commit are kept)")
     ap.add_argument("--out-prefix", default=None)
     args = ap.parse_args(argv)
+    if args.from_csv:
+        return redraw(Path(args.from_csv), Path(args.out_prefix or Path(args.from_csv).with_suffix("")), args)
 
     device = torch.device(args.device)
     dtype = getattr(torch, args.dtype or ("bfloat16" if device.type == "cuda" else "float32"))
@@ -327,7 +333,7 @@ def main(argv=None) -> int:
     bw = copy_bandwidth(device)
     s, w, k = args.budget
     B = s + w + k
-    compiled_call = model.get_compiled_call(CompileConfig())
+    compiled_call = model.get_compiled_call(CompileConfig(backend=args.compile_backend))
     notes = []
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     head = (f"{args.shape} random {str(dtype)[6:]} ({weight_bytes / 1e9:.2f} GB) on {gpu}; B = {s}+{w}+{k} = {B}; "
@@ -502,12 +508,34 @@ def main(argv=None) -> int:
     return 0
 
 
+def redraw(csv_path: Path, prefix: Path, args) -> int:
+    """Table and plot from a CSV written by this script (e.g. one copied back from a GPU machine)."""
+    lines = csv_path.read_text().splitlines()
+    meta = dict(line[2:].split(": ", 1) for line in lines if line.startswith("# ") and ": " in line[:20])
+    head = next(line[2:] for line in lines if line.startswith("# ") and ": " not in line[:20])
+    rows = []
+    for r in csv.DictReader(line for line in lines if not line.startswith("#")):
+        row = {}
+        for key, value in r.items():
+            try:
+                row[key] = int(value) if key in ("context", "batch") else float(value)
+            except (TypeError, ValueError):
+                row[key] = value or None
+        rows.append(row)
+    notes = [line[len("# note: "):] for line in lines if line.startswith("# note: ")]
+    prefix.parent.mkdir(parents=True, exist_ok=True)
+    args.steps, args.warmup = int(meta.get("steps", args.steps)), int(meta.get("warmup", args.warmup))
+    write_outputs(prefix, rows, notes, head, meta["command"], meta["commit"], meta["started"], args)
+    return 0
+
+
 def write_outputs(prefix: Path, rows, notes, head, command, commit, started, args, plot_too=True) -> None:
     fields = []
     for r in rows:
         fields += [f for f in r if f not in fields]
     with open(prefix.with_suffix(".csv"), "w", newline="") as f:
-        f.write(f"# command: {command}\n# commit: {commit}\n# started: {started}\n# {head}\n")
+        f.write(f"# command: {command}\n# commit: {commit}\n# started: {started}\n# steps: {args.steps}\n"
+                f"# warmup: {args.warmup}\n# {head}\n" + "".join(f"# note: {n}\n" for n in notes))
         wr = csv.DictWriter(f, fieldnames=fields)
         wr.writeheader()
         wr.writerows(rows)
@@ -546,16 +574,20 @@ def plot(rows, path: Path, title: str) -> None:
         x = [r["context"] for r in rs]
         style = "-" if key[1] == "compiled" else "--"
         ax_t.plot(x, [r["decode_ms_median"] for r in rs], style, marker="o", label=f"{key[0]} {key[1]}")
-        ax_m.plot(x, [r["peak_gb"] for r in rs], style, marker="o", label=f"{key[0]} {key[1]}")
+        if key[1] != "compiled":  # one memory curve per cache: both modes hold the same cache
+            line = ax_m.plot(x, [r["resident_gb"] for r in rs], "-", marker="o", label=f"{key[0]} resident")[0]
+            ax_m.plot(x, [r["peak_gb"] for r in rs], ":", marker="x", color=line.get_color())
     for ax in (ax_t, ax_m):
         ax.set_xscale("log", base=2)
         ax.set_xlabel("context (tokens)")
         ax.grid(True, which="both", alpha=0.3)
     ax_t.set_ylabel("decode ms/token (median)")
     ax_t.set_ylim(bottom=0)
-    ax_m.set_ylabel("peak GB above the weights (prefill + decode)")
+    ax_m.set_ylabel("GB above the weights: cache held (solid), peak (dotted)")
+    ax_m.set_yscale("log")
+    ax_m.legend(fontsize=7)
     ax_t.legend(fontsize=7)
-    fig.suptitle(title, fontsize=7)
+    fig.suptitle("\n".join(textwrap.wrap(title, 180)), fontsize=6)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
