@@ -1,4 +1,4 @@
-"""How far is the paper's sparse-LSE target from the exact dense-LSE target? (DESIGN.md §2)
+"""How far is the paper's sparse-LSE target from the exact dense-LSE target? (docs/design.md §6)
 
 For testbed reasoning problems, per layer of the teacher: the future-attention target computed
 with the LSE of the student's fixed-budget sparse forward (the paper's approximation) against the

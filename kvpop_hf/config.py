@@ -24,7 +24,7 @@ class KVpopConfig:
 
     Per layer and KV head the cache keeps `sinks` first tokens, the `window` most recent
     tokens and `topk` long-range tokens chosen by a static priority
-    `p_t = r_t - floor(t / decay_step) * log_gamma_h` (see DESIGN.md §1).
+    `p_t = r_t - floor(t / decay_step) * log_gamma_h` (see docs/design.md §1).
     """
 
     sinks: int = 4

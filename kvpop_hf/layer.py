@@ -7,7 +7,7 @@ Slot layout per (batch row, KV head), ``B = s + w + k`` slots allocated once:
   overwrites is exactly ``t - w``, the one leaving the window;
 * ``[s + w, B)``    long-range slots: the best ``k`` eligible tokens by static priority.
 
-Eviction contract (DESIGN.md §1): the query at real position ``q`` attends to
+Eviction contract (docs/design.md §1): the query at real position ``q`` attends to
 ``{t < s} ∪ {q-w < t <= q} ∪ TopK_k({s <= t <= q-w})`` by priority ``p_t``, ties to the newer token.
 Because priorities are static, online eviction (newcomer vs. weakest slot) equals that top-k.
 """

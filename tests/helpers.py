@@ -1,5 +1,5 @@
 """Tiny random-init models of real architectures (no download) and an independent reference
-implementation of the eviction contract (DESIGN.md §1), used by the tests."""
+implementation of the eviction contract (docs/design.md §1), used by the tests."""
 
 from __future__ import annotations
 
@@ -27,7 +27,8 @@ def tiny_config(arch: str = "qwen3", layers: int = 2, **overrides):
 
 
 def tiny_model(arch: str = "qwen3", attn: str = "kvpop", seed: int = 0, layers: int = 2, **overrides):
-    """A random-init model; norm weights are randomised so keys have distinct norms (DESIGN.md §3)."""
+    """A random-init model; norm weights are randomised so keys have distinct norms: with unit
+    norm weights every Qwen3 key has the same norm and float noise would decide priority ties."""
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(tiny_config(arch, layers, **overrides), attn_implementation=attn)
     with torch.no_grad():

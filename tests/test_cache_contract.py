@@ -1,4 +1,4 @@
-"""The eviction contract (DESIGN.md §1): KVpopCache == an independent per-head reference mask."""
+"""The eviction contract (docs/design.md §1): KVpopCache == an independent per-head reference mask."""
 
 import pytest
 import torch

@@ -1,6 +1,6 @@
 """Student priorities for whole training sequences, identical to what KVpopCache computes online.
 
-``p_t = r_t - floor(t / n) * log_gamma_h`` (DESIGN.md §1). Stateless scorers score every token
+``p_t = r_t - floor(t / n) * log_gamma_h`` (docs/design.md §1). Stateless scorers score every token
 from its (k, v). The stateful mLSTM absorbs the sequence in order and reads token ``u`` after
 absorbing ``u + w`` (delayed scoring; its parallel readout query at position ``j`` is token
 ``j - w``), or right after ``u`` itself when ``delayed=False``. Tokens never read (they never leave

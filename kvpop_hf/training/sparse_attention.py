@@ -1,6 +1,6 @@
 """Fixed-budget sparse attention over whole sequences (training), from running top-k ranks.
 
-Mask (DESIGN.md §2): ``M[q, t] = t <= q and (t < s or q - t < w or (t in E(q) and rank[t] <= cutoff[q]))``
+Mask (docs/design.md §6, the running top-k): ``M[q, t] = t <= q and (t < s or q - t < w or (t in E(q) and rank[t] <= cutoff[q]))``
 with ``E(q) = {s <= t <= q - w}``. The FlexAttention path builds it from ``rank [b,h,S]`` and
 ``cutoff [b,h,S]`` inside a ``mask_mod`` (no ``S x S`` tensor); the reference materialises it.
 Both return the output ``[b, Hq, S, d]`` and the log-sum-exp ``[b, Hq, S]`` of each query.
