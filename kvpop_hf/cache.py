@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 import warnings
 
 import torch
@@ -83,6 +84,29 @@ class KVpopCache(Cache):
         self._warned_stock = False
         super().__init__(layers=[KVpopLayer(self, i) for i in range(cfg.num_layers)])
 
+    # -- transformers Cache API ---------------------------------------------------------------
+    def update(self, key_states, value_states, layer_idx: int, *args, **kwargs):
+        if not 0 <= layer_idx < len(self.layers):
+            raise ValueError(
+                f"The model updates layer {layer_idx}, but this KVpopCache has {len(self.layers)} layers: it was "
+                "built for another model. Build it from this model's config: KVpopCache(model.config, ...)."
+            )
+        if layer_idx == 0 and not torch.compiler.is_compiling():
+            self._check_every_layer_updated()
+        return super().update(key_states, value_states, layer_idx, *args, **kwargs)
+
+    def _check_every_layer_updated(self) -> None:
+        """At a forward's first layer: the previous forward must have updated every layer (eager calls only;
+        compiled steps repeat an eager-checked pattern)."""
+        counts = {layer.updates for layer in self.layers}
+        if len(counts) > 1:
+            done = sum(layer.updates == self.layers[0].updates for layer in self.layers)
+            raise ValueError(
+                f"The last forward updated {done} of this KVpopCache's {len(self.layers)} layers: the cache was built "
+                "for a deeper model (build it from this model's config), or that forward failed part-way (call "
+                "cache.reset() before reusing the cache)."
+            )
+
     # -- helpers used by the layers ----------------------------------------------------------
     @property
     def budget(self) -> int:
@@ -118,7 +142,7 @@ class KVpopCache(Cache):
                 "queries see every stored entry plus all tokens of the chunk (more than the budget). Load the "
                 "model with attn_implementation='kvpop' for exact per-head eviction inside chunks; single-token "
                 "decoding is exact either way.",
-                stacklevel=3,
+                stacklevel=user_stacklevel(),
             )
 
     # -- introspection ---------------------------------------------------------------------------
@@ -174,6 +198,19 @@ class KVpopCache(Cache):
     def push_to_hub(self, repo_id: str, *, private: bool | None = None, token: str | None = None,
                     commit_message: str = "Upload KVpop scorer") -> str:
         return hub.push(self, repo_id, private=private, token=token, commit_message=commit_message)
+
+
+def user_stacklevel() -> int:
+    """The ``stacklevel`` that points a warning at the first caller outside kvpop_hf, transformers and
+    torch (a warning raised inside a model's forward would otherwise point into library code)."""
+    import transformers
+
+    internal = tuple(os.path.dirname(os.path.abspath(m.__file__)) + os.sep
+                     for m in (torch, transformers, sys.modules[__package__]))
+    frame, level = sys._getframe(1), 1
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(internal):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 def kv_tensor_bytes(cache: Cache) -> int:

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import torch
 from huggingface_hub import HfApi, hf_hub_download
-from huggingface_hub.errors import EntryNotFoundError
+from huggingface_hub import try_to_load_from_cache
+from huggingface_hub.errors import EntryNotFoundError, LocalEntryNotFoundError
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
@@ -56,10 +57,24 @@ def _resolve(repo_id_or_path, filename, required, **kwargs) -> str | None:
         return None
     try:
         return hf_hub_download(str(repo_id_or_path), filename, **kwargs)
+    except LocalEntryNotFoundError as err:  # (a subclass of EntryNotFoundError: test it first)
+        # offline (local_files_only=True or HF_HUB_OFFLINE=1) and not in the local cache
+        if not required and _in_local_cache(repo_id_or_path, CONFIG_NAME, kwargs):
+            return None  # the checkpoint is cached without this optional file
+        raise FileNotFoundError(
+            f"{repo_id_or_path} is not in the local Hugging Face cache and downloads are off (local_files_only=True "
+            f"or HF_HUB_OFFLINE=1): download it once with network access, or pass a local checkpoint directory."
+        ) from err
     except EntryNotFoundError:
         if required:
             raise FileNotFoundError(f"{filename} not found in repo {repo_id_or_path}.") from None
         return None
+
+
+def _in_local_cache(repo_id, filename, kwargs) -> bool:
+    found = try_to_load_from_cache(str(repo_id), filename, cache_dir=kwargs.get("cache_dir"),
+                                   revision=kwargs.get("revision"))
+    return isinstance(found, str)
 
 
 def load(repo_id_or_path, revision=None, cache_dir=None, token=None, local_files_only=False):
@@ -86,6 +101,12 @@ def load(repo_id_or_path, revision=None, cache_dir=None, token=None, local_files
 def load_scorer_state(scorer: torch.nn.Module, state: dict | None, source) -> None:
     expected = scorer.state_dict()
     if not expected:
+        if state:
+            raise ValueError(
+                f"{source} holds scorer weights ({', '.join(sorted(state)[:4])}, ...), but its config names the "
+                f"weightless scorer {type(scorer).__name__}: the config and the weights do not belong together. "
+                "Fix `scorer` in kvpop_config.json or remove kvpop_scorer.safetensors."
+            )
         return
     if state is None:
         raise FileNotFoundError(f"{source} has no {WEIGHTS_NAME}, but the scorer {type(scorer).__name__} has weights.")

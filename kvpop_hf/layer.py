@@ -131,6 +131,7 @@ class KVpopLayer(CacheLayerMixin):
         self.budget = cfg.budget
         self.tokens = torch.zeros((), dtype=torch.long)
         self.pending: PendingChunk | None = None
+        self.updates = 0  # eager updates, for the cache's layer-count check
 
     @property
     def cache(self):
@@ -196,6 +197,8 @@ class KVpopLayer(CacheLayerMixin):
                 "call `cache.reset()` (or use a new cache) for a different batch."
             )
         self.flush()
+        if not torch.compiler.is_compiling():
+            self.updates += 1
         if key_states.shape[2] == 1:
             return self.decode_step(key_states, value_states)
         return self.begin_chunk(key_states, value_states)
@@ -208,6 +211,7 @@ class KVpopLayer(CacheLayerMixin):
 
     def reset(self) -> None:
         self.pending = None
+        self.updates = 0
         if self.is_initialized:
             self.keys.zero_()
             self.values.zero_()

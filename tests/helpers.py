@@ -46,27 +46,31 @@ def distinct_ids(batch: int, length: int, seed: int = 0) -> torch.Tensor:
 
 # ---------------------------------------------------------------- independent reference
 def reference_priorities(scorer, layer_idx, k, v, window, log_gamma=None, decay_step=64):
-    """Static priority of every token of a whole sequence, k/v ``[b, h, S, d]`` -> ``[b, h, S]``.
+    """Static priority of every token of a whole sequence, k/v ``[b, h, S, d]`` -> ``[b, h, S]``, computed
+    the slow way, one token at a time (independent of the library's whole-sequence code).
 
-    Stateful scorers absorb the whole sequence and read token u after absorbing u + w (delayed)
-    or after u itself (immediate); tokens never read get -inf (they never become eligible)."""
+    A stateful scorer absorbs token ``q`` and then reads token ``u = q - w`` (delayed) or ``u = q``
+    (immediate); tokens never read get -inf (they never become eligible). A stateless scorer scores
+    each token alone. The decay ``floor(t / n) * log_gamma`` is subtracted token by token."""
     b, h, S, _ = k.shape
-    pos = torch.arange(S).view(1, 1, S).expand(b, h, S)
+    r = torch.full((b, h, S), float("-inf"))
     if scorer.stateful:
         state = scorer.init_state(layer_idx, b, k.device)
-        valid = torch.ones(b, S, dtype=torch.bool)
-        if getattr(scorer, "delayed", True):
-            src = (torch.arange(S) - window).clamp_min(0)
-            _, r_read = scorer.absorb_and_read(layer_idx, state, k, v, valid, k[:, :, src], v[:, :, src])
-            r = torch.full((b, h, S), float("-inf"))
-            r[:, :, : max(S - window, 0)] = r_read[:, :, window:]
-        else:
-            _, r = scorer.absorb_and_read(layer_idx, state, k, v, valid, k, v)
+        delay = window if getattr(scorer, "delayed", True) else 0
+        for q in range(S):
+            u = q - delay
+            read = slice(max(u, 0), max(u, 0) + 1)
+            state, out = scorer.absorb_and_read(layer_idx, state, k[:, :, q:q + 1], v[:, :, q:q + 1], None,
+                                                k[:, :, read], v[:, :, read])
+            if u >= 0:
+                r[:, :, u] = out[:, :, 0].float()
     else:
-        r = scorer.score(layer_idx, k, v, pos)
-    r = r.float()
+        for t in range(S):
+            pos = torch.full((b, h, 1), t, dtype=torch.long)
+            r[:, :, t] = scorer.score(layer_idx, k[:, :, t:t + 1], v[:, :, t:t + 1], pos)[:, :, 0].float()
     if log_gamma is not None:
-        r = r - torch.div(pos, decay_step, rounding_mode="floor").float() * log_gamma.view(1, -1, 1)
+        for t in range(S):
+            r[:, :, t] = r[:, :, t] - (t // decay_step) * log_gamma.float()
     return r
 
 

@@ -61,3 +61,51 @@ def test_crop_is_refused():
     model(torch.ones(1, 4, dtype=torch.long), past_key_values=cache)
     with pytest.raises(NotImplementedError, match="cannot be cropped"):
         cache.crop(-1)
+
+
+def test_layer_count_mismatch_is_named():
+    deep, shallow = tiny_model("qwen3", layers=3), tiny_model("qwen3", layers=2)
+    ids = torch.arange(1, 9)[None]
+    too_few = KVpopCache(shallow.config, sinks=1, window=2, topk=3)  # 2 layers, used on a 3-layer model
+    with pytest.raises(ValueError, match="updates layer 2, but this KVpopCache has 2 layers"):
+        deep(ids, past_key_values=too_few)
+    too_many = KVpopCache(deep.config, sinks=1, window=2, topk=3)  # 3 layers, used on a 2-layer model
+    shallow(ids, past_key_values=too_many)  # nothing tells the cache the model's depth yet
+    with pytest.raises(ValueError, match="updated 2 of this KVpopCache's 3 layers"):
+        shallow(ids[:, :1], past_key_values=too_many)
+
+
+def test_failed_forward_asks_for_reset():
+    model = tiny_model("qwen3", layers=2)
+    cache = KVpopCache(model.config, sinks=1, window=2, topk=3)
+
+    def boom(module, args, kwargs):
+        raise RuntimeError("boom")
+
+    handle = model.model.layers[1].self_attn.register_forward_pre_hook(boom, with_kwargs=True)
+    with pytest.raises(RuntimeError, match="boom"):
+        model(torch.arange(1, 6)[None], past_key_values=cache)
+    handle.remove()
+    with pytest.raises(ValueError, match="cache.reset"):
+        model(torch.arange(1, 6)[None], past_key_values=cache)
+    cache.reset()
+    model(torch.arange(1, 6)[None], past_key_values=cache)
+
+
+@pytest.mark.parametrize("scorer, kwargs, match", [
+    ("mlp", {"hidden": -1}, "hidden"), ("mlp", {"hidden": 2.5}, "hidden"), ("mlstm", {"state_dim": 0}, "state_dim"),
+    ("mlstm", {"chunk_size": -4}, "chunk_size"), ("mlstm", {"delayed": "yes"}, "delayed"),
+])
+def test_bad_scorer_options(scorer, kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        KVpopCache(tiny_config(), scorer=scorer, scorer_kwargs=kwargs)
+
+
+def test_stock_attention_warning_points_at_the_caller():
+    model = tiny_model("qwen3", attn="sdpa")
+    cache = KVpopCache(model.config, sinks=1, window=2, topk=3)
+    with pytest.warns(UserWarning, match="stock attention") as record:
+        model(torch.arange(1, 9)[None], past_key_values=cache)
+        model(torch.arange(1, 9)[None], past_key_values=cache)  # the unused chunk is noticed here
+    ours = [r for r in record if "stock attention" in str(r.message)]
+    assert [r.filename for r in ours] == [__file__]

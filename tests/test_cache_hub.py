@@ -9,7 +9,7 @@ import sys
 import pytest
 import torch
 
-from helpers import distinct_ids, tiny_model
+from helpers import distinct_ids, tiny_config, tiny_model
 from kvpop_hf import KVpopCache
 from kvpop_hf.hub import CONFIG_NAME, WEIGHTS_NAME
 
@@ -109,3 +109,23 @@ def test_corrupt_or_missing_weights(tmp_path):
     (tmp_path / CONFIG_NAME).write_text("{broken")
     with pytest.raises(ValueError, match="not valid JSON"):
         KVpopCache.from_pretrained(tmp_path)
+
+
+def test_weights_beside_a_weightless_scorer_are_refused(tmp_path):
+    from kvpop_hf import KVpopCache
+
+    cfg = tiny_config()
+    KVpopCache(cfg, sinks=1, window=2, topk=3, scorer="mlp").save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "kvpop_config.json").read_text())
+    config["scorer"], config["scorer_kwargs"] = "knorm", {}
+    (tmp_path / "kvpop_config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="do not belong together"):
+        KVpopCache.from_pretrained(tmp_path, cfg)
+
+
+def test_uncached_repo_offline_says_so(tmp_path):
+    from kvpop_hf import KVpopCache
+
+    with pytest.raises(FileNotFoundError, match="not in the local Hugging Face cache"):
+        KVpopCache.from_pretrained("kvpop-test-org/not-downloaded", tiny_config(), local_files_only=True,
+                                   cache_dir=str(tmp_path))

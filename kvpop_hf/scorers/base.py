@@ -60,6 +60,14 @@ class Scorer(nn.Module):
         raise NotImplementedError
 
 
+def check_scorer_option(scorer: str, name: str, value, minimum: int) -> int:
+    """A positive integer option of a scorer (``scorer_kwargs``), else a ValueError that names it."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"Scorer {scorer!r}: `{name}` must be an integer >= {minimum}, got {value!r}. "
+                         f"Fix scorer_kwargs={{{name!r}: ...}}.")
+    return int(value)
+
+
 def headwise_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """Per-head linear map. x ``[b, h, n, i]``, weight ``[h, i, o]``, bias ``[h, o]`` -> ``[b, h, n, o]``.
 

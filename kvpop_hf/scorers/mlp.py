@@ -7,7 +7,7 @@ import math
 import torch
 from torch import nn
 
-from .base import Scorer, headwise_linear, scorer_input
+from .base import Scorer, check_scorer_option, headwise_linear, scorer_input
 
 
 class MLPScorer(Scorer):
@@ -21,7 +21,7 @@ class MLPScorer(Scorer):
 
     def __init__(self, num_layers, num_kv_heads, head_dim, hidden: int = 64, seed: int = 0):
         super().__init__(num_layers, num_kv_heads, head_dim)
-        self.hidden = int(hidden)
+        self.hidden = check_scorer_option("mlp", "hidden", hidden, 1)
         gen = torch.Generator().manual_seed(seed)
         d_in = 2 * head_dim
         shape = (num_layers, num_kv_heads)

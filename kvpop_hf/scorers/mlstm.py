@@ -21,7 +21,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from .base import Scorer, headwise_linear, scorer_input
+from .base import Scorer, check_scorer_option, headwise_linear, scorer_input
 from .mlstm_ops import mlstm_chunkwise, mlstm_step
 
 
@@ -44,9 +44,11 @@ class MLSTMScorer(Scorer):
     def __init__(self, num_layers, num_kv_heads, head_dim, state_dim: int = 32, delayed: bool = True,
                  chunk_size: int = 128, seed: int = 0):
         super().__init__(num_layers, num_kv_heads, head_dim)
-        self.state_dim = int(state_dim)
-        self.delayed = bool(delayed)
-        self.chunk_size = int(chunk_size)
+        self.state_dim = check_scorer_option("mlstm", "state_dim", state_dim, 1)
+        if not isinstance(delayed, bool):
+            raise ValueError(f"Scorer 'mlstm': `delayed` must be True or False, got {delayed!r}.")
+        self.delayed = delayed
+        self.chunk_size = check_scorer_option("mlstm", "chunk_size", chunk_size, 1)
         gen = torch.Generator().manual_seed(seed)
         d_in = 2 * head_dim
         shape = (num_layers, num_kv_heads)
