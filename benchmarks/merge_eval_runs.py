@@ -1,8 +1,8 @@
 """Merge the ``results.csv`` of several ``kvpop-eval`` runs (e.g. one run per budget range) into one
 table and one quality-vs-budget plot.
 
-    python benchmarks/merge_eval_runs.py --out results/eval_testbed_v3_budgets_cpu \\
-        results/eval_testbed_v3_cpu results/eval_testbed_v3_budgets_cpu
+    python benchmarks/merge_eval_runs.py --out results/eval_testbed_budgets_cpu \\
+        results/eval_testbed_cpu results/eval_testbed_budgets_cpu
 
 Rows are keyed by (policy, budget, family); a key seen in an earlier run wins (the dense rows of later
 runs repeat it). The runs must use the same model, problems and families (their ``meta.json`` are compared:

@@ -1,4 +1,4 @@
-"""Multi-GPU retrofit benchmark (issue 5): KVpopTrainer under ``accelerate launch`` with DDP and FSDP2.
+"""Multi-GPU retrofit benchmark: KVpopTrainer under ``accelerate launch`` with DDP and FSDP2.
 
 One LoRA retrofit (``training/retrofit.py``, unchanged code path) with the same data, seed and
 global batch in three settings:
@@ -16,7 +16,7 @@ Choices (and why):
 * **LoRA in all three settings.** Under FSDP the frozen teacher must not be an unsharded copy per
   rank, so the FSDP run uses ``--lora_rank`` (teacher = the same sharded weights with the adapters
   disabled). Using LoRA for DDP and the 1-GPU reference too gives one reference curve for both
-  multi-GPU runs and fits the three runs in the device-time budget. (DDP with a full-backbone
+  multi-GPU runs and keeps the three runs to a few minutes. (DDP with a full-backbone
   student + frozen copy goes through the same all-reduce; it is not timed here.)
 * **Same global batch, same micro-batch shape.** 2 sequences per optimizer step everywhere; the 1-GPU
   run uses gradient accumulation 2 so every forward sees ``[1, seq_len]`` (same compiled kernels,
@@ -30,7 +30,7 @@ Choices (and why):
   step by step (curves are compared on the common steps).
 * **Model: random-init Qwen3 shape** (the Qwen3-1.7B decoder block: hidden 2048, 16 query / 8 KV
   heads, head_dim 128, intermediate 6144) with 20 layers and the testbed vocabulary (2418) ->
-  ~1.02 B parameters; no weights can be downloaded on the device, and random weights cost the
+  ~1.02 B parameters; the benchmark needs no download, and random weights cost the
   same FLOPs. Saved once as bf16 safetensors (+ testbed tokenizer) to a scratch directory.
 * **Data:** generated testbed reasoning traces (``--dataset testbed:reasoning``), fixed seeds.
 * **Loss recorded:** the Trainer's logged ``loss`` every step (already averaged over ranks), via a

@@ -1,8 +1,8 @@
 """Plot the teacher-forced fact-lookup accuracy logged by ``pretrain_teacher.py --probe-every`` against the
 training step, one line per run: shows whether and when the fact copy formed (chance ~0.1).
 
-    python benchmarks/plot_probe_curves.py --out results/teacher_v3/lookup_probe.png \\
-        P=results/teacher_v3/call6_four_recipes/teacher_P.log Q=...
+    python benchmarks/plot_probe_curves.py --out results/teacher/lookup_probe.png \\
+        P=results/teacher/recipes_side_by_side/teacher_P.log Q=...
 
 Each ``NAME=PATH`` is a training log (``probe step N: {...}`` lines) or a teacher ``manifest.json``
 (``probe_curve``). Also writes the curves as CSV next to the PNG.

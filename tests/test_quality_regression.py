@@ -12,8 +12,8 @@ with ``attn_implementation="kvpop"``:
 | knorm      | 0.579     | 0.033           | 0.199                                   |
 | random     | 0.613     | 0.167           | 0.240                                   |
 
-and the dense teacher's greedy exact match is 1.0. The issue asks for an exact-match threshold for KVpop at
-88%, but on this testbed every policy's exact match at 88% is at most 0.05 (``results/eval_testbed_v3_gpu``,
+and the dense teacher's greedy exact match is 1.0. An exact-match threshold for KVpop at 88% would be the
+natural gate, but on this testbed every policy's exact match at 88% is at most 0.05 (``results/eval_testbed_gpu``,
 20 problems), so an exact-match floor minus any margin could not fail. The fact-lookup accuracy is the part
 of the trace that eviction breaks (a value copied from far back), and the token accuracy and the oracle
 recall are what the scorers are trained for; the test fails if any of them drops by more than its margin,

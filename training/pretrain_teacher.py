@@ -118,8 +118,8 @@ def parse_args(argv=None):
 def batch_length(rng: random.Random, lo: int, hi: int, multiple: int) -> int:
     """A batch's length, uniform over the multiples of ``multiple`` in ``[lo, hi]`` (both ends included; ``lo``
     itself when there is none). Rounding a uniform draw down instead almost never reaches ``hi``: a teacher
-    trained that way never saw its last positions and failed there (session 3: EM 1.0 below 896 tokens,
-    0.1 at 1024)."""
+    trained that way never saw its last positions and failed there (EM 1.0 below 896 tokens,
+    0.1 at 1024: results/teacher/continued_256_1024)."""
     m = max(1, multiple)
     first = -(-lo // m) * m
     choices = list(range(first, hi + 1, m))

@@ -1,4 +1,4 @@
-"""FlexAttention diagnostic for the training passes (issue 3): where do the sparse forward and the target pass spend
+"""FlexAttention diagnostic for the training passes: where do the sparse forward and the target pass spend
 their time, and which variant fixes it.
 
     # GPU (one H200, < 150 s): Qwen3-0.6B attention shapes, bf16, S = 4096 and 16384

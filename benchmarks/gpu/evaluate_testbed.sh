@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# kvpop-eval of every policy (dense, StreamingLLM, K-Norm, Random, KVpop_mlp, KVpop) at 75% and 88% compression on
+# all five testbed families (reasoning, vt, niah_multikey, cwe, fwe), EVAL_N problems of 1024 tokens each, on one
+# GPU: Table 1 (reasoning) and Table 2 (the other families), results.csv, outputs.jsonl, quality-vs-budget plot.
+# Writes $OUT/eval/ and $OUT/eval.log (results/eval_testbed_gpu/, where the log is eval_stdout.log).
+# Usage: OUT=dir bash benchmarks/gpu/evaluate_testbed.sh            (~2 min on one H200)
+#        OUT=dir TEACHER=dir/final/teacher SCORERS=dir/ckpt bash benchmarks/gpu/evaluate_testbed.sh
+# Knobs: TEACHER (default checkpoints/teacher), SCORERS (a folder of scorer checkpoints, default
+# checkpoints/scorers), EVAL_N (default 20, as committed), LIMIT_S (time limit, default 300 s; the committed run
+# had what was left of a 515 s job after the teacher and the retrofits, and finished within it).
+set -u
+: "${OUT:?set OUT to an output directory}"
+export PYTHONUNBUFFERED=1 PYTHONPATH=. TOKENIZERS_PARALLELISM=false
+TEACHER=${TEACHER:-checkpoints/teacher}; SCORERS=${SCORERS:-checkpoints/scorers}; L=1024; W=32
+T0=$(date +%s)
+stamp() { echo "[$(( $(date +%s) - T0 ))s] $*"; }
+mkdir -p "$OUT"
+timeout ${LIMIT_S:-300} python3 -m kvpop_hf.testbed.evaluate --model "$TEACHER" --out "$OUT/eval" --length $L \
+  --n ${EVAL_N:-20} --sinks 4 --window $W --budgets 0.75,0.88 --policies dense,streaming,knorm,random,kvpop_mlp,kvpop \
+  --checkpoints-dir "$SCORERS" --batch-size 40 > "$OUT/eval.log" 2>&1
+stamp "eval exit $?"; tail -n 22 "$OUT/eval.log" | grep -E "^\|"
