@@ -1,4 +1,7 @@
-"""Fill `model_cards/kvpop_template.md` for a KVpopTrainer run and write it as README.md."""
+"""Fill the model card template for a KVpopTrainer run and write it as README.md.
+
+The template ships inside the package (``kvpop_hf/training/model_card_template.md``, package data), so
+an installed wheel can build cards; ``model_cards/kvpop_template.md`` in the repository links to it."""
 
 from __future__ import annotations
 
@@ -6,7 +9,7 @@ import json
 import os
 from pathlib import Path
 
-TEMPLATE = Path(__file__).resolve().parents[2] / "model_cards" / "kvpop_template.md"
+TEMPLATE = Path(__file__).resolve().parent / "model_card_template.md"
 
 
 def _last_logged(history: list[dict], key: str):
@@ -19,7 +22,8 @@ def _last_logged(history: list[dict], key: str):
 def render_model_card(config, *, model_name: str, repo: str, dataset: str, steps: int, history: list[dict],
                       ref_len: int | None = None, quality: dict | None = None) -> str:
     if not TEMPLATE.is_file():
-        raise FileNotFoundError(f"Model card template {TEMPLATE} is missing; install kvpop-hf from its repository.")
+        raise FileNotFoundError(f"Model card template {TEMPLATE} is missing: the kvpop-hf installation is "
+                                "incomplete; reinstall it (pip install --force-reinstall kvpop-hf).")
     rows = dict(quality or {})
     for key in ("boundary_loss", "distill_loss", "topk_recall", "teacher_keep_rate"):
         value = _last_logged(history, key)
