@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import os
 import sys
 import warnings
@@ -82,6 +83,7 @@ class KVpopCache(Cache):
         if cfg.log_gamma is not None:
             self.log_gamma = torch.full((cfg.num_layers, cfg.num_kv_heads), float(cfg.log_gamma))
         self._warned_stock = False
+        self._scorer_copies: dict = {}  # device -> scorer copy (and decay copies) for layers on other devices
         super().__init__(layers=[KVpopLayer(self, i) for i in range(cfg.num_layers)])
 
     # -- transformers Cache API ---------------------------------------------------------------
@@ -121,18 +123,30 @@ class KVpopCache(Cache):
             )
 
     def scorer_for(self, device: torch.device) -> Scorer:
-        """The scorer, moved to `device` on first use (weights stay float32)."""
+        """The scorer on ``device``: the scorer itself on the device it lives on, else a copy made once for
+        that device (weights stay float32). Layers spread over several devices (``device_map``) each read
+        their own device's copy, so no weights move during generation."""
+        device = _canonical(device)
         first = next(iter(self.scorer.parameters()), None)
-        if first is not None and first.device != torch.device(device):
-            self.scorer.to(device)
-        return self.scorer
+        if first is None or first.device == device:
+            return self.scorer
+        replica = self._scorer_copies.get(device)
+        if replica is None:
+            replica = copy.deepcopy(self.scorer).to(device)
+            self._scorer_copies[device] = replica
+        return replica
 
     def log_gamma_for(self, layer_idx: int, device) -> torch.Tensor | None:
+        """This layer's per-head decay on ``device`` (copied once per device), or None."""
         if self.log_gamma is None:
             return None
-        if self.log_gamma.device != torch.device(device):
-            self.log_gamma = self.log_gamma.to(device)
-        return self.log_gamma[layer_idx]
+        device = _canonical(device)
+        copies = self._scorer_copies.setdefault("log_gamma", {})
+        if self.log_gamma.device == device:
+            return self.log_gamma[layer_idx]
+        if device not in copies or copies[device][0] is not self.log_gamma:
+            copies[device] = (self.log_gamma, self.log_gamma.to(device))
+        return copies[device][1][layer_idx]
 
     def warn_stock_attention(self) -> None:
         if not self._warned_stock:
@@ -198,6 +212,13 @@ class KVpopCache(Cache):
     def push_to_hub(self, repo_id: str, *, private: bool | None = None, token: str | None = None,
                     commit_message: str = "Upload KVpop scorer") -> str:
         return hub.push(self, repo_id, private=private, token=token, commit_message=commit_message)
+
+
+def _canonical(device) -> torch.device:
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    return device
 
 
 def user_stacklevel() -> int:

@@ -152,7 +152,7 @@ class KVpopLayer(CacheLayerMixin):
         self.prio = torch.full((b, h, B), NEG_INF, dtype=torch.float32, device=self.device)
         self.seen = torch.zeros(b, dtype=torch.long, device=self.device)
         self.tokens = self.tokens.to(self.device)
-        scorer = self.cache.scorer_for(self.device)
+        self.scorer = scorer = self.cache.scorer_for(self.device)  # this layer's device: nothing moves per step
         self.state = scorer.init_state(self.layer_idx, b, self.device) if scorer.stateful else None
         decode_eviction.prepare(self.device)
         self._mark_static()
@@ -264,7 +264,7 @@ class KVpopLayer(CacheLayerMixin):
 
     def _score(self, k_new, v_new, valid_new, k_read, v_read, pos_read):
         """Scores of the tokens read at each new position; advances the stateful scorer in place."""
-        scorer = self.cache.scorer_for(self.device)
+        scorer = self.scorer
         if scorer.stateful:
             state, r = scorer.absorb_and_read(self.layer_idx, self.state, k_new, v_new, valid_new, k_read, v_read)
             for old, new in zip(self.state, state):
@@ -274,7 +274,7 @@ class KVpopLayer(CacheLayerMixin):
         return self._priority(r, pos_read)
 
     def _reads_at_entry(self) -> bool:
-        scorer = self.cache.scorer_for(self.device)
+        scorer = self.scorer
         return scorer.stateful and not getattr(scorer, "delayed", True)
 
     # -- one new token per row: fixed shapes, in place, no host synchronisation ----------------

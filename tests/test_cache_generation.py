@@ -126,3 +126,20 @@ def test_with_cache_uses_the_installed_transformers_keyword():
     assert not [w for w in caught if "past_key_values" in str(w.message)], [str(w.message) for w in caught]
     assert out.shape[1] == 45 and cache.get_seq_length() == 44
     assert cache_kwarg(model) in ("cache", "past_key_values")
+
+
+def test_scorer_weights_follow_each_layers_device():
+    """Layers on several devices (a device_map) each read the scorer on their own device, copied once:
+    nothing moves between layers or steps ('meta' stands in for a second device on CPU)."""
+    model = tiny_model("qwen3", layers=2)
+    cache = KVpopCache(model.config, sinks=S, window=W, topk=K, scorer="mlstm", log_gamma=-0.3)
+    home = cache.scorer
+    k = torch.randn(1, 2, 3, 16)
+    cache.layers[0].lazy_initialization(k, k)
+    cache.layers[1].lazy_initialization(k.to("meta"), k.to("meta"))
+    on_cpu, on_meta = cache.layers[0].scorer, cache.layers[1].scorer
+    assert on_cpu is home and next(home.parameters()).device.type == "cpu"  # the scorer itself never moved
+    assert on_meta is not home and {p.device.type for p in on_meta.parameters()} == {"meta"}
+    assert all(t.device.type == "meta" for t in cache.layers[1].state)
+    assert cache.scorer_for("meta") is on_meta  # one copy per device, reused
+    assert cache.log_gamma_for(1, "meta").device.type == "meta" and cache.log_gamma.device.type == "cpu"
