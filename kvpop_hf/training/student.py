@@ -23,6 +23,7 @@ import torch
 from torch.nn import functional as F
 from transformers import AttentionInterface, AttentionMaskInterface
 
+from ..priority import decayed_priorities
 from ..topk import running_topk
 from .losses import balance_weights, boundary_loss, margin_weights
 from .priorities import sequence_priorities
@@ -123,10 +124,8 @@ def kvpop_train_attention(module, query, key, value, attention_mask, scaling=Non
         r_tgt = future_attention_target(q_d, k_d, lse_used, st.window, eps=st.target_eps, agg=st.target_agg,
                                         scale=scaling, backend=backend, reduce=st.target_reduce)
         S = r_tgt.shape[-1]
-        p_tgt = r_tgt
-        if lg is not None:
-            blocks = torch.div(torch.arange(S, device=r_tgt.device), st.decay_step, rounding_mode="floor").float()
-            p_tgt = r_tgt - blocks.view(1, 1, S) * lg.detach().float().view(1, -1, 1)
+        p_tgt = r_tgt if lg is None else decayed_priorities(r_tgt, torch.arange(S, device=r_tgt.device),
+                                                            lg.detach(), st.decay_step)
         teacher = running_topk(p_tgt, st.sinks, st.window, st.topk, backend=st.topk_backend)
         t_new = (torch.arange(S, device=prio.device) - st.window).view(1, 1, S).expand_as(teacher.boundary)
         omega = None
