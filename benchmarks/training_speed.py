@@ -45,6 +45,7 @@ from pathlib import Path
 
 import torch
 
+from kvpop_hf.dense_attention import expand_kv
 from kvpop_hf.provenance import git_commit
 from kvpop_hf.timing import compiled_graphs, free, measure, quantiles, sync
 import torch.nn.functional as F
@@ -183,7 +184,7 @@ def dense_sdpa(q, k, v):
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
     except TypeError:  # very old torch without enable_gqa
         g = q.shape[1] // k.shape[1]
-        return F.scaled_dot_product_attention(q, k.repeat_interleave(g, 1), v.repeat_interleave(g, 1), is_causal=True)
+        return F.scaled_dot_product_attention(q, expand_kv(k, g), expand_kv(v, g), is_causal=True)
 
 
 def layer_section(args, S, device, dtype, bench: Bench, rec: Recorder, state: dict):

@@ -24,9 +24,9 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import torch
-from torch.nn import functional as F
 
 from ..compat import with_cache
+from ..dense_attention import causal_attention
 from ..topk import running_topk
 from ..training.priorities import sequence_priorities
 from ..training.targets import dense_causal_lse, future_attention_target
@@ -49,10 +49,7 @@ def record_qkv(model, ids: torch.Tensor) -> dict[int, tuple[torch.Tensor, torch.
 
     def attn(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
         store[module.layer_idx] = (query.float(), key.float(), value.float(), float(scaling))
-        g = query.shape[1] // key.shape[1]
-        out = F.scaled_dot_product_attention(query, key.repeat_interleave(g, 1), value.repeat_interleave(g, 1),
-                                             is_causal=query.shape[2] > 1, scale=scaling)
-        return out.transpose(1, 2).contiguous(), None
+        return causal_attention(query, key, value, None, scaling), None
 
     AttentionInterface.register(_REC_NAME, attn)
     AttentionMaskInterface.register(_REC_NAME, lambda *a, **k: None)

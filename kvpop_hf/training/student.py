@@ -20,9 +20,9 @@ import contextlib
 from dataclasses import dataclass, field
 
 import torch
-from torch.nn import functional as F
 from transformers import AttentionInterface, AttentionMaskInterface
 
+from ..dense_attention import causal_attention
 from ..priority import decayed_priorities
 from ..topk import running_topk
 from .losses import balance_weights, boundary_loss, margin_weights
@@ -97,13 +97,9 @@ def topk_recall(student, teacher, sinks: int, window: int, n_queries: int) -> to
 def kvpop_train_attention(module, query, key, value, attention_mask, scaling=None, dropout: float = 0.0, **kwargs):
     """query ``[b, Hq, S, d]``, key/value ``[b, Hkv, S, d]`` (whole sequences) -> (``[b, S, Hq, d]``, None)."""
     active = _ACTIVE[0]
-    groups = query.shape[1] // key.shape[1]
     if active is None:
         mask = attention_mask if isinstance(attention_mask, torch.Tensor) else None
-        out = F.scaled_dot_product_attention(query, key.repeat_interleave(groups, 1),
-                                             value.repeat_interleave(groups, 1), attn_mask=mask, scale=scaling,
-                                             is_causal=mask is None and query.shape[2] > 1)
-        return out.transpose(1, 2).contiguous(), None
+        return causal_attention(query, key, value, mask, scaling), None
     scorer, log_gamma, st, record = active
     li = module.layer_idx
     lg = None if log_gamma is None else log_gamma[li]
