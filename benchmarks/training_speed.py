@@ -46,7 +46,7 @@ from pathlib import Path
 import torch
 
 from kvpop_hf.dense_attention import expand_kv
-from kvpop_hf.provenance import git_commit
+from kvpop_hf.provenance import git_commit, versions
 from kvpop_hf.timing import compiled_graphs, free, measure, quantiles, sync
 import torch.nn.functional as F
 
@@ -59,18 +59,8 @@ warnings.filterwarnings("ignore", message=r".*past_key_values.*")
 
 
 # ------------------------------------------------------------------------------------------ provenance
-def versions(device: torch.device) -> dict:
-    info = {"python": platform.python_version(), "torch": torch.__version__}
-    try:
-        import transformers
-        info["transformers"] = transformers.__version__
-    except Exception as err:  # noqa: BLE001
-        info["transformers"] = f"unavailable ({err})"
-    try:
-        import triton
-        info["triton"] = triton.__version__
-    except Exception as err:  # noqa: BLE001
-        info["triton"] = f"unavailable ({type(err).__name__})"
+def machine_versions(device: torch.device) -> dict:
+    info = versions("torch", "transformers", "triton")
     if device.type == "cuda":
         info["device"] = torch.cuda.get_device_name(device)
         info["cuda"] = str(torch.version.cuda)
@@ -530,7 +520,7 @@ def main(argv=None):
 
     meta = {"command": " ".join(shlex.quote(a) for a in [sys.executable, *sys.argv]),
             "git_commit": (git_commit(REPO) or "unknown"), "date": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
-    meta.update(versions(device))
+    meta.update(machine_versions(device))
     meta["dtype"] = dtype_name
     meta["shapes"] = (f"q [1, {args.heads}, S, {args.head_dim}], k/v [1, {args.kv_heads}, S, {args.head_dim}], "
                       f"prio [1, {args.kv_heads}, S] ~ N(0, 1)")

@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import csv
 import math
-import platform
 import sys
 from pathlib import Path
 from typing import Sequence
 
-from ..provenance import git_commit
+from ..provenance import git_commit, versions
 
 __all__ = ["write_results_csv", "quality_table", "plot_quality", "build_meta", "md_header", "git_commit",
            "averages"]
@@ -128,19 +127,7 @@ def plot_quality(rows: Sequence[dict], path: Path) -> None:
 
 # -- metadata ----------------------------------------------------------------------------------------
 def _versions() -> dict:
-    import torch
-    import transformers
-
-    import kvpop_hf
-
-    out = {"python": platform.python_version(), "torch": torch.__version__,
-           "transformers": transformers.__version__, "kvpop_hf": kvpop_hf.__version__}
-    try:
-        import matplotlib
-        out["matplotlib"] = matplotlib.__version__
-    except ImportError:
-        pass
-    return out
+    return versions("torch", "transformers", "kvpop_hf", "matplotlib", missing=None)
 
 
 def build_meta(argv, args, plan, timings, device, dtype) -> dict:
