@@ -47,7 +47,7 @@ import torch
 
 from kvpop_hf.dense_attention import expand_kv
 from kvpop_hf.provenance import git_commit, versions
-from kvpop_hf.timing import compiled_graphs, free, measure, quantiles, sync
+from kvpop_hf.timing import compiled_graphs, fmt, free, measure, quantiles, sync
 import torch.nn.functional as F
 
 REPO = Path(__file__).resolve().parents[1]
@@ -139,14 +139,6 @@ class Recorder:
             if row["op"] == op and row["S"] == S and row["status"] == "ok":
                 return row
         return None
-
-
-def fmt(x, nd=2):
-    if x is None:
-        return "-"
-    if isinstance(x, float) and (math.isnan(x) or math.isinf(x)):
-        return "-"
-    return f"{x:.{nd}f}"
 
 
 def guarded(rec: Recorder, bench: Bench, section: str, op: str, S: int, fn, **kw):

@@ -44,7 +44,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from kvpop_hf.provenance import git_commit, versions  # noqa: E402
-from kvpop_hf.timing import compiled_graphs, free, measure, quantiles, sync  # noqa: E402
+from kvpop_hf.timing import compiled_graphs, fmt, free, measure, quantiles, sync  # noqa: E402
 
 warnings.filterwarnings("ignore", message=r".*return_lse.*")
 warnings.filterwarnings("ignore", message=r".*flex_attention called without torch.compile.*")
@@ -136,12 +136,6 @@ class Diag:
             if r["case"] == name and r["S"] == S and r["status"] == "ok":
                 return r
         return None
-
-
-def fmt(x, nd=2):
-    if x is None or (isinstance(x, float) and not math.isfinite(x)):
-        return "-"
-    return f"{x:.{nd}f}"
 
 
 # ------------------------------------------------------------------------------------------ helpers
