@@ -30,6 +30,7 @@ from ..dense_attention import causal_attention
 from ..topk import running_topk
 from ..training.priorities import sequence_priorities
 from ..training.targets import dense_causal_lse, future_attention_target
+from .report import averages
 from .tasks import Problem, training_example
 
 __all__ = ["record_qkv", "topk_recall", "recall_rows", "retention_map", "plot_retention", "ablation_delay",
@@ -233,8 +234,6 @@ def retention_after_generation(model, tokenizer, problem: Problem, cache) -> tup
 def ablation_delay(rows: Sequence[dict], recall: Sequence[dict] | None = None) -> str | None:
     """Markdown comparing ``kvpop`` (delayed) with ``kvpop_immediate`` per budget (None if either is missing):
     average EM and token accuracy over all families, and mean recall when available."""
-    from .report import averages
-
     fams = sorted({r["family"] for r in rows})
     av = averages(rows, fams)
     budgets = sorted({b for (p, b) in av if p == "kvpop"} & {b for (p, b) in av if p == "kvpop_immediate"})
@@ -261,8 +260,6 @@ def plot_ablation(rows: Sequence[dict], path: Path) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-
-    from .report import averages
 
     fams = sorted({r["family"] for r in rows})
     av = averages(rows, fams)

@@ -3,12 +3,15 @@ quality-vs-budget plot and the run metadata (command line, git commit, versions,
 
 A result row is a dict with ``policy, budget ("full" for dense), cr, sinks, window, topk, family,
 em, token_acc, lookup_acc (NaN for families without fact lookups), n, n_target_tokens``.
+
+The bottom of the testbed's evaluation stack: ``evaluate -> analysis -> report`` (this module imports neither).
 """
 
 from __future__ import annotations
 
 import csv
 import math
+import shlex
 import sys
 from pathlib import Path
 from typing import Sequence
@@ -126,13 +129,16 @@ def plot_quality(rows: Sequence[dict], path: Path) -> None:
 
 
 # -- metadata ----------------------------------------------------------------------------------------
+def command_line(argv: Sequence[str]) -> str:
+    """The evaluation's command line as a user types it (``kvpop-eval ARGS``)."""
+    return "kvpop-eval " + shlex.join(list(argv))
+
+
 def _versions() -> dict:
     return versions("torch", "transformers", "kvpop_hf", "matplotlib", missing=None)
 
 
 def build_meta(argv, args, plan, timings, device, dtype) -> dict:
-    from .evaluate import command_line
-
     runs = []
     for r in plan.runs:
         d = {"policy": r.policy, "checkpoint": r.checkpoint}
