@@ -40,6 +40,10 @@ def raise_recompile_limit(limit: int = MIN_RECOMPILE_LIMIT):
 
 @functools.lru_cache(maxsize=None)
 def _compiled_flex():
+    """The one compiled FlexAttention of the training/benchmark code (sparse forward, targets, flex_diag).
+
+    Policy: ``dynamic=False`` (one graph per shape) with dynamo's recompile limit raised to
+    ``MIN_RECOMPILE_LIMIT``. kvpop_hf/attention.py ``_flex_fns`` still compiles its own (``KVPOP_FLEX_DYNAMIC``)."""
     raise_recompile_limit()
     return torch.compile(flex_attention, dynamic=False)
 
