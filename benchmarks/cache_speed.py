@@ -35,7 +35,7 @@ from pathlib import Path
 
 import torch
 
-from kvpop_hf.provenance import git_commit
+from kvpop_hf.provenance import git_commit, versions
 import transformers
 from transformers import AutoModelForCausalLM, DynamicCache, Qwen3Config
 
@@ -61,14 +61,15 @@ def machine_info(device: torch.device) -> dict:
                     break
     except OSError:
         pass
+    vers = versions("torch", "transformers")
     info = {
         "platform": platform.platform(),
-        "python": platform.python_version(),
+        "python": vers["python"],
         "cpu": cpu,
         "cpu_count": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
+        "torch": vers["torch"],
+        "transformers": vers["transformers"],
     }
     try:
         info["load_avg_1_5_15_at_start"] = " ".join(f"{x:.2f}" for x in os.getloadavg())

@@ -284,12 +284,9 @@ def run(a) -> int:
 
 # -------------------------------------------------------------------------------------------- report
 def _versions():
-    vers = {"python": sys.version.split()[0]}
-    for mod in ("torch", "transformers", "accelerate", "peft", "triton"):
-        try:
-            vers[mod] = __import__(mod).__version__
-        except Exception:  # noqa: BLE001
-            vers[mod] = None
+    from kvpop_hf.provenance import versions
+
+    vers = versions("torch", "transformers", "accelerate", "peft", "triton", missing=lambda err: None)
     try:
         import torch
 

@@ -45,8 +45,9 @@ from pathlib import Path
 
 import torch
 
-from kvpop_hf.provenance import git_commit
-from kvpop_hf.timing import compiled_graphs, free, measure, quantiles, sync
+from kvpop_hf.dense_attention import expand_kv
+from kvpop_hf.provenance import git_commit, versions
+from kvpop_hf.timing import compiled_graphs, fmt, free, measure, quantiles, sync
 import torch.nn.functional as F
 
 REPO = Path(__file__).resolve().parents[1]
@@ -58,18 +59,8 @@ warnings.filterwarnings("ignore", message=r".*past_key_values.*")
 
 
 # ------------------------------------------------------------------------------------------ provenance
-def versions(device: torch.device) -> dict:
-    info = {"python": platform.python_version(), "torch": torch.__version__}
-    try:
-        import transformers
-        info["transformers"] = transformers.__version__
-    except Exception as err:  # noqa: BLE001
-        info["transformers"] = f"unavailable ({err})"
-    try:
-        import triton
-        info["triton"] = triton.__version__
-    except Exception as err:  # noqa: BLE001
-        info["triton"] = f"unavailable ({type(err).__name__})"
+def machine_versions(device: torch.device) -> dict:
+    info = versions("torch", "transformers", "triton")
     if device.type == "cuda":
         info["device"] = torch.cuda.get_device_name(device)
         info["cuda"] = str(torch.version.cuda)
@@ -150,14 +141,6 @@ class Recorder:
         return None
 
 
-def fmt(x, nd=2):
-    if x is None:
-        return "-"
-    if isinstance(x, float) and (math.isnan(x) or math.isinf(x)):
-        return "-"
-    return f"{x:.{nd}f}"
-
-
 def guarded(rec: Recorder, bench: Bench, section: str, op: str, S: int, fn, **kw):
     """Benchmark fn; on failure record an error row (OOM -> 'OOM') and return None."""
     t0 = time.perf_counter()
@@ -183,7 +166,7 @@ def dense_sdpa(q, k, v):
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
     except TypeError:  # very old torch without enable_gqa
         g = q.shape[1] // k.shape[1]
-        return F.scaled_dot_product_attention(q, k.repeat_interleave(g, 1), v.repeat_interleave(g, 1), is_causal=True)
+        return F.scaled_dot_product_attention(q, expand_kv(k, g), expand_kv(v, g), is_causal=True)
 
 
 def layer_section(args, S, device, dtype, bench: Bench, rec: Recorder, state: dict):
@@ -529,7 +512,7 @@ def main(argv=None):
 
     meta = {"command": " ".join(shlex.quote(a) for a in [sys.executable, *sys.argv]),
             "git_commit": (git_commit(REPO) or "unknown"), "date": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
-    meta.update(versions(device))
+    meta.update(machine_versions(device))
     meta["dtype"] = dtype_name
     meta["shapes"] = (f"q [1, {args.heads}, S, {args.head_dim}], k/v [1, {args.kv_heads}, S, {args.head_dim}], "
                       f"prio [1, {args.kv_heads}, S] ~ N(0, 1)")

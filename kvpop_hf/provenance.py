@@ -1,10 +1,13 @@
-"""Provenance of result files: the git commit of the tree that produced them."""
+"""Provenance of result files: the git commit of the tree that produced them and the software versions."""
 
 from __future__ import annotations
 
+import importlib
 import os
+import platform
 import subprocess
 from pathlib import Path
+from typing import Any, Callable
 
 
 def _git_dir(start: Path) -> Path | None:
@@ -59,3 +62,21 @@ def git_commit(start: Path | None = None) -> str | None:
         return res.stdout.strip() or None if res.returncode == 0 else None
     except (OSError, subprocess.SubprocessError):
         return None
+
+
+def _unavailable(err: BaseException) -> str:
+    return f"unavailable ({type(err).__name__})"
+
+
+def versions(*packages: str, missing: Callable[[BaseException], Any] | None = _unavailable) -> dict[str, Any]:
+    """``{"python": "3.x.y", package: package.__version__, ...}`` in the order given (the one version dict of
+    the benchmarks and result files). A package that fails to import maps to ``missing(error)`` (default
+    ``"unavailable (ImportError)"``-style strings), or is left out when ``missing`` is None."""
+    out: dict[str, Any] = {"python": platform.python_version()}
+    for name in packages:
+        try:
+            out[name] = importlib.import_module(name).__version__
+        except Exception as err:  # noqa: BLE001  (a broken optional install must not stop a benchmark)
+            if missing is not None:
+                out[name] = missing(err)
+    return out

@@ -14,7 +14,7 @@ from typing import Any, Callable
 
 import torch
 
-__all__ = ["sync", "free", "compiled_graphs", "measure", "quantiles"]
+__all__ = ["sync", "free", "compiled_graphs", "measure", "quantiles", "fmt"]
 
 
 def sync(device: torch.device) -> None:
@@ -72,3 +72,10 @@ def quantiles(times: list[float]) -> dict[str, float]:
     """``{"median", "p10", "p90"}`` of sorted times (nearest rank for the percentiles)."""
     pick = lambda p: times[min(len(times) - 1, max(0, round(p * (len(times) - 1))))]  # noqa: E731
     return {"median": statistics.median(times), "p10": pick(0.1), "p90": pick(0.9)}
+
+
+def fmt(x: float | None, nd: int = 2) -> str:
+    """A number for a result table: ``nd`` decimals, ``"-"`` for None, NaN and infinities."""
+    if x is None or (isinstance(x, float) and not math.isfinite(x)):
+        return "-"
+    return f"{x:.{nd}f}"

@@ -31,6 +31,9 @@ import sys
 import time
 
 import torch
+from transformers import AttentionInterface, AttentionMaskInterface
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import sdpa_mask
 
 from kvpop_hf.provenance import git_commit
 
@@ -185,20 +188,28 @@ def eval_problems(n, seq_len, knobs, families=FAMILIES):
     return probs
 
 
-_ORIG_SDPA = torch.nn.functional.scaled_dot_product_attention
+SDPA_CAST = "sdpa_autocast_same_dtype"
 
 
-def _sdpa_autocast_same_dtype(q, k, v, *a, **kw):
-    """Qwen3's q/k RMSNorm (fp32 weights) promotes q, k to fp32 under autocast while v is bf16; make
-    all three the autocast dtype so SDPA can take the flash kernel (GQA + fp32 would fall back to math)."""
-    if q.is_cuda and torch.is_autocast_enabled("cuda"):
+def _sdpa_autocast_same_dtype(module, query, key, value, attention_mask, **kwargs):
+    """transformers' ``sdpa`` attention with q, k, v ``[b, H, S, d]`` first cast to the CUDA autocast dtype.
+
+    Qwen3's q/k RMSNorm (fp32 weights) promotes q, k to fp32 under autocast while v is bf16; making all three
+    the autocast dtype lets SDPA take the flash kernel (GQA + fp32 would fall back to math). Elsewhere (CPU,
+    no autocast) it is plain ``sdpa``."""
+    if query.is_cuda and torch.is_autocast_enabled("cuda"):
         dt = torch.get_autocast_dtype("cuda")
-        q, k, v = q.to(dt), k.to(dt), v.to(dt)
-    return _ORIG_SDPA(q, k, v, *a, **kw)
+        query, key, value = query.to(dt), key.to(dt), value.to(dt)
+    return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
 
 
-def set_sdpa_cast(on: bool) -> None:
-    torch.nn.functional.scaled_dot_product_attention = _sdpa_autocast_same_dtype if on else _ORIG_SDPA
+AttentionInterface.register(SDPA_CAST, _sdpa_autocast_same_dtype)
+AttentionMaskInterface.register(SDPA_CAST, sdpa_mask)  # the same masks as "sdpa"
+
+
+def set_sdpa_cast(model, on: bool) -> None:
+    """Select the casting attention (``on``) or plain ``"sdpa"`` for this model only (nothing process-wide)."""
+    model.set_attn_implementation(SDPA_CAST if on else "sdpa")
 
 
 def bench_sdpa_cast(model, batch_size, L, vocab, device, reps=3) -> dict:
@@ -206,7 +217,7 @@ def bench_sdpa_cast(model, batch_size, L, vocab, device, reps=3) -> dict:
     ids = torch.randint(4, vocab, (batch_size, L), device=device)
     res = {}
     for on in (False, True):
-        set_sdpa_cast(on)
+        set_sdpa_cast(model, on)
         ts = []
         for _ in range(reps + 1):
             torch.cuda.synchronize()
@@ -218,7 +229,7 @@ def bench_sdpa_cast(model, batch_size, L, vocab, device, reps=3) -> dict:
             ts.append(time.time() - t0)
         res[on] = min(ts[1:])
     model.zero_grad(set_to_none=True)
-    set_sdpa_cast(False)
+    set_sdpa_cast(model, False)
     return res
 
 
@@ -304,7 +315,7 @@ def main(argv=None):
             sdpa_cast = sdpa_bench[True] < sdpa_bench[False]
             print(f"sdpa fwd+bwd [{args.batch_size}x{args.seq_len[1]}]: plain {sdpa_bench[False] * 1e3:.1f} ms, "
                   f"cast {sdpa_bench[True] * 1e3:.1f} ms -> cast={sdpa_cast}", flush=True)
-    set_sdpa_cast(sdpa_cast)
+    set_sdpa_cast(model, sdpa_cast)
 
     decay, no_decay = [], []
     for n, p in model.named_parameters():
@@ -397,7 +408,7 @@ def main(argv=None):
             loss_acc, loss_n = 0.0, 0
     bar.close()
     train_s = time.time() - t_train
-    set_sdpa_cast(False)
+    set_sdpa_cast(model, False)
     del it, dl
     print(f"trained {step} steps in {train_s:.0f}s ({tokens / 1e6:.1f}M tokens, "
           f"{sup_tokens / 1e6:.2f}M supervised; data wait {data_wait:.1f}s)", flush=True)

@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import math
 import os
-import platform
 import shlex
 import sys
 import time
@@ -44,8 +43,8 @@ REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from kvpop_hf.provenance import git_commit  # noqa: E402
-from kvpop_hf.timing import compiled_graphs, free, measure, quantiles, sync  # noqa: E402
+from kvpop_hf.provenance import git_commit, versions  # noqa: E402
+from kvpop_hf.timing import compiled_graphs, fmt, free, measure, quantiles, sync  # noqa: E402
 
 warnings.filterwarnings("ignore", message=r".*return_lse.*")
 warnings.filterwarnings("ignore", message=r".*flex_attention called without torch.compile.*")
@@ -137,12 +136,6 @@ class Diag:
             if r["case"] == name and r["S"] == S and r["status"] == "ok":
                 return r
         return None
-
-
-def fmt(x, nd=2):
-    if x is None or (isinstance(x, float) and not math.isfinite(x)):
-        return "-"
-    return f"{x:.{nd}f}"
 
 
 # ------------------------------------------------------------------------------------------ helpers
@@ -440,13 +433,8 @@ def main(argv=None):
     raise_recompile_limit(64)
 
     meta = {"command": " ".join(shlex.quote(x) for x in [sys.executable, *sys.argv]),
-            "git_commit": git_commit(REPO) or "unknown", "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
-            "python": platform.python_version(), "torch": torch.__version__}
-    try:
-        import triton
-        meta["triton"] = triton.__version__
-    except Exception:  # noqa: BLE001
-        meta["triton"] = "unavailable"
+            "git_commit": git_commit(REPO) or "unknown", "date": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
+    meta.update(versions("torch", "triton", missing=lambda err: "unavailable"))
     meta["device"] = torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu ({os.cpu_count()} cores)"
     meta["dtype"] = str(dtype).replace("torch.", "")
     meta["shapes"] = f"q [1, {a.heads}, S, {a.head_dim}], k/v [1, {a.kv_heads}, S, {a.head_dim}]"

@@ -20,8 +20,6 @@ class Scorer(nn.Module):
     """Base class. Subclasses implement :meth:`score` (stateless) or the stateful trio."""
 
     stateful: bool = False
-    #: True when the scorer has trainable weights that a checkpoint must carry.
-    learned: bool = False
 
     def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int):
         super().__init__()

@@ -17,8 +17,6 @@ class MLPScorer(Scorer):
     ``w2[l]`` ``[h, hidden]``, ``b2[l]`` ``[h]``.
     """
 
-    learned = True
-
     def __init__(self, num_layers, num_kv_heads, head_dim, hidden: int = 64, seed: int = 0):
         super().__init__(num_layers, num_kv_heads, head_dim)
         self.hidden = check_scorer_option("mlp", "hidden", hidden, 1)

@@ -39,7 +39,6 @@ class MLSTMScorer(Scorer):
     ``wi/wf[l]`` ``[h, 2d]`` with biases ``bi/bf[l]`` ``[h]``, readout ``a[l]`` ``[h, state_dim]``, ``b[l]`` ``[h]``."""
 
     stateful = True
-    learned = True
 
     def __init__(self, num_layers, num_kv_heads, head_dim, state_dim: int = 32, delayed: bool = True,
                  chunk_size: int = 128, seed: int = 0):

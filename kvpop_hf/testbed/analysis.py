@@ -24,12 +24,13 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import torch
-from torch.nn import functional as F
 
 from ..compat import with_cache
+from ..dense_attention import causal_attention
 from ..topk import running_topk
 from ..training.priorities import sequence_priorities
 from ..training.targets import dense_causal_lse, future_attention_target
+from .report import averages
 from .tasks import Problem, training_example
 
 __all__ = ["record_qkv", "topk_recall", "recall_rows", "retention_map", "plot_retention", "ablation_delay",
@@ -49,10 +50,7 @@ def record_qkv(model, ids: torch.Tensor) -> dict[int, tuple[torch.Tensor, torch.
 
     def attn(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
         store[module.layer_idx] = (query.float(), key.float(), value.float(), float(scaling))
-        g = query.shape[1] // key.shape[1]
-        out = F.scaled_dot_product_attention(query, key.repeat_interleave(g, 1), value.repeat_interleave(g, 1),
-                                             is_causal=query.shape[2] > 1, scale=scaling)
-        return out.transpose(1, 2).contiguous(), None
+        return causal_attention(query, key, value, None, scaling), None
 
     AttentionInterface.register(_REC_NAME, attn)
     AttentionMaskInterface.register(_REC_NAME, lambda *a, **k: None)
@@ -236,8 +234,6 @@ def retention_after_generation(model, tokenizer, problem: Problem, cache) -> tup
 def ablation_delay(rows: Sequence[dict], recall: Sequence[dict] | None = None) -> str | None:
     """Markdown comparing ``kvpop`` (delayed) with ``kvpop_immediate`` per budget (None if either is missing):
     average EM and token accuracy over all families, and mean recall when available."""
-    from .report import averages
-
     fams = sorted({r["family"] for r in rows})
     av = averages(rows, fams)
     budgets = sorted({b for (p, b) in av if p == "kvpop"} & {b for (p, b) in av if p == "kvpop_immediate"})
@@ -264,8 +260,6 @@ def plot_ablation(rows: Sequence[dict], path: Path) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-
-    from .report import averages
 
     fams = sorted({r["family"] for r in rows})
     av = averages(rows, fams)

@@ -34,7 +34,6 @@ from __future__ import annotations
 import argparse
 import ast
 import json
-import shlex
 import sys
 import time
 from dataclasses import dataclass, field
@@ -44,6 +43,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from ..compat import with_cache
+from . import analysis, report
 from . import policies as pol
 from .tasks import ALL_FAMILIES, FAMILIES, Problem, make_problem, training_example
 
@@ -329,7 +329,6 @@ def main(argv: list[str] | None = None) -> int:
     import kvpop_hf  # noqa: F401  (registers attn_implementation="kvpop")
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from . import report
     from .dense_eval import exact_match
 
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -401,8 +400,6 @@ def main(argv: list[str] | None = None) -> int:
     print(t1)
     print(t2)
 
-    from . import analysis
-
     recall = None
     if args.analysis:
         meta["analysis"], recall = analysis.run_all(model, tokenizer, plan, out, args, progress=progress)
@@ -414,10 +411,6 @@ def main(argv: list[str] | None = None) -> int:
     (out / "meta.json").write_text(json.dumps(meta, indent=2, default=str) + "\n")
     print(f"wrote {out}/", file=sys.stderr)
     return 0
-
-
-def command_line(argv: Sequence[str]) -> str:
-    return "kvpop-eval " + shlex.join(list(argv))
 
 
 if __name__ == "__main__":

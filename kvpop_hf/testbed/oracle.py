@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import torch
 
+from ..dense_attention import expand_kv
 from ..scorers.base import Scorer
 from ..training.targets import dense_causal_lse, future_attention_target
 from .analysis import record_qkv
@@ -72,7 +73,7 @@ def oracle_table(model, ids: torch.Tensor, window: int, backend: str = "chunked"
             rows.append(future_attention_target(q, k, lse, window, scale=scale, backend=backend)[0].cpu())
             continue
         hq, hkv = q.shape[1], k.shape[1]
-        per_head = future_attention_target(q, k.repeat_interleave(hq // hkv, 1), lse, window, scale=scale,
+        per_head = future_attention_target(q, expand_kv(k, hq // hkv), lse, window, scale=scale,
                                            backend="chunked", reduce="max")[0]  # [Hq, S]
         rows.append(per_head.view(hkv, hq // hkv, -1).amax(dim=1).cpu())
     return torch.stack(rows)

@@ -3,18 +3,20 @@ quality-vs-budget plot and the run metadata (command line, git commit, versions,
 
 A result row is a dict with ``policy, budget ("full" for dense), cr, sinks, window, topk, family,
 em, token_acc, lookup_acc (NaN for families without fact lookups), n, n_target_tokens``.
+
+The bottom of the testbed's evaluation stack: ``evaluate -> analysis -> report`` (this module imports neither).
 """
 
 from __future__ import annotations
 
 import csv
 import math
-import platform
+import shlex
 import sys
 from pathlib import Path
 from typing import Sequence
 
-from ..provenance import git_commit
+from ..provenance import git_commit, versions
 
 __all__ = ["write_results_csv", "quality_table", "plot_quality", "build_meta", "md_header", "git_commit",
            "averages"]
@@ -127,25 +129,16 @@ def plot_quality(rows: Sequence[dict], path: Path) -> None:
 
 
 # -- metadata ----------------------------------------------------------------------------------------
+def command_line(argv: Sequence[str]) -> str:
+    """The evaluation's command line as a user types it (``kvpop-eval ARGS``)."""
+    return "kvpop-eval " + shlex.join(list(argv))
+
+
 def _versions() -> dict:
-    import torch
-    import transformers
-
-    import kvpop_hf
-
-    out = {"python": platform.python_version(), "torch": torch.__version__,
-           "transformers": transformers.__version__, "kvpop_hf": kvpop_hf.__version__}
-    try:
-        import matplotlib
-        out["matplotlib"] = matplotlib.__version__
-    except ImportError:
-        pass
-    return out
+    return versions("torch", "transformers", "kvpop_hf", "matplotlib", missing=None)
 
 
 def build_meta(argv, args, plan, timings, device, dtype) -> dict:
-    from .evaluate import command_line
-
     runs = []
     for r in plan.runs:
         d = {"policy": r.policy, "checkpoint": r.checkpoint}

@@ -226,8 +226,8 @@ def distillation_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor
     T = float(temperature)
     log_ps = F.log_softmax(student_logits.float() / T, dim=-1)
     log_pt = F.log_softmax(teacher_logits.detach().float() / T, dim=-1)
-    pt = log_pt.exp()
-    kl_el = torch.where(pt > 0, pt * (log_pt - log_ps), torch.zeros_like(pt))
+    kl_el = F.kl_div(log_ps, log_pt, reduction="none", log_target=True)  # pt * (log_pt - log_ps)
+    kl_el = kl_el.masked_fill(log_pt == float("-inf"), 0.0)  # 0 log 0 = 0 where the teacher rules a token out
     kl = kl_el.sum(dim=-1) * (T * T)  # [...]
     if mask is None:
         return kl.mean() if kl.numel() > 0 else student_logits.sum() * 0.0

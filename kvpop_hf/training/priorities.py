@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import torch
 
+from ..priority import decayed_priorities
+
 
 def sequence_priorities(scorer, layer_idx: int, keys: torch.Tensor, values: torch.Tensor, window: int,
                         log_gamma: torch.Tensor | None = None, decay_step: int = 64) -> torch.Tensor:
@@ -30,8 +32,4 @@ def sequence_priorities(scorer, layer_idx: int, keys: torch.Tensor, values: torc
             _, r = scorer.absorb_and_read(layer_idx, state, keys, values, valid, keys, values)
     else:
         r = scorer.score(layer_idx, keys, values, pos)
-    r = r.float()
-    if log_gamma is not None:
-        blocks = torch.div(pos, decay_step, rounding_mode="floor").float()
-        r = r - blocks * log_gamma.float().view(1, -1, 1)
-    return r
+    return decayed_priorities(r, pos, log_gamma, decay_step)

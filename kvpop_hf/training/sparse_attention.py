@@ -14,6 +14,7 @@ import torch
 import torch.nn.attention.flex_attention as _fa
 from torch.nn.attention.flex_attention import flex_attention
 
+from ..dense_attention import expand_kv
 from ..flex_mask import sparse_block_mask, tiled_block_mask
 from ..topk import RunningTopK, sparse_mask_reference
 
@@ -39,6 +40,10 @@ def raise_recompile_limit(limit: int = MIN_RECOMPILE_LIMIT):
 
 @functools.lru_cache(maxsize=None)
 def _compiled_flex():
+    """The one compiled FlexAttention of the training/benchmark code (sparse forward, targets, flex_diag).
+
+    Policy: ``dynamic=False`` (one graph per shape) with dynamo's recompile limit raised to
+    ``MIN_RECOMPILE_LIMIT``. kvpop_hf/attention.py ``_flex_fns`` still compiles its own (``KVPOP_FLEX_DYNAMIC``)."""
     raise_recompile_limit()
     return torch.compile(flex_attention, dynamic=False)
 
@@ -114,9 +119,8 @@ def sparse_attention(query, key, value, topk: RunningTopK, sinks: int, window: i
 def sparse_attention_reference(query, key, value, topk: RunningTopK, sinks: int, window: int, scale=None):
     """Materialised-mask reference of :func:`sparse_attention` (small sizes only)."""
     groups = query.shape[1] // key.shape[1]
-    mask = sparse_mask_reference(topk, sinks, window).repeat_interleave(groups, dim=1)
-    k = key.repeat_interleave(groups, dim=1)
-    v = value.repeat_interleave(groups, dim=1)
+    mask = expand_kv(sparse_mask_reference(topk, sinks, window), groups)
+    k, v = expand_kv(key, groups), expand_kv(value, groups)
     scale = query.shape[-1] ** -0.5 if scale is None else scale
     scores = (query.float() @ k.float().transpose(-1, -2)) * scale
     scores = scores.masked_fill(~mask, float("-inf"))

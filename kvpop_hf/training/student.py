@@ -20,9 +20,10 @@ import contextlib
 from dataclasses import dataclass, field
 
 import torch
-from torch.nn import functional as F
 from transformers import AttentionInterface, AttentionMaskInterface
 
+from ..dense_attention import causal_attention
+from ..priority import decayed_priorities
 from ..topk import running_topk
 from .losses import balance_weights, boundary_loss, margin_weights
 from .priorities import sequence_priorities
@@ -96,13 +97,9 @@ def topk_recall(student, teacher, sinks: int, window: int, n_queries: int) -> to
 def kvpop_train_attention(module, query, key, value, attention_mask, scaling=None, dropout: float = 0.0, **kwargs):
     """query ``[b, Hq, S, d]``, key/value ``[b, Hkv, S, d]`` (whole sequences) -> (``[b, S, Hq, d]``, None)."""
     active = _ACTIVE[0]
-    groups = query.shape[1] // key.shape[1]
     if active is None:
         mask = attention_mask if isinstance(attention_mask, torch.Tensor) else None
-        out = F.scaled_dot_product_attention(query, key.repeat_interleave(groups, 1),
-                                             value.repeat_interleave(groups, 1), attn_mask=mask, scale=scaling,
-                                             is_causal=mask is None and query.shape[2] > 1)
-        return out.transpose(1, 2).contiguous(), None
+        return causal_attention(query, key, value, mask, scaling), None
     scorer, log_gamma, st, record = active
     li = module.layer_idx
     lg = None if log_gamma is None else log_gamma[li]
@@ -123,10 +120,8 @@ def kvpop_train_attention(module, query, key, value, attention_mask, scaling=Non
         r_tgt = future_attention_target(q_d, k_d, lse_used, st.window, eps=st.target_eps, agg=st.target_agg,
                                         scale=scaling, backend=backend, reduce=st.target_reduce)
         S = r_tgt.shape[-1]
-        p_tgt = r_tgt
-        if lg is not None:
-            blocks = torch.div(torch.arange(S, device=r_tgt.device), st.decay_step, rounding_mode="floor").float()
-            p_tgt = r_tgt - blocks.view(1, 1, S) * lg.detach().float().view(1, -1, 1)
+        p_tgt = r_tgt if lg is None else decayed_priorities(r_tgt, torch.arange(S, device=r_tgt.device),
+                                                            lg.detach(), st.decay_step)
         teacher = running_topk(p_tgt, st.sinks, st.window, st.topk, backend=st.topk_backend)
         t_new = (torch.arange(S, device=prio.device) - st.window).view(1, 1, S).expand_as(teacher.boundary)
         omega = None

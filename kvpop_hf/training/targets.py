@@ -51,6 +51,8 @@ from typing import Optional
 
 import torch
 
+from ..dense_attention import expand_kv
+
 __all__ = [
     "dense_causal_lse",
     "future_attention_target_reference",
@@ -109,11 +111,7 @@ def _scale(scale: Optional[float], D: int) -> float:
 
 def _expand_kv(k: torch.Tensor, Hq: int) -> torch.Tensor:
     """[B, Hkv, S, D] -> [B, Hq, S, D] (head j uses KV head j // G)."""
-    Hkv = k.shape[1]
-    G = Hq // Hkv
-    if G == 1:
-        return k
-    return k.repeat_interleave(G, dim=1)
+    return expand_kv(k, Hq // k.shape[1])
 
 
 def _prep_lse(lse: torch.Tensor) -> torch.Tensor:

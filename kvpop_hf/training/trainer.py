@@ -22,7 +22,6 @@ from torch import nn
 from transformers import Trainer, TrainingArguments
 
 from .. import hub
-from ..cache import KVpopCache
 from ..config import KVpopConfig, model_shape
 from ..scorers import build_scorer
 from .losses import distillation_loss
@@ -242,14 +241,6 @@ class KVpopTrainer(Trainer):
         return super().log(logs, start_time)
 
     # -- checkpoints: model files + KVpop files in the same directory -------------------------------
-    def kvpop_cache(self) -> KVpopCache:
-        """A `KVpopCache` with the current scorer (a copy), ready for `model.generate`."""
-        cache = KVpopCache(scorer=copy.deepcopy(self.scorer).float(), kvpop_config=copy.deepcopy(self.kvpop_config))
-        lg = self._log_gamma(self.model)
-        if lg is not None:
-            cache.log_gamma = lg.detach().float().cpu().clone()
-        return cache
-
     def _save(self, output_dir=None, state_dict=None):
         output_dir = output_dir if output_dir is not None else self.args.output_dir
         if state_dict is None:
