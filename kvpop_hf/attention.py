@@ -28,6 +28,8 @@ from torch.nn import functional as F
 from transformers import AttentionInterface, AttentionMaskInterface
 from transformers.masking_utils import sdpa_mask
 
+from .dense_attention import causal_attention
+
 ATTN_NAME = "kvpop"
 
 
@@ -167,11 +169,7 @@ def kvpop_attention(module, query, key, value, attention_mask, scaling=None, dro
         return _decode_attention(query, key, value, seen, scaling), None
     # keys from another cache or none: plain causal attention with padding
     mask = attention_mask.dense() if isinstance(attention_mask, KVpopMaskInfo) else attention_mask
-    groups = query.shape[1] // key.shape[1]
-    out = F.scaled_dot_product_attention(
-        query, key.repeat_interleave(groups, 1), value.repeat_interleave(groups, 1), attn_mask=mask, scale=scaling,
-        dropout_p=dropout if module.training else 0.0, is_causal=mask is None and query.shape[2] > 1)
-    return out.transpose(1, 2).contiguous(), None
+    return causal_attention(query, key, value, mask, scaling, dropout if module.training else 0.0), None
 
 
 def register() -> None:

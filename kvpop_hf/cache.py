@@ -51,14 +51,7 @@ class KVpopCache(Cache):
         else:
             kvpop_config.validate()
         if model_config is not None:
-            layers, kv_heads, head_dim = model_shape(model_config)
-            for field, value in (("num_layers", layers), ("num_kv_heads", kv_heads), ("head_dim", head_dim)):
-                stored = getattr(kvpop_config, field)
-                if stored is not None and stored != value:
-                    raise ValueError(
-                        f"This KVpop checkpoint was made for {field}={stored}, but the model has {field}={value}. "
-                        "Use a checkpoint trained for this model (or a heuristic scorer)."
-                    )
+            for field, value in _check_model_shape(kvpop_config, model_config, "This KVpop checkpoint").items():
                 setattr(kvpop_config, field, value)
             kvpop_config.base_model = kvpop_config.base_model or getattr(model_config, "_name_or_path", None) or None
         if kvpop_config.num_layers is None:
@@ -193,15 +186,8 @@ class KVpopCache(Cache):
                 raise ValueError(f"Unknown override {key!r}; valid fields: {sorted(config.to_dict())}.")
             setattr(config, key, value)
         config.validate()
-        if model_config is not None:
-            # checks the checkpoint's shape against the model before any work
-            layers, kv_heads, head_dim = model_shape(model_config)
-            for field, value in (("num_layers", layers), ("num_kv_heads", kv_heads), ("head_dim", head_dim)):
-                if getattr(config, field) != value:
-                    raise ValueError(
-                        f"Checkpoint {repo_id_or_path} was made for {field}={getattr(config, field)}, but the model has "
-                        f"{field}={value}. Use a KVpop checkpoint trained for this model."
-                    )
+        if model_config is not None:  # the checkpoint's shape against the model, before any work
+            _check_model_shape(config, model_config, f"Checkpoint {repo_id_or_path}")
         scorer = _build(config)
         hub.load_scorer_state(scorer, state, repo_id_or_path)
         cache = cls(model_config, scorer=scorer, kvpop_config=config)
@@ -212,6 +198,17 @@ class KVpopCache(Cache):
     def push_to_hub(self, repo_id: str, *, private: bool | None = None, token: str | None = None,
                     commit_message: str = "Upload KVpop scorer") -> str:
         return hub.push(self, repo_id, private=private, token=token, commit_message=commit_message)
+
+
+def _check_model_shape(config: KVpopConfig, model_config, what: str) -> dict:
+    """The model's ``{num_layers, num_kv_heads, head_dim}``; a ValueError if ``config`` names other values."""
+    shape = dict(zip(("num_layers", "num_kv_heads", "head_dim"), model_shape(model_config)))
+    for field, value in shape.items():
+        stored = getattr(config, field)
+        if stored is not None and stored != value:
+            raise ValueError(f"{what} was made for {field}={stored}, but the model has {field}={value}. Use a KVpop "
+                             "checkpoint trained for this model (or a heuristic scorer).")
+    return shape
 
 
 def _canonical(device) -> torch.device:

@@ -22,6 +22,7 @@ from transformers.cache_utils import CacheLayerMixin
 
 from . import decode_eviction
 from .decode_eviction import evict_and_insert, ring_slot
+from .priority import decayed_priorities
 
 NEG_INF = float("-inf")
 
@@ -255,12 +256,9 @@ class KVpopLayer(CacheLayerMixin):
 
     # -- priorities --------------------------------------------------------------------------
     def _priority(self, scores: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """``p_t = r_t - floor(t / n) * log_gamma_h`` (block-aligned recency decay, docs/design.md)."""
+        """``p_t = r_t - floor(t / n) * log_gamma_h`` (block-aligned recency decay, docs/design.md §1)."""
         log_gamma = self.cache.log_gamma_for(self.layer_idx, self.device)
-        if log_gamma is None:
-            return scores.float()
-        blocks = torch.div(positions.clamp_min(0), self.cache.kvpop_config.decay_step, rounding_mode="floor")
-        return scores.float() - blocks.float() * log_gamma.float()[None, :, None]
+        return decayed_priorities(scores, positions.clamp_min(0), log_gamma, self.cache.kvpop_config.decay_step)
 
     def _score(self, k_new, v_new, valid_new, k_read, v_read, pos_read):
         """Scores of the tokens read at each new position; advances the stateful scorer in place."""
