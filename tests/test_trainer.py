@@ -153,15 +153,33 @@ def test_max_target_trains_and_bad_combinations(tmp_path):
     assert last < first
 
 
-def test_student_forward_uses_the_max_target():
+def test_student_forward_uses_the_max_target(monkeypatch):
+    """The setting reaches the target pass of every layer, and the boundary loss is built from its output."""
+    import kvpop_hf.training.student as student
+
     model = tiny_model("qwen3")
     ids = distinct_ids(2, 48)
     cache = KVpopCache(model.config, scorer="mlp", **BUDGET)
     model.set_attn_implementation("kvpop_train")
+    real = student.future_attention_target
+    calls = []
+
+    def spy(*args, **kwargs):
+        out = real(*args, **kwargs)
+        calls.append((kwargs.get("reduce", "mean"), args, kwargs, out))
+        return out
+
+    monkeypatch.setattr(student, "future_attention_target", spy)
     losses = {}
     for reduce in ("mean", "max"):
+        calls.clear()
         st = StudentSettings(attention_backend="reference", target_reduce=reduce, **BUDGET)
         with torch.no_grad(), student_forward(cache.scorer, st, None) as rec:
             model(ids)
         losses[reduce] = torch.stack([rec.boundary[i] for i in sorted(rec.boundary)])
+        assert [c[0] for c in calls] == [reduce] * len(model.model.layers)
+        if reduce == "max":  # the same inputs with the mean give a target that is never above the max one
+            for _, args, kwargs, out in calls:
+                mean_target = real(*args, **{**kwargs, "reduce": "mean"})
+                assert bool((out[0] >= mean_target[0] - 1e-5).all())
     assert not torch.allclose(losses["mean"], losses["max"])  # a different target, a different loss
