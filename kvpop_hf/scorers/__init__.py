@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from .base import Scorer
 from .heuristics import KNormScorer, RandomScorer, StreamingScorer
+from .keydiff import KeyDiffScorer
 from .mlp import MLPScorer
 from .mlstm import MLSTMScorer
 
 SCORERS: dict[str, type[Scorer]] = {
     "streaming": StreamingScorer,
     "knorm": KNormScorer,
+    "keydiff": KeyDiffScorer,
     "random": RandomScorer,
     "mlp": MLPScorer,
     "mlstm": MLSTMScorer,
@@ -30,5 +32,5 @@ def scorer_name(scorer: Scorer) -> str:
     return type(scorer).__name__
 
 
-__all__ = ["Scorer", "SCORERS", "build_scorer", "scorer_name", "StreamingScorer", "KNormScorer", "RandomScorer",
+__all__ = ["Scorer", "SCORERS", "build_scorer", "scorer_name", "StreamingScorer", "KNormScorer", "KeyDiffScorer", "RandomScorer",
            "MLPScorer", "MLSTMScorer"]

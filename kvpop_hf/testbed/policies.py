@@ -107,6 +107,8 @@ register_policy("dense", _dense, dense=True, description="full KV cache (Dynamic
 register_policy("streaming", _heuristic("streaming"), description="StreamingLLM: sinks + window of w + k")
 register_policy("knorm", _heuristic("knorm"), description="K-Norm: keep low-norm keys")
 register_policy("random", _heuristic("random", seed=0), description="seeded random priorities")
+register_policy("keydiff", _heuristic("keydiff"),
+                description="KeyDiff: keep keys far from the mean key (cosine), read when they leave the window")
 register_policy("kvpop_mlp", _learned, needs_checkpoint=True, expect={"scorer": "mlp"},
                 description="learned stateless MLP scorer (KVpop_mlp)")
 register_policy("kvpop", _learned, needs_checkpoint=True, expect={"scorer": "mlstm", "delayed": True},
