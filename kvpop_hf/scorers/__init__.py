@@ -5,6 +5,7 @@ from __future__ import annotations
 from .base import Scorer
 from .heuristics import KNormScorer, RandomScorer, StreamingScorer
 from .keydiff import KeyDiffScorer
+from .lagkv import LagKVScorer
 from .mlp import MLPScorer
 from .mlstm import MLSTMScorer
 
@@ -12,6 +13,7 @@ SCORERS: dict[str, type[Scorer]] = {
     "streaming": StreamingScorer,
     "knorm": KNormScorer,
     "keydiff": KeyDiffScorer,
+    "lagkv": LagKVScorer,
     "random": RandomScorer,
     "mlp": MLPScorer,
     "mlstm": MLSTMScorer,
@@ -32,5 +34,6 @@ def scorer_name(scorer: Scorer) -> str:
     return type(scorer).__name__
 
 
-__all__ = ["Scorer", "SCORERS", "build_scorer", "scorer_name", "StreamingScorer", "KNormScorer", "KeyDiffScorer", "RandomScorer",
+__all__ = ["Scorer", "SCORERS", "build_scorer", "scorer_name", "StreamingScorer", "KNormScorer", "KeyDiffScorer", "LagKVScorer",
+           "RandomScorer",
            "MLPScorer", "MLSTMScorer"]

@@ -78,6 +78,11 @@ def _heuristic(scorer: str, **scorer_kwargs) -> PolicyFactory:
     return factory
 
 
+def _lagkv(model_config, sinks, window, topk, checkpoint=None):
+    """LagKV with the lag equal to the window: each token is measured against the tokens that follow it."""
+    return _heuristic("lagkv", lag=window)(model_config, sinks, window, topk, checkpoint)
+
+
 def _learned(model_config, sinks, window, topk, checkpoint=None):
     """Fresh cache from a checkpoint (a path / repo id, or a prototype KVpopCache from
     :func:`load_prototype`, whose scorer weights are shared, read-only, by all caches)."""
@@ -107,6 +112,8 @@ register_policy("dense", _dense, dense=True, description="full KV cache (Dynamic
 register_policy("streaming", _heuristic("streaming"), description="StreamingLLM: sinks + window of w + k")
 register_policy("knorm", _heuristic("knorm"), description="K-Norm: keep low-norm keys")
 register_policy("random", _heuristic("random", seed=0), description="seeded random priorities")
+register_policy("lagkv", _lagkv,
+                description="LagKV: keys/values that stand out against the window that follows them (lag = w)")
 register_policy("keydiff", _heuristic("keydiff"),
                 description="KeyDiff: keep keys far from the mean key (cosine), read when they leave the window")
 register_policy("kvpop_mlp", _learned, needs_checkpoint=True, expect={"scorer": "mlp"},
