@@ -90,6 +90,7 @@ class PendingChunk:
     def __init__(self, layer: "KVpopLayer", k_new: torch.Tensor, v_new: torch.Tensor, n_old: int):
         self._layer = weakref.ref(layer)  # the layer keeps the chunk, the chunk does not keep the layer
         self.k_new, self.v_new, self.n_old = k_new, v_new, n_old
+        self.position_ids: torch.Tensor | None = None  # the model's, where transformers passes them to update
         self.committed = False
 
     def commit(self, valid: torch.Tensor | None, cand_k: torch.Tensor | None = None,
@@ -105,7 +106,7 @@ class PendingChunk:
             raise RuntimeError("The KVpopCache of this chunk was deleted before its attention ran.")
         plan = layer.commit_chunk(self, valid, cand_k, cand_v)
         self.committed = True
-        self.k_new = self.v_new = None
+        self.k_new = self.v_new = self.position_ids = None
         return plan
 
 
@@ -202,13 +203,35 @@ class KVpopLayer(CacheLayerMixin):
             self.updates += 1
         if key_states.shape[2] == 1:
             return self.decode_step(key_states, value_states)
-        return self.begin_chunk(key_states, value_states)
+        # newer transformers hand the attention's kwargs (position_ids among them) to `update`
+        position_ids = (kwargs.get("kwargs") or {}).get("position_ids")
+        return self.begin_chunk(key_states, value_states, position_ids)
 
     def flush(self) -> None:
-        """Commit a chunk that no ``kvpop`` attention committed (a stock attention ran): as unpadded."""
+        """Commit a chunk that no ``kvpop`` attention committed (a stock attention ran): as unpadded.
+
+        A stock attention never shows the cache the padding mask. Where the model handed its position ids
+        to ``update`` and they show left padding (a row's positions do not count on from the tokens seen),
+        the chunk was attended wrongly: that raises instead of going on silently."""
         if self.pending is not None:
+            self._refuse_padding_under_stock_attention(self.pending)
             self.cache.warn_stock_attention()
             self.pending.commit(None)  # clears self.pending
+
+    def _refuse_padding_under_stock_attention(self, chunk: "PendingChunk") -> None:
+        if chunk.position_ids is None:
+            return
+        L = chunk.k_new.shape[2]
+        start = int(self.tokens) - L  # tokens seen before the chunk
+        expected = torch.arange(start, start + L, device=chunk.position_ids.device)
+        if not bool((chunk.position_ids == expected).all()):
+            self.pending = None  # the cache cannot hold this chunk correctly; reset() before reuse
+            raise ValueError(
+                "KVpopCache: this batch is padded (its position ids do not count on from the tokens seen), and a "
+                "stock attention implementation does not show the padding to the cache, so padded rows would be "
+                "wrong. Load the model with attn_implementation='kvpop' (or model.set_attn_implementation('kvpop')), "
+                "which handles left padding exactly."
+            )
 
     def reset(self) -> None:
         self.pending = None
@@ -300,13 +323,14 @@ class KVpopLayer(CacheLayerMixin):
         return self.keys, self.values
 
     # -- many new tokens: exact selection over old slots + new tokens ------------------------
-    def begin_chunk(self, k_new: torch.Tensor, v_new: torch.Tensor):
+    def begin_chunk(self, k_new: torch.Tensor, v_new: torch.Tensor, position_ids: torch.Tensor | None = None):
         """Return the candidates (the ``n_old`` stored slots, then the ``L`` new tokens) with a
         :class:`PendingChunk` attached as ``keys.kvpop_chunk``; the state changes at its commit."""
         n_old = self.stored_length()
         cand_k = torch.cat([self.keys[:, :, :n_old], k_new.to(self.keys.dtype)], dim=2)
         cand_v = torch.cat([self.values[:, :, :n_old], v_new.to(self.values.dtype)], dim=2)
         self.pending = PendingChunk(self, k_new, v_new, n_old)
+        self.pending.position_ids = position_ids
         cand_k.kvpop_chunk = self.pending
         self.tokens.add_(k_new.shape[2])
         return cand_k, cand_v

@@ -109,3 +109,26 @@ def test_stock_attention_warning_points_at_the_caller():
         model(torch.arange(1, 9)[None], past_key_values=cache)  # the unused chunk is noticed here
     ours = [r for r in record if "stock attention" in str(r.message)]
     assert [r.filename for r in ours] == [__file__]
+
+
+def test_left_padding_with_stock_attention_is_refused():
+    """sdpa never shows the padding mask to the cache; where transformers hands the position ids to
+    `update` (newer 5.x), the padded prefill is recognised and generation stops with the fix named."""
+    import inspect
+
+    from transformers.models.qwen3 import modeling_qwen3
+
+    if "kwargs=kwargs" not in inspect.getsource(modeling_qwen3.Qwen3Attention.forward):
+        pytest.skip("this transformers version does not pass the attention kwargs to Cache.update")
+    model = tiny_model("qwen3", attn="sdpa")
+    ids = torch.arange(1, 13).view(2, 6)
+    mask = torch.ones_like(ids)
+    mask[1, :2] = 0
+    with pytest.raises(ValueError, match="attn_implementation='kvpop'"):
+        model.generate(ids, attention_mask=mask, past_key_values=KVpopCache(model.config, sinks=1, window=2, topk=3),
+                       max_new_tokens=4, do_sample=False, pad_token_id=0)
+    # unpadded batches still run with stock attention (with the chunk warning)
+    with pytest.warns(UserWarning, match="stock attention"):
+        model.generate(ids, attention_mask=torch.ones_like(ids),
+                       past_key_values=KVpopCache(model.config, sinks=1, window=2, topk=3),
+                       max_new_tokens=4, do_sample=False, pad_token_id=0)
