@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import operator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -11,11 +12,19 @@ from typing import Any
 FULL_ATTENTION_TYPES = ("full_attention",)
 
 
-def _check_int(name: str, value: Any, minimum: int, hint: str) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"`{name}` must be an integer, got {value!r} ({type(value).__name__}). {hint}")
+def check_int(name: str, value: Any, minimum: int, hint: str = "") -> int:
+    """``value`` as an int ``>= minimum`` (integer-like values such as numpy ints are accepted, booleans
+    are not), else a ValueError that names ``name`` and adds ``hint``."""
+    if isinstance(value, bool):
+        raise ValueError(f"`{name}` must be an integer, got {value!r} (bool). {hint}".rstrip())
+    try:
+        value = operator.index(value)
+    except TypeError:
+        raise ValueError(f"`{name}` must be an integer, got {value!r} ({type(value).__name__}). {hint}".rstrip()) \
+            from None
     if value < minimum:
-        raise ValueError(f"`{name}` must be >= {minimum}, got {value}. {hint}")
+        raise ValueError(f"`{name}` must be >= {minimum}, got {value}. {hint}".rstrip())
+    return int(value)
 
 
 @dataclass
@@ -49,10 +58,10 @@ class KVpopConfig:
         return self.sinks + self.window + self.topk
 
     def validate(self) -> None:
-        _check_int("sinks", self.sinks, 0, "Use 0 to disable attention sinks.")
-        _check_int("window", self.window, 1, "The protected recent window needs at least the current token.")
-        _check_int("topk", self.topk, 0, "Use 0 for a pure sinks + window (StreamingLLM-like) cache.")
-        _check_int("decay_step", self.decay_step, 1, "It is the block size n of the recency decay floor(t/n).")
+        check_int("sinks", self.sinks, 0, "Use 0 to disable attention sinks.")
+        check_int("window", self.window, 1, "The protected recent window needs at least the current token.")
+        check_int("topk", self.topk, 0, "Use 0 for a pure sinks + window (StreamingLLM-like) cache.")
+        check_int("decay_step", self.decay_step, 1, "It is the block size n of the recency decay floor(t/n).")
         if self.log_gamma is not None:
             if not isinstance(self.log_gamma, (int, float)) or not self.log_gamma < 0:
                 raise ValueError(
@@ -61,7 +70,7 @@ class KVpopConfig:
         for name in ("num_layers", "num_kv_heads", "head_dim"):
             value = getattr(self, name)
             if value is not None:
-                _check_int(name, value, 1, "It describes the model the cache serves.")
+                check_int(name, value, 1, "It describes the model the cache serves.")
         if not isinstance(self.scorer, str):
             raise ValueError(f"`scorer` must be a scorer name, got {type(self.scorer).__name__}.")
 

@@ -19,10 +19,11 @@ Notation (per row = one batch element x one KV head):
 
 from __future__ import annotations
 
-import operator
 from dataclasses import dataclass
 
 import torch
+
+from ..config import check_int
 
 __all__ = [
     "RunningTopK",
@@ -61,17 +62,6 @@ class RunningTopK:
     keep_new: torch.Tensor
 
 
-def _check_int(name: str, value, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        try:
-            value = operator.index(value)
-        except TypeError:
-            raise ValueError(f"{name} must be an int, got {type(value).__name__}") from None
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
-    return int(value)
-
-
 def _validate(prio, sinks, window=None, k=None):
     """Validate arguments; returns ``(sinks, window, k)`` as python ints."""
     if not isinstance(prio, torch.Tensor):
@@ -80,11 +70,11 @@ def _validate(prio, sinks, window=None, k=None):
         raise ValueError(f"prio must be a floating-point tensor, got dtype {prio.dtype}")
     if prio.ndim < 1:
         raise ValueError("prio must have at least 1 dimension ([..., S]), got a scalar")
-    sinks = _check_int("sinks", sinks, 0)
+    sinks = check_int("sinks", sinks, 0)
     if window is not None:
-        window = _check_int("window", window, 1)
+        window = check_int("window", window, 1)
     if k is not None:
-        k = _check_int("k", k, 0)
+        k = check_int("k", k, 0)
     return sinks, window, k
 
 
@@ -225,8 +215,8 @@ def sparse_mask_reference(result: RunningTopK, sinks: int, window: int) -> torch
     Returns:
         ``[..., S, S]`` bool (query dim, then key dim).
     """
-    sinks = _check_int("sinks", sinks, 0)
-    window = _check_int("window", window, 1)
+    sinks = check_int("sinks", sinks, 0)
+    window = check_int("window", window, 1)
     rank, cutoff = result.rank, result.cutoff
     S = rank.shape[-1]
     dev = rank.device
