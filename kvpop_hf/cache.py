@@ -76,7 +76,9 @@ class KVpopCache(Cache):
         if cfg.log_gamma is not None:
             self.log_gamma = torch.full((cfg.num_layers, cfg.num_kv_heads), float(cfg.log_gamma))
         self._warned_stock = False
-        self._scorer_copies: dict = {}  # device -> scorer copy (and decay copies) for layers on other devices
+        # copies for layers on other devices than the scorer/decay (device_map): device -> copy
+        self._scorer_copies: dict = {}
+        self._log_gamma_copies: dict = {}
         super().__init__(layers=[KVpopLayer(self, i) for i in range(cfg.num_layers)])
 
     # -- transformers Cache API ---------------------------------------------------------------
@@ -134,12 +136,13 @@ class KVpopCache(Cache):
         if self.log_gamma is None:
             return None
         device = _canonical(device)
-        copies = self._scorer_copies.setdefault("log_gamma", {})
         if self.log_gamma.device == device:
             return self.log_gamma[layer_idx]
-        if device not in copies or copies[device][0] is not self.log_gamma:
-            copies[device] = (self.log_gamma, self.log_gamma.to(device))
-        return copies[device][1][layer_idx]
+        source, copy_on_device = self._log_gamma_copies.get(device, (None, None))
+        if source is not self.log_gamma:  # first use on this device, or `log_gamma` was replaced since
+            copy_on_device = self.log_gamma.to(device)
+            self._log_gamma_copies[device] = (self.log_gamma, copy_on_device)
+        return copy_on_device[layer_idx]
 
     def warn_stock_attention(self) -> None:
         if not self._warned_stock:

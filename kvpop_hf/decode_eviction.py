@@ -14,7 +14,7 @@ with ``t = seen[row]`` the real position of the new token:
 
 :func:`evict_and_insert_reference` is the plain torch version (about twenty launches per layer);
 :func:`evict_and_insert_triton` does it in one Triton program per (row, KV head), and is what
-:func:`evict_and_insert` uses on CUDA. Tests compare the two on random states (``TRITON_INTERPRET=1``
+:func:`eviction_for` picks on CUDA. Tests compare the two on random states (``TRITON_INTERPRET=1``
 on CPU). All tensors are updated in place, so CUDA graphs can replay the step.
 
 Shapes: keys ``[b, h, B, d]``, values ``[b, h, B, dv]``, pos ``[b, h, B]`` int64 (-1 empty), prio
@@ -28,7 +28,7 @@ import os
 
 import torch
 
-__all__ = ["evict_and_insert", "evict_and_insert_reference", "evict_and_insert_triton", "ring_slot"]
+__all__ = ["eviction_for", "evict_and_insert_reference", "evict_and_insert_triton", "ring_slot"]
 
 NEG_INF = float("-inf")
 
@@ -73,13 +73,6 @@ try:  # the kernel is defined at import, where Triton resolves its globals (`tl`
     import triton.language as tl
 except ImportError:  # pragma: no cover - triton is a dependency; the torch reference works without it
     triton = None
-
-
-def prepare(device: torch.device) -> None:
-    """Check, before any ``torch.compile`` trace, that the kernel can run where it will be used."""
-    if use_triton(torch.device(device)) and triton is None:
-        raise RuntimeError("KVpopCache decoding on CUDA uses a Triton kernel: `pip install triton`, or set "
-                           "KVPOP_DECODE_EVICTION=torch to use the plain torch version.")
 
 
 if triton is not None:
@@ -151,8 +144,13 @@ def use_triton(device: torch.device) -> bool:
     return mode == "triton" or (mode == "auto" and device.type == "cuda")
 
 
-def evict_and_insert(keys, values, pos, prio, seen, k_new, v_new, p_leave, p_new,
-                     sinks: int, window: int, topk: int) -> None:
-    """One decode step's eviction, in place (see the module docstring)."""
-    fn = evict_and_insert_triton if use_triton(keys.device) else evict_and_insert_reference
-    fn(keys, values, pos, prio, seen, k_new, v_new, p_leave, p_new, sinks, window, topk)
+def eviction_for(device: torch.device):
+    """The eviction function for buffers on ``device``: the fused kernel on CUDA, the torch reference
+    elsewhere (``KVPOP_DECODE_EVICTION=torch|triton`` overrides). Chosen once, when a layer allocates its
+    buffers, so decode steps neither read the environment nor branch on it."""
+    if not use_triton(torch.device(device)):
+        return evict_and_insert_reference
+    if triton is None:
+        raise RuntimeError("KVpopCache decoding on CUDA uses a Triton kernel: `pip install triton`, or set "
+                           "KVPOP_DECODE_EVICTION=torch to use the plain torch version.")
+    return evict_and_insert_triton

@@ -20,8 +20,7 @@ from dataclasses import dataclass
 import torch
 from transformers.cache_utils import CacheLayerMixin
 
-from . import decode_eviction
-from .decode_eviction import evict_and_insert, ring_slot
+from .decode_eviction import eviction_for, ring_slot
 from .priority import decayed_priorities
 
 NEG_INF = float("-inf")
@@ -87,10 +86,11 @@ class PendingChunk:
     state, so two caches in two threads or a nested model cannot see each other's chunks.
     """
 
-    def __init__(self, layer: "KVpopLayer", k_new: torch.Tensor, v_new: torch.Tensor, n_old: int):
+    def __init__(self, layer: "KVpopLayer", k_new: torch.Tensor, v_new: torch.Tensor, n_old: int,
+                 position_ids: torch.Tensor | None = None):
         self._layer = weakref.ref(layer)  # the layer keeps the chunk, the chunk does not keep the layer
         self.k_new, self.v_new, self.n_old = k_new, v_new, n_old
-        self.position_ids: torch.Tensor | None = None  # the model's, where transformers passes them to update
+        self.position_ids = position_ids  # the model's, where transformers passes them to update
         self.committed = False
 
     def commit(self, valid: torch.Tensor | None, cand_k: torch.Tensor | None = None,
@@ -156,7 +156,7 @@ class KVpopLayer(CacheLayerMixin):
         self.tokens = self.tokens.to(self.device)
         self.scorer = scorer = self.cache.scorer_for(self.device)  # this layer's device: nothing moves per step
         self.state = scorer.init_state(self.layer_idx, b, self.device) if scorer.stateful else None
-        decode_eviction.prepare(self.device)
+        self._evict = eviction_for(self.device)  # the fused kernel on CUDA, chosen once
         self._mark_static()
         self.is_initialized = True
 
@@ -316,7 +316,7 @@ class KVpopLayer(CacheLayerMixin):
             v_leave = self.values.gather(2, slot[..., None].expand(b, h, 1, self.values.shape[-1]))
             p_leave = self._score(k_new, v_new, None, k_leave, v_leave, leaving_pos)
             p_new = torch.full_like(p_leave, NEG_INF)
-        evict_and_insert(self.keys, self.values, self.pos, self.prio, t, k_new, v_new, p_leave, p_new,
+        self._evict(self.keys, self.values, self.pos, self.prio, t, k_new, v_new, p_leave, p_new,
                          s, w, self.topk)
         self.seen.add_(1)
         self.tokens.add_(1)
@@ -329,8 +329,7 @@ class KVpopLayer(CacheLayerMixin):
         n_old = self.stored_length()
         cand_k = torch.cat([self.keys[:, :, :n_old], k_new.to(self.keys.dtype)], dim=2)
         cand_v = torch.cat([self.values[:, :, :n_old], v_new.to(self.values.dtype)], dim=2)
-        self.pending = PendingChunk(self, k_new, v_new, n_old)
-        self.pending.position_ids = position_ids
+        self.pending = PendingChunk(self, k_new, v_new, n_old, position_ids)
         cand_k.kvpop_chunk = self.pending
         self.tokens.add_(k_new.shape[2])
         return cand_k, cand_v

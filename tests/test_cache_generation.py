@@ -28,7 +28,7 @@ def test_fixed_memory_after_ten_times_budget(scorer):
         assert all(len(set(row.tolist())) == cache.budget for row in pos.flatten(0, 1))
 
 
-@pytest.mark.parametrize("scorer", ["knorm", "mlstm"])
+@pytest.mark.parametrize("scorer", ["knorm", "keydiff", "lagkv", "mlstm"])
 def test_left_padding_matches_unpadded_rows(scorer):
     model = tiny_model("llama")
     rows = [distinct_ids(1, n, seed=n)[0] for n in (30, 21, 26)]

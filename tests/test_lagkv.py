@@ -1,11 +1,10 @@
-"""LagKV scorer: its priorities equal the rule computed by brute force, and the cache built on it keeps
-exactly the contract's entries (whole prompt, chunks, token by token, left padding)."""
+"""LagKV scorer: its priorities equal the rule computed by brute force. (The cache built on it is checked
+against the contract with the other scorers: test_cache_contract.py, test_cache_generation.py.)"""
 
 import pytest
 import torch
 
-from helpers import distinct_ids, left_padded, reference_logits, reference_priorities, run_chunks, run_tokens, \
-    run_whole, tiny_model
+from helpers import reference_priorities, tiny_model
 from kvpop_hf import KVpopCache
 from kvpop_hf.scorers import LagKVScorer
 
@@ -34,27 +33,3 @@ def test_priorities_follow_the_rule(lag):
 def test_bad_lag():
     with pytest.raises(ValueError, match="lag"):
         KVpopCache(tiny_model("qwen3").config, scorer="lagkv", scorer_kwargs={"lag": 0})
-
-
-@pytest.mark.parametrize("arch", ["qwen3", "llama"])
-def test_cache_matches_reference_mask(arch):
-    model = tiny_model(arch)
-    ids = distinct_ids(2, 40, seed=13)
-    kw = dict(sinks=2, window=5, topk=6, scorer="lagkv", scorer_kwargs={"lag": 5})
-    probe = KVpopCache(model.config, **kw)
-    ref, _ = reference_logits(model, ids, probe.scorer, 2, 5, 6)
-    for feed in (run_whole, run_tokens, run_chunks):
-        torch.testing.assert_close(feed(model, ids, KVpopCache(model.config, **kw)), ref, atol=2e-5, rtol=0)
-
-
-def test_left_padded_batch_equals_rows_alone():
-    model = tiny_model("qwen3")
-    rows = [distinct_ids(1, n, seed=n)[0] for n in (25, 18)]
-    ids, mask, width = left_padded(rows)
-    gen = dict(max_new_tokens=10, do_sample=False, pad_token_id=0)
-    kw = dict(sinks=2, window=4, topk=6, scorer="lagkv", scorer_kwargs={"lag": 4})
-    batch = model.generate(ids, attention_mask=mask, past_key_values=KVpopCache(model.config, **kw), **gen)
-    for i, r in enumerate(rows):
-        alone = model.generate(r[None], attention_mask=torch.ones_like(r[None]),  # (id 0 is not padding here)
-                               past_key_values=KVpopCache(model.config, **kw), **gen)
-        assert torch.equal(batch[i, width:], alone[0, len(r):])
