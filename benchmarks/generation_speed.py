@@ -245,6 +245,46 @@ def check_eviction_kernel(device, dtype, trials: int = 20) -> str:
     return f"eviction kernel check on {device}: {trials - bad}/{trials} random states equal to the torch reference"
 
 
+def check_decode_attention(device, dtype, config, B, trials: int = 8) -> str:
+    """The split-KV decode attention (Triton) against its SDPA reference on random inputs of the model's
+    head shapes, and the time of one layer's call of each (median of 200 calls, batch 1, ``B`` slots)."""
+    from kvpop_hf.decode_attention import decode_attention_reference, decode_attention_triton
+
+    if device.type != "cuda":
+        return "decode attention check: skipped (CPU)"
+    hq, hkv, d = config.num_attention_heads, config.num_key_value_heads, config.head_dim
+    g = torch.Generator(device=device).manual_seed(1)
+    worst = 0.0
+    for trial in range(trials):
+        b = (1, 3, 8, 32)[trial % 4]
+        q = torch.randn(b, hq, 1, d, device=device, dtype=dtype, generator=g)
+        k = 3 * torch.randn(b, hkv, B, d, device=device, dtype=dtype, generator=g)
+        v = torch.randn(b, hkv, B, d, device=device, dtype=dtype, generator=g)
+        seen = torch.randint(1, 2 * B, (b,), device=device, generator=g)
+        ref = decode_attention_reference(q, k, v, seen, None).float()
+        worst = max(worst, (decode_attention_triton(q, k, v, seen, None).float() - ref).abs().max().item())
+    q = torch.randn(1, hq, 1, d, device=device, dtype=dtype)
+    k, v = torch.randn(1, hkv, B, d, device=device, dtype=dtype), torch.randn(1, hkv, B, d, device=device, dtype=dtype)
+    seen = torch.full((1,), B, device=device)
+    us = {}
+    for name, fn in (("sdpa reference", decode_attention_reference), ("split kernel", decode_attention_triton)):
+        for _ in range(20):
+            fn(q, k, v, seen, None)
+        times = []
+        for _ in range(200):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn(q, k, v, seen, None)
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) * 1e3)
+        us[name] = statistics.median(times)
+    ok = worst < 0.02
+    return (f"decode attention check on {device}: split kernel vs SDPA reference max |diff| {worst:.3g} over {trials} "
+            f"random inputs ({'agreed' if ok else 'disagreed: this run decodes with the reference'}); one layer, "
+            f"batch 1, {B} slots, eager call incl. launches: " + ", ".join(f"{n} {t:.1f} us" for n, t in us.items()))
+
+
 # ----------------------------------------------------------------------------------------- synthetic fill
 def fill_kvpop(cache: KVpopCache, model, batch, ctx, device) -> None:
     """A warm KVpopCache of ``ctx`` tokens without prefill: one decode step allocates the buffers, then
@@ -342,6 +382,10 @@ def main(argv=None) -> int:
     print(head, flush=True)
     notes.append(check_eviction_kernel(device, dtype))
     print("  " + notes[-1], flush=True)
+    notes.append(check_decode_attention(device, dtype, model.config, B))
+    print("  " + notes[-1], flush=True)
+    if "disagreed" in notes[-1]:
+        os.environ["KVPOP_DECODE_ATTENTION"] = "torch"
     if "20/20" not in notes[-1] and device.type == "cuda":
         os.environ["KVPOP_DECODE_EVICTION"] = "torch"
         notes.append("the kernel disagreed: this run decodes with the torch reference (KVPOP_DECODE_EVICTION=torch)")
@@ -361,6 +405,7 @@ def main(argv=None) -> int:
                    floor_ms=floor_ms, x_floor=q["median"] / floor_ms, peak_gb=peak_b / 1e9,
                    resident_gb=resident_b / 1e9, **extra)
         rows.append(row)
+        write_outputs(prefix, rows, notes, head, command, commit, started, args, plot_too=False)
         print(f"  ctx {ctx:>6} b {batch:>2} {cache_name:<13} {mode:<8} prefill {prefill_s:7.2f} s  decode "
               f"{q['median']:7.2f} ms (p90 {q['p90']:.2f})  {row['x_floor']:.2f}x floor  peak {row['peak_gb']:.2f} GB  "
               f"resident {row['resident_gb']:.3f} GB " + " ".join(f"{a}={b}" for a, b in extra.items()), flush=True)
@@ -453,7 +498,8 @@ def main(argv=None) -> int:
         for batch in args.batches or []:
             ctx = args.batch_context
             extra = args.steps + args.warmup + 8
-            for name in ["dynamic", "static"] + [f"kvpop-{sc}" for sc in args.scorers]:
+            names = [n for n in ("dynamic", "static") if n in args.rows]
+            for name in names + ([f"kvpop-{sc}" for sc in args.scorers] if "kvpop" in args.rows else []):
                 gc.collect()
                 if device.type == "cuda":
                     torch.cuda.empty_cache()

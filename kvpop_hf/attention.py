@@ -11,7 +11,8 @@ the layer's attention) returns tensors that carry what the attention needs:
 * a prompt chunk: the candidates, with ``key.kvpop_chunk`` (a :class:`~kvpop_hf.layer.PendingChunk`)
   that the attention commits with the padding, getting the exact per-head plan ``R(q)``;
 * a decode step: all ``B`` slots of the layer's fixed buffers, with ``key.kvpop_seen`` (real tokens
-  per row) that masks the empty slots. Fixed shapes, so the step can be captured as a CUDA graph.
+  per row) that masks the empty slots. Fixed shapes, so the step can be captured as a CUDA graph;
+  the attention itself is split along the slots on CUDA (:mod:`kvpop_hf.decode_attention`).
 
 Keys without these attributes come from another cache (or none: training); they get plain causal
 attention with padding.
@@ -28,6 +29,7 @@ from torch.nn import functional as F
 from transformers import AttentionInterface, AttentionMaskInterface
 from transformers.masking_utils import sdpa_mask
 
+from .decode_attention import decode_attention
 from .dense_attention import causal_attention
 
 ATTN_NAME = "kvpop"
@@ -129,19 +131,6 @@ def _flex_chunk_attention(plan, query, key, value, scaling):
     return out.transpose(1, 2).contiguous()
 
 
-def _decode_attention(query, key, value, seen, scaling):
-    """One query per row over the ``B`` fixed slots: slot ``i`` is visible iff ``i < seen[row]``.
-
-    The ``G`` query heads of a KV head are laid out as ``G`` queries of that head, so keys and values
-    are never expanded. query ``[b, Hq, 1, d]``, key/value ``[b, Hkv, B, d]``, seen ``[b]``."""
-    b, hq, _, d = query.shape
-    hkv, B = key.shape[1], key.shape[2]
-    mask = (torch.arange(B, device=key.device) < seen[:, None]).view(b, 1, 1, B)
-    q = query.reshape(b, hkv, hq // hkv, d)
-    out = F.scaled_dot_product_attention(q, key.to(query.dtype), value.to(query.dtype), attn_mask=mask, scale=scaling)
-    return out.reshape(b, 1, hq, value.shape[-1])
-
-
 def _chunk_attention(chunk, query, key, value, attention_mask, scaling):
     """A prompt chunk: commit it with this forward's padding, then attend each query to ``R(q)`` per head."""
     valid = attention_mask.valid if isinstance(attention_mask, KVpopMaskInfo) else None
@@ -166,7 +155,7 @@ def kvpop_attention(module, query, key, value, attention_mask, scaling=None, dro
         return _chunk_attention(chunk, query, key, value, attention_mask, scaling), None
     seen = getattr(key, "kvpop_seen", None)
     if seen is not None and query.shape[2] == 1:
-        return _decode_attention(query, key, value, seen, scaling), None
+        return decode_attention(query, key, value, seen, scaling), None
     # keys from another cache or none: plain causal attention with padding
     mask = attention_mask.dense() if isinstance(attention_mask, KVpopMaskInfo) else attention_mask
     return causal_attention(query, key, value, mask, scaling, dropout if module.training else 0.0), None
