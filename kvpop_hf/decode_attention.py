@@ -21,7 +21,6 @@ Shapes: query ``[b, Hq, 1, d]``, key ``[b, Hkv, B, d]``, value ``[b, Hkv, B, dv]
 
 from __future__ import annotations
 
-import functools
 import math
 import os
 
@@ -94,18 +93,15 @@ if triton is not None:
 _BLOCK_N = 64
 
 
-@functools.lru_cache(maxsize=None)
-def _multiprocessors(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
+_PROGRAMS = 256  # about two per multiprocessor of an H100/H200 (132); from shapes only, so traceable
 
 
-def split_count(programs: int, slots: int, device: torch.device, block: int = _BLOCK_N) -> tuple[int, int]:
-    """``(number of splits, slots per split)``: about two programs per multiprocessor, each split a
-    whole number of ``block``-slot tiles. ``programs = batch * Hkv``."""
+def split_count(programs: int, slots: int, block: int = _BLOCK_N, target: int = _PROGRAMS) -> tuple[int, int]:
+    """``(number of splits, slots per split)`` so that ``programs * splits`` is about ``target``, each split a
+    whole number of ``block``-slot tiles. ``programs = batch * Hkv``; depends on shapes only (a compiled
+    decode step bakes it in)."""
     tiles = max(1, math.ceil(slots / block))
-    sms = _multiprocessors(device.index if device.index is not None else torch.cuda.current_device()) \
-        if device.type == "cuda" else 16
-    want = max(1, math.ceil(2 * sms / max(programs, 1)))
+    want = max(1, math.ceil(target / max(programs, 1)))
     per_split = math.ceil(tiles / min(tiles, want)) * block
     return math.ceil(slots / per_split), per_split
 
@@ -118,7 +114,7 @@ def decode_attention_triton(query, key, value, seen, scaling, splits: int | None
     if not (key.is_contiguous() and value.is_contiguous()):
         raise ValueError("decode_attention_triton needs contiguous key/value buffers")
     if splits is None:
-        ns, per_split = split_count(b * hkv, B, key.device)
+        ns, per_split = split_count(b * hkv, B)
     else:
         per_split = math.ceil(math.ceil(B / splits) / _BLOCK_N) * _BLOCK_N
         ns = math.ceil(B / per_split)

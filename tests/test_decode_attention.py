@@ -46,7 +46,7 @@ def test_rows_see_only_their_prefix():
 
 def test_split_count_covers_the_slots():
     for programs, slots in [(8, 4096), (256, 4096), (1, 100), (64, 63)]:
-        ns, per = split_count(programs, slots, torch.device("cpu"))
+        ns, per = split_count(programs, slots)
         assert per % 64 == 0 and (ns - 1) * per < slots <= ns * per
 
 
