@@ -76,7 +76,8 @@ if triton is not None:
             ks = tl.load(k + (base + n[:, None]) * D + od[None, :], mask=mn[:, None] & (od[None, :] < D), other=0.0)
             vs = tl.load(v + (base + n[:, None]) * DV + odv[None, :], mask=mn[:, None] & (odv[None, :] < DV),
                          other=0.0)
-            s = tl.dot(qs, tl.trans(ks.to(qs.dtype))).to(tl.float32) * scale_log2
+            # compiled callers may pass the scale as float64: keep the scores float32
+            s = (tl.dot(qs, tl.trans(ks.to(qs.dtype))).to(tl.float32) * scale_log2).to(tl.float32)
             s = tl.where(mn[None, :], s, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(s, axis=1))
             alpha = tl.exp2(m_i - m_new)
