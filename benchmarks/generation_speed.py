@@ -380,15 +380,16 @@ def main(argv=None) -> int:
             f"copy bandwidth {bw / 1e12:.2f} TB/s; commit {commit[:12]}; torch {torch.__version__}, "
             f"transformers {transformers.__version__}")
     print(head, flush=True)
-    notes.append(check_eviction_kernel(device, dtype))
-    print("  " + notes[-1], flush=True)
-    notes.append(check_decode_attention(device, dtype, model.config, B))
-    print("  " + notes[-1], flush=True)
-    if "disagreed" in notes[-1]:
-        os.environ["KVPOP_DECODE_ATTENTION"] = "torch"
-    if "20/20" not in notes[-1] and device.type == "cuda":
+    eviction_note = check_eviction_kernel(device, dtype)
+    attention_note = check_decode_attention(device, dtype, model.config, B)
+    notes += [eviction_note, attention_note]
+    print(f"  {eviction_note}\n  {attention_note}", flush=True)
+    if "20/20" not in eviction_note and device.type == "cuda":
         os.environ["KVPOP_DECODE_EVICTION"] = "torch"
-        notes.append("the kernel disagreed: this run decodes with the torch reference (KVPOP_DECODE_EVICTION=torch)")
+        notes.append("the eviction kernel disagreed: this run decodes with the torch reference "
+                     "(KVPOP_DECODE_EVICTION=torch)")
+    if "disagreed" in attention_note:
+        os.environ["KVPOP_DECODE_ATTENTION"] = "torch"
     static_ctx = set(args.static_contexts if args.static_contexts is not None
                      else [min(args.contexts), max(args.contexts)])
 
