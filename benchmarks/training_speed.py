@@ -354,9 +354,9 @@ def full_model_section(args, seq_lens, device, dtype, bench: Bench, rec: Recorde
                       repeats=min(bench.repeats, args.full_repeats))
         if res is not None:
             record = res["out"][1]
-            recall = torch.stack([r.float() for r in record.recall.values()]).nanmean().item()
-            rec.note(f"S={S}: student forward ran {len(record.boundary)} layers; mean top-k recall "
-                     f"(random scorer vs teacher) {recall:.3f}")
+            recall = torch.stack([r.float() for r in record.teacher_recall.values()]).nanmean().item()
+            rec.note(f"S={S}: student forward ran {len(record.boundary)} layers; mean teacher top-k "
+                     f"recall (random scorer) {recall:.3f}")
         res = None
         bench.free()
 

@@ -51,7 +51,8 @@ def test_train_save_load_resume(tmp_path):
     before = copy.deepcopy(trainer.scorer.state_dict())
     trainer.train()
     logs = [e for e in trainer.state.log_history if "boundary_loss" in e]
-    assert logs and all(k in logs[0] for k in ("distill_loss", "topk_recall", "topk_recall/layer_1", "loss"))
+    assert logs and all(k in logs[0] for k in ("distill_loss", "teacher_topk_recall", "teacher_topk_recall/layer_1",
+                                               "loss"))
     assert any(not torch.equal(before[k], v) for k, v in trainer.scorer.state_dict().items())
     ckpt = tmp_path / "out" / "checkpoint-3"
     lm = AutoModelForCausalLM.from_pretrained(ckpt)

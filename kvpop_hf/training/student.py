@@ -8,7 +8,7 @@ Inside :func:`student_forward` every layer (KVpop, arXiv:2607.05061 Sec. 3):
 3. computes the future-attention target with the transposed pass (LSE from the sparse forward,
    or from a dense pass with ``target_lse="dense"``), the teacher priorities and the teacher's
    running top-k -> boundary tokens and keep/drop labels;
-4. records the boundary loss and the recall of the teacher's top-k by the student's.
+4. records the boundary loss and the teacher top-k recall (:func:`teacher_topk_recall`).
 
 Outside that context the function is plain causal attention, so the same model serves as the
 dense teacher (e.g. a LoRA student with adapters disabled).
@@ -48,7 +48,7 @@ class StudentSettings:
     topk_backend: str = "auto"
     attention_backend: str = "auto"  # flex | reference | auto (flex unless CPU autograd, unsupported there)
     target_backend: str = "auto"  # flex | chunked | auto (flex on CUDA, chunked on CPU)
-    recall_queries: int = 8
+    teacher_recall_queries: int = 8  # queries sampled per layer by teacher_topk_recall
 
 
 @dataclass
@@ -56,7 +56,7 @@ class StudentRecord:
     """Per-forward results, one entry per layer."""
 
     boundary: dict = field(default_factory=dict)
-    recall: dict = field(default_factory=dict)
+    teacher_recall: dict = field(default_factory=dict)
     keep_rate: dict = field(default_factory=dict)
 
 
@@ -75,8 +75,11 @@ def student_forward(scorer, settings: StudentSettings, log_gamma: torch.Tensor |
         _ACTIVE[0] = previous
 
 
-def topk_recall(student, teacher, sinks: int, window: int, n_queries: int) -> torch.Tensor:
-    """Mean over sampled queries of |TopK_student ∩ TopK_teacher| / |TopK_teacher| (paper Fig. 7)."""
+def teacher_topk_recall(student, teacher, sinks: int, window: int, n_queries: int) -> torch.Tensor:
+    """Teacher top-k recall: mean over ``n_queries`` evenly spaced queries (from ``sinks + window`` on) of
+    ``|kept_student(q) & kept_teacher(q)| / |kept_teacher(q)|``, with ``kept_x(q)`` the long-range tokens that
+    the running top-k ``x`` (a :class:`~kvpop_hf.topk.RunningTopK`) keeps at query ``q``.
+    A cheap training signal on the batch; the evaluation metric is the testbed's oracle top-k recall."""
     S = student.rank.shape[-1]
     first = sinks + window  # first query with an eligible token
     if S <= first:
@@ -131,7 +134,8 @@ def kvpop_train_attention(module, query, key, value, attention_mask, scaling=Non
         if "balance" in st.omega:
             bal = balance_weights(teacher.keep_new, valid)
             omega = bal if omega is None else omega * bal
-        record.recall[li] = topk_recall(student, teacher, st.sinks, st.window, st.recall_queries)
+        record.teacher_recall[li] = teacher_topk_recall(student, teacher, st.sinks, st.window,
+                                                        st.teacher_recall_queries)
         record.keep_rate[li] = teacher.keep_new[valid].float().mean() if valid.any() else torch.tensor(float("nan"))
     record.boundary[li] = boundary_loss(prio, t_new, teacher.boundary, teacher.keep_new, tau=st.tau, omega=omega,
                                         valid=valid)

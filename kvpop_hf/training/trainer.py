@@ -221,10 +221,10 @@ class KVpopTrainer(Trainer):
                 lm = nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten(),
                                                  ignore_index=-100)
             logs["student_lm_loss"] = lm.item()
-        recalls = torch.stack([r for r in record.recall.values()])
-        logs["topk_recall"] = recalls.nanmean().item()
-        for li, r in record.recall.items():
-            logs[f"topk_recall/layer_{li}"] = r.item()
+        recalls = torch.stack([r for r in record.teacher_recall.values()])
+        logs["teacher_topk_recall"] = recalls.nanmean().item()
+        for li, r in record.teacher_recall.items():
+            logs[f"teacher_topk_recall/layer_{li}"] = r.item()
         logs["teacher_keep_rate"] = torch.stack(list(record.keep_rate.values())).nanmean().item()
         for key, value in logs.items():
             self._kvpop_logs.setdefault(key, []).append(value)
