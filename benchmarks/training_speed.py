@@ -346,9 +346,9 @@ def full_model_section(args, seq_lens, device, dtype, bench: Bench, rec: Recorde
         set_attn(TRAIN_ATTN_NAME)
 
         def student_fwd():
-            with torch.no_grad(), student_forward(scorer, settings) as record:
-                logits = model(input_ids=ids).logits
-            return logits, record
+            with torch.no_grad():
+                out, record = student_forward(model, scorer, settings, input_ids=ids)
+            return out.logits, record
 
         res = guarded(rec, bench, sec, "(b') full student fwd (kvpop_train)", S, student_fwd,
                       repeats=min(bench.repeats, args.full_repeats))
@@ -366,9 +366,8 @@ def full_model_section(args, seq_lens, device, dtype, bench: Bench, rec: Recorde
             def student_fwd_bwd():
                 model.zero_grad(set_to_none=True)
                 scorer.zero_grad(set_to_none=True)
-                with student_forward(scorer, settings) as record:
-                    logits = model(input_ids=ids).logits
-                loss = torch.stack(list(record.boundary.values())).mean() + logits.float().mean()
+                out, record = student_forward(model, scorer, settings, input_ids=ids)
+                loss = torch.stack(list(record.boundary.values())).mean() + out.logits.float().mean()
                 loss.backward()
                 return None
 

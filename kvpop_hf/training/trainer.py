@@ -200,8 +200,7 @@ class KVpopTrainer(Trainer):
         # the teacher's, groups would get none and the bf16 gradients would later fail to land on the fp32
         # shards ("attempting to assign a gradient with dtype BFloat16 ..."; seen on 2 H200s, torch 2.11;
         # pytorch/pytorch#186998).
-        with student_forward(self.scorer, self.settings, self._log_gamma(model)) as record:
-            outputs = model(input_ids=ids)
+        outputs, record = student_forward(model, self.scorer, self.settings, self._log_gamma(model), input_ids=ids)
         teacher_logits = self._teacher_logits(model, inputs) if args.distill_weight > 0 and args.train_backbone else None
         logits = outputs.logits
         labels = inputs.get("labels")
