@@ -503,7 +503,7 @@ def main(argv=None):
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
     # every (S, grad mode, dtype) is one compiled flex graph; keep dynamo from giving up and falling back
-    from kvpop_hf.training.sparse_attention import raise_recompile_limit
+    from kvpop_hf.flex_compiled import raise_recompile_limit
 
     raise_recompile_limit(64)
 
