@@ -3,7 +3,8 @@
 For testbed reasoning problems, per layer of the teacher: the future-attention target computed
 with the LSE of the student's fixed-budget sparse forward (the paper's approximation) against the
 same target with the exact dense LSE. Reports the mean absolute difference of the targets and the
-recall of the exact target's running top-k by the approximate one (1.0 = identical keep decisions).
+oracle top-k recall of the approximate target with the exact one as the oracle
+(``kvpop_hf.testbed.analysis.oracle_topk_recall``; 1.0 = identical keep decisions).
 Writes ``<out>.md`` and ``<out>.csv``.
 
     python benchmarks/target_lse_gap.py --scorer checkpoints/scorers/kvpop_cr88 --n 2 --length 2048
@@ -22,7 +23,7 @@ import torch
 from kvpop_hf import KVpopCache
 from kvpop_hf.provenance import git_commit
 from kvpop_hf.testbed import make_problem, training_example
-from kvpop_hf.testbed.analysis import record_qkv, topk_recall
+from kvpop_hf.testbed.analysis import oracle_topk_recall, record_qkv
 from kvpop_hf.topk import running_topk
 from kvpop_hf.training.priorities import sequence_priorities
 from kvpop_hf.training.sparse_attention import sparse_attention_reference
@@ -62,7 +63,7 @@ def main(argv=None):
                 r_sparse = future_attention_target(q, k, lse_sparse, cfg.window, scale=scale, backend="chunked")[0]
                 r_dense = future_attention_target(q, k, lse_dense, cfg.window, scale=scale, backend="chunked")[0]
                 live = torch.arange(r_dense.shape[-1]) + cfg.window <= r_dense.shape[-1] - 1  # tokens with a future
-                rec = topk_recall(r_sparse, r_dense, cfg.sinks, cfg.window, cfg.topk)
+                rec = oracle_topk_recall(r_sparse, r_dense, cfg.sinks, cfg.window, cfg.topk)
                 rows.append({"problem": i, "layer": layer,
                              "mean_abs_diff": (r_sparse - r_dense)[:, live].abs().mean().item(),
                              "lse_gap": (lse_dense - lse_sparse).mean().item(),

@@ -74,7 +74,6 @@ def kvpop_mask(batch_size: int, q_length: int, kv_length: int, q_offset: int = 0
 # -- multi-token chunks through FlexAttention (GPU): no dense [L x C] mask ---------------------------
 _CHUNK_MODES = ("auto", "flex", "dense")
 _CHUNK_MODE: list[str] = [os.environ.get("KVPOP_CHUNK_ATTENTION", "auto").lower()]
-_FLEX_FNS: dict[str, tuple[Callable, Callable, bool]] = {}
 
 
 def set_chunk_attention(mode: str) -> str:
@@ -96,21 +95,11 @@ def use_flex(query: torch.Tensor) -> bool:
 
 
 def _flex_fns(device_type: str):
-    """``(flex_attention, create_block_mask)``; compiled once per process on CUDA."""
-    fns = _FLEX_FNS.get(device_type)
-    if fns is None:
-        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+    """``(flex_attention, create_block_mask)``, compiled on CUDA with the inference policy (flex_compiled.py)."""
+    from .flex_compiled import compiled_create_block_mask, compiled_flex, inference_dynamic
 
-        if device_type == "cuda":
-            # compiled: the kernel never builds scores or masks densely (create_block_mask is only used
-            # with KVPOP_FLEX_BLOCK_MASK=create; see flex_mask.build_block_mask)
-            dynamic = os.environ.get("KVPOP_FLEX_DYNAMIC")
-            dynamic = None if dynamic is None else dynamic.lower() in ("1", "true")
-            fns = (torch.compile(flex_attention, dynamic=dynamic), torch.compile(create_block_mask, dynamic=dynamic))
-        else:
-            fns = (flex_attention, create_block_mask)
-        _FLEX_FNS[device_type] = fns
-    return fns
+    dynamic = inference_dynamic()
+    return compiled_flex(device_type, dynamic), compiled_create_block_mask(device_type, dynamic)
 
 
 def _flex_chunk_attention(plan, query, key, value, scaling):

@@ -144,14 +144,19 @@ class KVpopCache(Cache):
             self._log_gamma_copies[device] = (self.log_gamma, copy_on_device)
         return copy_on_device[layer_idx]
 
-    def warn_stock_attention(self) -> None:
+    def warn_stock_attention(self, padding_unseen: bool = False) -> None:
+        """Warn once that a chunk ran under a stock attention; ``padding_unseen``: a batch of several rows whose
+        position ids transformers did not pass to ``update``, so left padding could not be checked."""
         if not self._warned_stock:
             self._warned_stock = True
+            padding = (" This transformers version does not pass the position ids to the cache, so a left-padded "
+                       "batch cannot be recognised: its padded rows would come out wrong without an error; "
+                       "attn_implementation='kvpop' handles left padding exactly." if padding_unseen else "")
             warnings.warn(
                 "KVpopCache: a multi-token chunk is attended with a stock attention implementation, so its "
                 "queries see every stored entry plus all tokens of the chunk (more than the budget). Load the "
                 "model with attn_implementation='kvpop' for exact per-head eviction inside chunks; single-token "
-                "decoding is exact either way.",
+                "decoding is exact either way." + padding,
                 stacklevel=user_stacklevel(),
             )
 

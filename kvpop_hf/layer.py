@@ -212,10 +212,12 @@ class KVpopLayer(CacheLayerMixin):
 
         A stock attention never shows the cache the padding mask. Where the model handed its position ids
         to ``update`` and they show left padding (a row's positions do not count on from the tokens seen),
-        the chunk was attended wrongly: that raises instead of going on silently."""
+        the chunk was attended wrongly: that raises instead of going on silently. Where it did not (transformers
+        5.17 passes only the keys and values), nothing that reaches the cache shows padding, so the warning
+        of a batch of several rows says that padding goes unnoticed."""
         if self.pending is not None:
             self._refuse_padding_under_stock_attention(self.pending)
-            self.cache.warn_stock_attention()
+            self.cache.warn_stock_attention(self.pending.position_ids is None and self.pending.k_new.shape[0] > 1)
             self.pending.commit(None)  # clears self.pending
 
     def _refuse_padding_under_stock_attention(self, chunk: "PendingChunk") -> None:

@@ -111,24 +111,46 @@ def test_stock_attention_warning_points_at_the_caller():
     assert [r.filename for r in ours] == [__file__]
 
 
-def test_left_padding_with_stock_attention_is_refused():
-    """sdpa never shows the padding mask to the cache; where transformers hands the position ids to
-    `update` (newer 5.x), the padded prefill is recognised and generation stops with the fix named."""
+def _passes_position_ids_to_update() -> bool:
     import inspect
 
     from transformers.models.qwen3 import modeling_qwen3
 
-    if "kwargs=kwargs" not in inspect.getsource(modeling_qwen3.Qwen3Attention.forward):
+    return "kwargs=kwargs" in inspect.getsource(modeling_qwen3.Qwen3Attention.forward)
+
+
+def _generate(model, ids, mask):
+    return model.generate(ids, attention_mask=mask, past_key_values=KVpopCache(model.config, sinks=1, window=2, topk=3),
+                          max_new_tokens=4, do_sample=False, pad_token_id=0)
+
+
+def test_left_padding_with_stock_attention_is_refused():
+    """sdpa never shows the padding mask to the cache; where transformers hands the position ids to
+    `update` (5.24), the padded prefill is recognised and generation stops with the fix named."""
+    if not _passes_position_ids_to_update():
         pytest.skip("this transformers version does not pass the attention kwargs to Cache.update")
     model = tiny_model("qwen3", attn="sdpa")
     ids = torch.arange(1, 13).view(2, 6)
     mask = torch.ones_like(ids)
     mask[1, :2] = 0
     with pytest.raises(ValueError, match="attn_implementation='kvpop'"):
-        model.generate(ids, attention_mask=mask, past_key_values=KVpopCache(model.config, sinks=1, window=2, topk=3),
-                       max_new_tokens=4, do_sample=False, pad_token_id=0)
+        _generate(model, ids, mask)
     # unpadded batches still run with stock attention (with the chunk warning)
     with pytest.warns(UserWarning, match="stock attention"):
-        model.generate(ids, attention_mask=torch.ones_like(ids),
-                       past_key_values=KVpopCache(model.config, sinks=1, window=2, topk=3),
-                       max_new_tokens=4, do_sample=False, pad_token_id=0)
+        _generate(model, ids, torch.ones_like(ids))
+
+
+def test_stock_attention_warning_says_when_padding_goes_unseen():
+    """Where transformers passes nothing but keys and values to `update` (5.17), a batch of several rows under
+    a stock attention gets a warning that left padding cannot be recognised; a single row does not."""
+    if _passes_position_ids_to_update():
+        pytest.skip("this transformers version passes the position ids: padding raises instead")
+    model = tiny_model("qwen3", attn="sdpa")
+    ids = torch.arange(1, 13).view(2, 6)
+    mask = torch.ones_like(ids)
+    mask[1, :2] = 0
+    with pytest.warns(UserWarning, match="left-padded batch cannot be recognised"):
+        _generate(model, ids, mask)
+    with pytest.warns(UserWarning, match="stock attention") as record:
+        _generate(model, ids[:1], mask[:1])
+    assert not any("left-padded" in str(r.message) for r in record)

@@ -117,7 +117,7 @@ def test_recall_csv(run):
         (p, str(b), str(layer), str(h)) for p in ("knorm", "kvpop_mlp") for b in (LENGTH // 2, FULL_B)
         for layer in (0, 1) for h in (0, 1)}
     for r in rec:
-        x = float(r["recall"])
+        x = float(r["oracle_recall"])
         assert math.isnan(x) if r["budget"] == str(FULL_B) else 0.0 <= x <= 1.0
 
 
@@ -192,13 +192,13 @@ def test_registered_policy_plugs_in(tmp_path):
         policies.POLICIES.pop("test_plugin")
 
 
-def test_topk_recall_bounds():
+def test_oracle_topk_recall_bounds():
     g = torch.Generator().manual_seed(0)
     oracle = torch.randn(3, 64, generator=g)
-    assert torch.allclose(analysis.topk_recall(oracle, oracle, 2, 4, 8), torch.ones(3, dtype=torch.float64))
-    r = analysis.topk_recall(-oracle, oracle, 2, 4, 8)
+    assert torch.allclose(analysis.oracle_topk_recall(oracle, oracle, 2, 4, 8), torch.ones(3, dtype=torch.float64))
+    r = analysis.oracle_topk_recall(-oracle, oracle, 2, 4, 8)
     assert ((r >= 0) & (r < 1)).all()
-    assert torch.isnan(analysis.topk_recall(oracle, oracle, 2, 4, 64)).all()  # never evicts
+    assert torch.isnan(analysis.oracle_topk_recall(oracle, oracle, 2, 4, 64)).all()  # never evicts
 
 
 def test_ablation_table():

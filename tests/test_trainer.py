@@ -37,8 +37,9 @@ def test_student_forward_matches_cache():
         model.set_attn_implementation("kvpop_train")
         for backend in ("flex", "reference"):
             st = StudentSettings(decay_step=4, attention_backend=backend, **BUDGET)
-            with torch.no_grad(), student_forward(cache.scorer, st, cache.log_gamma) as rec:
-                got = model(ids).logits
+            with torch.no_grad():
+                out, rec = student_forward(model, cache.scorer, st, cache.log_gamma, input_ids=ids)
+            got = out.logits
             torch.testing.assert_close(got, expect, atol=2e-5, rtol=0)
             assert set(rec.boundary) == {0, 1} and all(torch.isfinite(v) for v in rec.boundary.values())
         model.set_attn_implementation("kvpop")
@@ -51,7 +52,8 @@ def test_train_save_load_resume(tmp_path):
     before = copy.deepcopy(trainer.scorer.state_dict())
     trainer.train()
     logs = [e for e in trainer.state.log_history if "boundary_loss" in e]
-    assert logs and all(k in logs[0] for k in ("distill_loss", "topk_recall", "topk_recall/layer_1", "loss"))
+    assert logs and all(k in logs[0] for k in ("distill_loss", "teacher_topk_recall", "teacher_topk_recall/layer_1",
+                                               "loss"))
     assert any(not torch.equal(before[k], v) for k, v in trainer.scorer.state_dict().items())
     ckpt = tmp_path / "out" / "checkpoint-3"
     lm = AutoModelForCausalLM.from_pretrained(ckpt)
@@ -174,8 +176,8 @@ def test_student_forward_uses_the_max_target(monkeypatch):
     for reduce in ("mean", "max"):
         calls.clear()
         st = StudentSettings(attention_backend="reference", target_reduce=reduce, **BUDGET)
-        with torch.no_grad(), student_forward(cache.scorer, st, None) as rec:
-            model(ids)
+        with torch.no_grad():
+            _, rec = student_forward(model, cache.scorer, st, None, input_ids=ids)
         losses[reduce] = torch.stack([rec.boundary[i] for i in sorted(rec.boundary)])
         assert [c[0] for c in calls] == [reduce] * len(model.model.layers)
         if reduce == "max":  # the same inputs with the mean give a target that is never above the max one

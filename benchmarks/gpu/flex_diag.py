@@ -428,7 +428,7 @@ def main(argv=None):
             torch._logging.set_logs(recompiles=True)
         except Exception as err:  # noqa: BLE001
             print(f"recompile logs unavailable: {err}", flush=True)
-    from kvpop_hf.training.sparse_attention import raise_recompile_limit
+    from kvpop_hf.flex_compiled import raise_recompile_limit
 
     raise_recompile_limit(64)
 

@@ -1,14 +1,16 @@
 """Analyses of ``kvpop-eval --analysis`` (KVpop arXiv:2607.05061):
 
-* :func:`recall_rows`: recall of the future-attention oracle's running top-k per layer and KV head
-  (paper Fig. 7). The dense model runs over ``<bos> prompt target <eos>`` while a recording attention
+* :func:`oracle_recall_rows`: oracle top-k recall per layer and KV head (paper Fig. 7). The dense model
+  runs over ``<bos> prompt target <eos>`` while a recording attention
   function keeps the post-RoPE ``query [1, Hq, S, D]`` and ``key/value [1, Hkv, S, D]`` of every layer.
   Oracle priorities ``r* = future_attention_target(q, k, dense_causal_lse(q, k), window)`` ``[1, Hkv, S]``;
   scorer priorities ``p = sequence_priorities(scorer, layer, k, v, window, log_gamma, decay_step)``.
   With ``kept_x(q)`` the long-range tokens kept at query ``q`` by the running top-k of ``x``
-  (:func:`kvpop_hf.topk.running_topk`), recall = mean over queries of
-  ``|kept_p(q) & kept_r*(q)| / |kept_r*(q)|``, counting only queries where eviction happens
-  (more than ``topk`` eligible tokens). Sinks and window are kept by both and not counted.
+  (:func:`kvpop_hf.topk.running_topk`), the oracle top-k recall (:func:`oracle_topk_recall`) is the
+  mean over queries of ``|kept_p(q) & kept_r*(q)| / |kept_r*(q)|``, counting every query where eviction
+  happens (more than ``topk`` eligible tokens). Sinks and window are kept by both and not counted.
+  (Training logs a different, cheaper signal, ``teacher_topk_recall``: see
+  :func:`kvpop_hf.training.student.teacher_topk_recall`.)
 * :func:`retention_map` / :func:`plot_retention`: which positions each (layer, KV head) still holds
   after greedy generation with a policy (paper Fig. 6), from ``cache.stored_positions(layer)``. By the
   cache contract this is exactly the running top-k kept set at the final query on the keys the
@@ -33,8 +35,8 @@ from ..training.targets import dense_causal_lse, future_attention_target
 from .report import averages
 from .tasks import Problem, training_example
 
-__all__ = ["record_qkv", "topk_recall", "recall_rows", "retention_map", "plot_retention", "ablation_delay",
-           "run_all"]
+__all__ = ["record_qkv", "oracle_topk_recall", "oracle_recall_rows", "retention_map", "plot_retention",
+           "ablation_delay", "run_all"]
 
 _REC_NAME = "kvpop_record"
 
@@ -63,10 +65,11 @@ def record_qkv(model, ids: torch.Tensor) -> dict[int, tuple[torch.Tensor, torch.
     return store
 
 
-# -- recall ----------------------------------------------------------------------------------------------
-def topk_recall(prio: torch.Tensor, oracle: torch.Tensor, sinks: int, window: int, topk: int,
+# -- oracle top-k recall -------------------------------------------------------------------------------------
+def oracle_topk_recall(prio: torch.Tensor, oracle: torch.Tensor, sinks: int, window: int, topk: int,
                 chunk: int = 256) -> torch.Tensor:
-    """prio/oracle ``[H, S]`` -> recall per head ``[H]`` (NaN if eviction never happens in ``S`` tokens)."""
+    """prio/oracle ``[H, S]`` -> oracle top-k recall per head ``[H]`` (NaN if eviction never happens in
+    ``S`` tokens)."""
     H, S = oracle.shape
     rs = running_topk(prio.float(), sinks, window, topk)
     ro = running_topk(oracle.float(), sinks, window, topk)
@@ -88,9 +91,9 @@ def topk_recall(prio: torch.Tensor, oracle: torch.Tensor, sinks: int, window: in
 
 
 @torch.no_grad()
-def recall_rows(model, tokenizer, problems: Sequence[Problem], scored: Sequence[tuple[str, Any, Any]],
+def oracle_recall_rows(model, tokenizer, problems: Sequence[Problem], scored: Sequence[tuple[str, Any, Any]],
                 progress: bool = True) -> list[dict]:
-    """Recall per (policy, budget, layer, KV head), averaged over ``problems``.
+    """Oracle top-k recall per (policy, budget, layer, KV head), averaged over ``problems``.
 
     scored: ``(policy, budget, cache)`` triples; the cache supplies the scorer, ``log_gamma`` and the
     budget (``sinks/window/topk`` of its ``kvpop_config``). Oracle priorities use the same window.
@@ -101,7 +104,7 @@ def recall_rows(model, tokenizer, problems: Sequence[Problem], scored: Sequence[
     it = problems
     if progress:
         from tqdm.auto import tqdm
-        it = tqdm(problems, desc="recall", leave=False)
+        it = tqdm(problems, desc="oracle recall", leave=False)
     for p in it:
         ids = torch.tensor([training_example(p, tokenizer)["input_ids"]], device=device)
         qkv = record_qkv(model, ids)
@@ -116,20 +119,20 @@ def recall_rows(model, tokenizer, problems: Sequence[Problem], scored: Sequence[
                 lg = cache.log_gamma[layer].to(device) if cache.log_gamma is not None else None
                 scorer = cache.scorer_for(device)
                 prio = sequence_priorities(scorer, layer, k, v, cfg.window, lg, cfg.decay_step)[0]
-                rec = topk_recall(prio, oracles[cfg.window], cfg.sinks, cfg.window, cfg.topk)
+                rec = oracle_topk_recall(prio, oracles[cfg.window], cfg.sinks, cfg.window, cfg.topk)
                 acc.setdefault((policy, budget.B, round(budget.cr, 4), layer), []).append(rec.cpu())
     rows = []
     for (policy, B, cr, layer), recs in acc.items():
         r = torch.stack(recs).nanmean(0)
         for h, x in enumerate(r.tolist()):
-            rows.append({"policy": policy, "budget": B, "cr": cr, "layer": layer, "head": h, "recall": x,
+            rows.append({"policy": policy, "budget": B, "cr": cr, "layer": layer, "head": h, "oracle_recall": x,
                          "n_problems": len(recs)})
     return rows
 
 
-def write_recall(rows: Sequence[dict], csv_path: Path, png_path: Path) -> None:
+def write_oracle_recall(rows: Sequence[dict], csv_path: Path, png_path: Path) -> None:
     with open(csv_path, "w", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=["policy", "budget", "cr", "layer", "head", "recall", "n_problems"])
+        w = csv.DictWriter(fh, fieldnames=["policy", "budget", "cr", "layer", "head", "oracle_recall", "n_problems"])
         w.writeheader()
         w.writerows(rows)
     import matplotlib
@@ -139,7 +142,7 @@ def write_recall(rows: Sequence[dict], csv_path: Path, png_path: Path) -> None:
 
     lines: dict[tuple, dict[int, list[float]]] = {}
     for r in rows:
-        lines.setdefault((r["policy"], r["budget"], r["cr"]), {}).setdefault(r["layer"], []).append(r["recall"])
+        lines.setdefault((r["policy"], r["budget"], r["cr"]), {}).setdefault(r["layer"], []).append(r["oracle_recall"])
     fig, ax = plt.subplots(figsize=(6, 4))
     for (p, B, cr), by_layer in lines.items():
         xs = sorted(by_layer)
@@ -148,7 +151,7 @@ def write_recall(rows: Sequence[dict], csv_path: Path, png_path: Path) -> None:
         ax.plot(xs, [_nanmean(by_layer[x]) for x in xs], marker="o", label=f"{p} B={B} (cr {cr:.2f})")
     ax.set_xlabel("layer")
     ax.xaxis.get_major_locator().set_params(integer=True)
-    ax.set_ylabel("recall of oracle top-k (mean over KV heads)")
+    ax.set_ylabel("oracle top-k recall (mean over KV heads)")
     ax.set_ylim(-0.02, 1.02)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
@@ -231,26 +234,26 @@ def retention_after_generation(model, tokenizer, problem: Problem, cache) -> tup
 
 
 # -- delay ablation -----------------------------------------------------------------------------------------
-def ablation_delay(rows: Sequence[dict], recall: Sequence[dict] | None = None) -> str | None:
+def ablation_delay(rows: Sequence[dict], oracle_recall: Sequence[dict] | None = None) -> str | None:
     """Markdown comparing ``kvpop`` (delayed) with ``kvpop_immediate`` per budget (None if either is missing):
-    average EM and token accuracy over all families, and mean recall when available."""
+    average EM and token accuracy over all families, and the mean oracle top-k recall when available."""
     fams = sorted({r["family"] for r in rows})
     av = averages(rows, fams)
     budgets = sorted({b for (p, b) in av if p == "kvpop"} & {b for (p, b) in av if p == "kvpop_immediate"})
     if not budgets:
         return None
     rec: dict[tuple, list[float]] = {}
-    for r in recall or []:
-        rec.setdefault((r["policy"], r["budget"]), []).append(r["recall"])
+    for r in oracle_recall or []:
+        rec.setdefault((r["policy"], r["budget"]), []).append(r["oracle_recall"])
     lines = ["## Delayed vs immediate scoring (paper Fig. 5)", "",
              "| B | cr | EM delayed | EM immediate | tok acc delayed | tok acc immediate | Δ tok acc | "
-             "recall delayed | recall immediate |", "|---|---|---|---|---|---|---|---|---|"]
+             "oracle recall delayed | oracle recall immediate |", "|---|---|---|---|---|---|---|---|---|"]
     for B in budgets:
         d, i = av[("kvpop", B)], av[("kvpop_immediate", B)]
         rd, ri = _nanmean(rec.get(("kvpop", B), [])), _nanmean(rec.get(("kvpop_immediate", B), []))
         lines.append(f"| {B} | {d['cr']:.3f} | {d['avg_em']:.3f} | {i['avg_em']:.3f} | {d['avg_acc']:.3f} | "
                      f"{i['avg_acc']:.3f} | {d['avg_acc'] - i['avg_acc']:+.3f} | {rd:.3f} | {ri:.3f} |")
-    lines += ["", f"Averages over {', '.join(fams)}; recall: mean over layers, KV heads (n/a = nan if "
+    lines += ["", f"Averages over {', '.join(fams)}; oracle top-k recall: mean over layers, KV heads (n/a = nan if "
                   "--analysis was off).", ""]
     return "\n".join(lines)
 
@@ -282,7 +285,7 @@ _HEATMAP_PREFERENCE = ("kvpop", "kvpop_mlp", "kvpop_immediate", "knorm", "random
 
 def run_all(model, tokenizer, plan, out: Path, args, progress: bool = True) -> tuple[dict, list[dict]]:
     """Write ``recall_per_layer.csv/png`` and ``retention_heatmap.png`` on the first ``args.analysis_n``
-    reasoning problems; returns (summary for ``meta.json``, recall rows)."""
+    reasoning problems; returns (summary for ``meta.json``, oracle recall rows)."""
     problems = plan.problems["reasoning"][: args.analysis_n]
     evict = [r for r in plan.runs if r.budget is not None]
     summary: dict = {"problems": [p.meta.get("n_tokens") for p in problems],
@@ -291,8 +294,8 @@ def run_all(model, tokenizer, plan, out: Path, args, progress: bool = True) -> t
         summary["skipped"] = "no eviction policy in this run"
         return summary, []
     scored = [(r.policy, r.budget, r.factory()(model.config)) for r in evict]
-    rec = recall_rows(model, tokenizer, problems, scored, progress=progress)
-    write_recall(rec, out / "recall_per_layer.csv", out / "recall_per_layer.png")
+    rec = oracle_recall_rows(model, tokenizer, problems, scored, progress=progress)
+    write_oracle_recall(rec, out / "recall_per_layer.csv", out / "recall_per_layer.png")
 
     order = {p: i for i, p in enumerate(_HEATMAP_PREFERENCE)}
     run = min(evict, key=lambda r: (order.get(r.policy, len(order)), -r.budget.cr))

@@ -25,7 +25,7 @@ Learned scorers: ``--scorer-checkpoint POLICY[@TAG]=DIR`` (TAG: ``cr75``, ``b256
 
 Outputs in ``--out``: ``results.csv``, ``outputs.jsonl`` (per problem and policy), ``table1.md`` (in-domain families, paper Table 1),
 ``table2.md`` (out-of-domain, paper Table 2), ``quality_vs_budget.png``, ``meta.json``; with
-``--analysis`` also ``recall_per_layer.csv/.png`` (Fig. 7), ``retention_heatmap.png`` (Fig. 6) and,
+``--analysis`` also ``recall_per_layer.csv/.png`` (oracle top-k recall, Fig. 7), ``retention_heatmap.png`` (Fig. 6) and,
 when both ``kvpop`` and ``kvpop_immediate`` ran, ``ablation_delay.md/.png`` (Fig. 5).
 """
 
@@ -82,7 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--device", default=None, help="cpu / cuda (default: cuda if available)")
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     ap.add_argument("--skip-em", action="store_true", help="only the teacher-forced token accuracy")
-    ap.add_argument("--analysis", action="store_true", help="recall per layer, retention heatmap, delay ablation")
+    ap.add_argument("--analysis", action="store_true", help="oracle top-k recall per layer, retention heatmap, delay ablation")
     ap.add_argument("--analysis-n", type=int, default=2, help="reasoning problems used by --analysis")
     ap.add_argument("--no-progress", action="store_true")
     return ap

@@ -8,48 +8,19 @@ Both return the output ``[b, Hq, S, d]`` and the log-sum-exp ``[b, Hq, S]`` of e
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import torch.nn.attention.flex_attention as _fa
-from torch.nn.attention.flex_attention import flex_attention
 
 from ..dense_attention import expand_kv
+from ..flex_compiled import TRAINING_DYNAMIC, compiled_flex
 from ..flex_mask import sparse_block_mask, tiled_block_mask
 from ..topk import RunningTopK, sparse_mask_reference
 
 
-# Each (sequence length, dtype, grad mode, mask_mod/score_mod code, kernel_options) is one compiled flex graph
-# (dynamic=False), all in the cache of the one ``flex_attention`` code object. Past dynamo's recompile limit (8 by
-# default) torch.compile silently falls back to eager flex, which materialises the S x S scores: raise it once.
-MIN_RECOMPILE_LIMIT = 64
-
-
-def raise_recompile_limit(limit: int = MIN_RECOMPILE_LIMIT):
-    """Let dynamo keep at least ``limit`` compiled graphs per code object (and 8x that in total)."""
-    try:
-        cfg = torch._dynamo.config
-        for name in ("recompile_limit", "cache_size_limit"):
-            if hasattr(cfg, name):
-                setattr(cfg, name, max(getattr(cfg, name), limit))
-        if hasattr(cfg, "accumulated_recompile_limit"):
-            cfg.accumulated_recompile_limit = max(cfg.accumulated_recompile_limit, 8 * limit)
-    except Exception:  # noqa: BLE001  (config names differ across torch versions)
-        pass
-
-
-@functools.lru_cache(maxsize=None)
-def _compiled_flex():
-    """The one compiled FlexAttention of the training/benchmark code (sparse forward, targets, flex_diag).
-
-    Policy: ``dynamic=False`` (one graph per shape) with dynamo's recompile limit raised to
-    ``MIN_RECOMPILE_LIMIT``. kvpop_hf/attention.py ``_flex_fns`` still compiles its own (``KVPOP_FLEX_DYNAMIC``)."""
-    raise_recompile_limit()
-    return torch.compile(flex_attention, dynamic=False)
-
-
 def _flex(device):
-    return _compiled_flex() if device.type == "cuda" else flex_attention
+    """The flex of the training passes (sparse forward, targets): one graph per (sequence length, dtype, grad
+    mode, mask code) on CUDA (``dynamic=False``, see kvpop_hf/flex_compiled.py), eager elsewhere."""
+    return compiled_flex(device.type, TRAINING_DYNAMIC)
 
 
 def sparse_mask_mods(topk: RunningTopK, sinks: int, window: int, groups: int):

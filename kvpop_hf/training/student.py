@@ -1,6 +1,6 @@
 """The student forward used in training: attention implementation ``"kvpop_train"``.
 
-Inside :func:`student_forward` every layer (KVpop, arXiv:2607.05061 Sec. 3):
+In a forward run by :func:`student_forward` every layer (KVpop, arXiv:2607.05061 Sec. 3):
 
 1. scores its detached keys/values with the scorer -> student priorities ``p^ [b, h, S]``;
 2. runs the running top-k on ``p^`` -> per-query cutoff ranks -> exact fixed-budget sparse attention
@@ -8,15 +8,16 @@ Inside :func:`student_forward` every layer (KVpop, arXiv:2607.05061 Sec. 3):
 3. computes the future-attention target with the transposed pass (LSE from the sparse forward,
    or from a dense pass with ``target_lse="dense"``), the teacher priorities and the teacher's
    running top-k -> boundary tokens and keep/drop labels;
-4. records the boundary loss and the recall of the teacher's top-k by the student's.
+4. records the boundary loss and the teacher top-k recall (:func:`teacher_topk_recall`).
 
-Outside that context the function is plain causal attention, so the same model serves as the
-dense teacher (e.g. a LoRA student with adapters disabled).
+The state of the call (scorer, settings, the record the layers fill) travels as the forward keyword
+``kvpop_student``, which Qwen3/Llama-style models hand down to their attention function, so it belongs to
+that call alone. A forward without it is plain causal attention, so the same model serves as the dense
+teacher (e.g. a LoRA student with adapters disabled).
 """
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass, field
 
 import torch
@@ -31,6 +32,7 @@ from .sparse_attention import sparse_attention, sparse_attention_reference
 from .targets import dense_causal_lse, future_attention_target
 
 TRAIN_ATTN_NAME = "kvpop_train"
+STUDENT_KWARG = "kvpop_student"  # forward keyword that carries a StudentCall
 
 
 @dataclass
@@ -48,7 +50,7 @@ class StudentSettings:
     topk_backend: str = "auto"
     attention_backend: str = "auto"  # flex | reference | auto (flex unless CPU autograd, unsupported there)
     target_backend: str = "auto"  # flex | chunked | auto (flex on CUDA, chunked on CPU)
-    recall_queries: int = 8
+    teacher_recall_queries: int = 8  # queries sampled per layer by teacher_topk_recall
 
 
 @dataclass
@@ -56,27 +58,43 @@ class StudentRecord:
     """Per-forward results, one entry per layer."""
 
     boundary: dict = field(default_factory=dict)
-    recall: dict = field(default_factory=dict)
+    teacher_recall: dict = field(default_factory=dict)
     keep_rate: dict = field(default_factory=dict)
 
 
-_ACTIVE: list = [None]  # (scorer, log_gamma, settings, record) while a student forward runs
+class StudentCall:
+    """What one student forward hands to the ``kvpop_train`` attention of every layer.
+
+    Passed as the forward keyword ``kvpop_student``, so two forwards in two threads, a recomputation under
+    gradient checkpointing (which replays the layer with the same keywords) and a forward after an exception
+    each see their own state. A plain class, not a dataclass: wrappers that rebuild dataclass arguments
+    (FSDP's mixed-precision cast of forward inputs) pass it on as is, so the layers fill this call's record.
+    """
+
+    __slots__ = ("scorer", "log_gamma", "settings", "record")
+
+    def __init__(self, scorer, log_gamma, settings: StudentSettings, record: StudentRecord):
+        self.scorer, self.log_gamma, self.settings, self.record = scorer, log_gamma, settings, record
 
 
-@contextlib.contextmanager
-def student_forward(scorer, settings: StudentSettings, log_gamma: torch.Tensor | None = None):
-    """Run the model's forward under this context to get the sparse student and its losses."""
+def student_forward(model, scorer, settings: StudentSettings, log_gamma: torch.Tensor | None = None, **inputs):
+    """``model(**inputs)`` as the sparse student -> (model outputs, :class:`StudentRecord`).
+
+    The model must run the ``"kvpop_train"`` attention (``model.set_attn_implementation("kvpop_train")``)."""
     record = StudentRecord()
-    previous = _ACTIVE[0]
-    _ACTIVE[0] = (scorer, log_gamma, settings, record)
-    try:
-        yield record
-    finally:
-        _ACTIVE[0] = previous
+    outputs = model(**inputs, **{STUDENT_KWARG: StudentCall(scorer, log_gamma, settings, record)})
+    if not record.boundary:
+        raise ValueError(f"No layer ran the student attention: call model.set_attn_implementation("
+                         f"'{TRAIN_ATTN_NAME}') first (the model's forward must pass its keyword arguments on to "
+                         "the attention function, as Qwen3/Llama-style transformers models do).")
+    return outputs, record
 
 
-def topk_recall(student, teacher, sinks: int, window: int, n_queries: int) -> torch.Tensor:
-    """Mean over sampled queries of |TopK_student ∩ TopK_teacher| / |TopK_teacher| (paper Fig. 7)."""
+def teacher_topk_recall(student, teacher, sinks: int, window: int, n_queries: int) -> torch.Tensor:
+    """Teacher top-k recall: mean over ``n_queries`` evenly spaced queries (from ``sinks + window`` on) of
+    ``|kept_student(q) & kept_teacher(q)| / |kept_teacher(q)|``, with ``kept_x(q)`` the long-range tokens that
+    the running top-k ``x`` (a :class:`~kvpop_hf.topk.RunningTopK`) keeps at query ``q``.
+    A cheap training signal on the batch; the evaluation metric is the testbed's oracle top-k recall."""
     S = student.rank.shape[-1]
     first = sinks + window  # first query with an eligible token
     if S <= first:
@@ -96,11 +114,11 @@ def topk_recall(student, teacher, sinks: int, window: int, n_queries: int) -> to
 
 def kvpop_train_attention(module, query, key, value, attention_mask, scaling=None, dropout: float = 0.0, **kwargs):
     """query ``[b, Hq, S, d]``, key/value ``[b, Hkv, S, d]`` (whole sequences) -> (``[b, S, Hq, d]``, None)."""
-    active = _ACTIVE[0]
-    if active is None:
+    call = kwargs.get(STUDENT_KWARG)
+    if call is None:
         mask = attention_mask if isinstance(attention_mask, torch.Tensor) else None
         return causal_attention(query, key, value, mask, scaling), None
-    scorer, log_gamma, st, record = active
+    scorer, log_gamma, st, record = call.scorer, call.log_gamma, call.settings, call.record
     li = module.layer_idx
     lg = None if log_gamma is None else log_gamma[li]
     prio = sequence_priorities(scorer, li, key.detach(), value.detach(), st.window, lg, st.decay_step)
@@ -131,7 +149,8 @@ def kvpop_train_attention(module, query, key, value, attention_mask, scaling=Non
         if "balance" in st.omega:
             bal = balance_weights(teacher.keep_new, valid)
             omega = bal if omega is None else omega * bal
-        record.recall[li] = topk_recall(student, teacher, st.sinks, st.window, st.recall_queries)
+        record.teacher_recall[li] = teacher_topk_recall(student, teacher, st.sinks, st.window,
+                                                        st.teacher_recall_queries)
         record.keep_rate[li] = teacher.keep_new[valid].float().mean() if valid.any() else torch.tensor(float("nan"))
     record.boundary[li] = boundary_loss(prio, t_new, teacher.boundary, teacher.keep_new, tau=st.tau, omega=omega,
                                         valid=valid)

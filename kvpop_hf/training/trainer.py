@@ -200,8 +200,7 @@ class KVpopTrainer(Trainer):
         # the teacher's, groups would get none and the bf16 gradients would later fail to land on the fp32
         # shards ("attempting to assign a gradient with dtype BFloat16 ..."; seen on 2 H200s, torch 2.11;
         # pytorch/pytorch#186998).
-        with student_forward(self.scorer, self.settings, self._log_gamma(model)) as record:
-            outputs = model(input_ids=ids)
+        outputs, record = student_forward(model, self.scorer, self.settings, self._log_gamma(model), input_ids=ids)
         teacher_logits = self._teacher_logits(model, inputs) if args.distill_weight > 0 and args.train_backbone else None
         logits = outputs.logits
         labels = inputs.get("labels")
@@ -221,10 +220,10 @@ class KVpopTrainer(Trainer):
                 lm = nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten(),
                                                  ignore_index=-100)
             logs["student_lm_loss"] = lm.item()
-        recalls = torch.stack([r for r in record.recall.values()])
-        logs["topk_recall"] = recalls.nanmean().item()
-        for li, r in record.recall.items():
-            logs[f"topk_recall/layer_{li}"] = r.item()
+        recalls = torch.stack([r for r in record.teacher_recall.values()])
+        logs["teacher_topk_recall"] = recalls.nanmean().item()
+        for li, r in record.teacher_recall.items():
+            logs[f"teacher_topk_recall/layer_{li}"] = r.item()
         logs["teacher_keep_rate"] = torch.stack(list(record.keep_rate.values())).nanmean().item()
         for key, value in logs.items():
             self._kvpop_logs.setdefault(key, []).append(value)

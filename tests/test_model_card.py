@@ -1,0 +1,19 @@
+"""The model card lists the training signals under their current names."""
+
+from kvpop_hf.config import KVpopConfig
+from kvpop_hf.training.model_card import render_model_card
+
+
+def _card(history):
+    return render_model_card(KVpopConfig(sinks=4, window=8, topk=4), model_name="m", repo="org/m", dataset="d",
+                             steps=3, history=history)
+
+
+def test_teacher_topk_recall_row():
+    card = _card([{"boundary_loss": 0.5, "teacher_topk_recall": 0.25}, {"teacher_topk_recall": 0.75}])
+    assert "| teacher_topk_recall | 0.75 |" in card and "| boundary_loss | 0.5 |" in card
+
+
+def test_older_log_key_is_read_under_the_new_name():
+    card = _card([{"topk_recall": 0.625}])
+    assert "| teacher_topk_recall | 0.625 |" in card and "| topk_recall |" not in card
