@@ -11,6 +11,7 @@ import torch
 from helpers import distinct_ids, tiny_config, tiny_model
 from kvpop_hf import KVpopCache, KVpopConfig
 from kvpop_hf.attention import KVpopMaskInfo, kvpop_attention
+from kvpop_hf.compat import with_cache
 
 POLICIES = ("tova", "h2o", "snapkv")
 SNAP = {"obs_window": 3, "kernel_size": 3}
@@ -218,9 +219,9 @@ def test_generate_with_a_real_model(policy):
     kw = dict(max_new_tokens=8, do_sample=False)
     big = KVpopCache(model.config, sinks=1, window=2, topk=40, scorer=policy)
     dense = model.generate(ids, **kw)
-    torch.testing.assert_close(model.generate(ids, past_key_values=big, **kw), dense)  # B >= length: exact
+    torch.testing.assert_close(model.generate(ids, **with_cache(model, big, **kw)), dense)  # B >= length: exact
     small = KVpopCache(model.config, sinks=1, window=2, topk=3, scorer=policy)
-    out = model.generate(ids, past_key_values=small, **kw)
+    out = model.generate(ids, **with_cache(model, small, **kw))
     assert out.shape == (2, 20)
     for layer in range(2):
         pos = small.stored_positions(layer)
@@ -233,7 +234,7 @@ def test_stock_attention_is_refused(policy):
     model = tiny_model("llama", attn="sdpa")
     cache = KVpopCache(model.config, sinks=1, window=2, topk=3, scorer=policy)
     with pytest.raises(ValueError, match="attn_implementation='kvpop'"):
-        model.generate(distinct_ids(1, 10), past_key_values=cache, max_new_tokens=3, do_sample=False)
+        model.generate(distinct_ids(1, 10), **with_cache(model, cache, max_new_tokens=3, do_sample=False))
 
 
 @pytest.mark.parametrize("policy, kwargs, match", [
@@ -258,3 +259,18 @@ def test_registered_for_kvpop_eval():
     for name in POLICIES:
         cache = REGISTRY[name].factory(tiny_config(), 1, 2, 3)
         assert cache.kvpop_config.scorer == name and REGISTRY[name].description
+
+
+def test_beam_search_and_hub_roundtrip(tmp_path):
+    """Beam search reorders the scores with the rows; a SnapKV cache's options survive save/load."""
+    model = tiny_model("qwen3", attn="kvpop")
+    ids = distinct_ids(1, 12)
+    cache = KVpopCache(model.config, sinks=1, window=2, topk=3, scorer="h2o")
+    out = model.generate(ids, **with_cache(model, cache, max_new_tokens=5, num_beams=2, do_sample=False))
+    assert out.shape == (1, 17) and cache.layers[0].prio.shape[0] == 2
+    snap = KVpopCache(model.config, sinks=1, window=2, topk=3, scorer="snapkv",
+                      scorer_kwargs={"obs_window": 6, "kernel_size": 7, "pooling": "max"})
+    snap.save_pretrained(tmp_path)
+    back = KVpopCache.from_pretrained(tmp_path, model.config)
+    assert type(back.layers[0]).__name__ == "DynamicScoreLayer"
+    assert back.scorer.config_dict() == {"obs_window": 6, "kernel_size": 7, "pooling": "max"}
