@@ -168,6 +168,20 @@ def test_cache_follows_the_rule(policy, schedule):
     assert cache.layers[0].keys.shape[2] == s + w + topk  # fixed storage
 
 
+@pytest.mark.parametrize("policy", POLICIES)
+def test_query_blocks_change_nothing(policy, monkeypatch):
+    """A chunk's queries taken 3 rows at a time (bounded memory) give the same kept sets and outputs."""
+    import kvpop_hf.attention_scores as scores
+
+    q, k, v = random_qkv(seed=11)
+    sizes = [11, 1, 9, 1, 1, 1]
+    _, kept, out = drive(policy, q, k, v, sizes, 1, 3, 4, **SNAP)
+    monkeypatch.setattr(scores, "QUERY_BLOCK", 3)
+    _, kept3, out3 = drive(policy, q, k, v, sizes, 1, 3, 4, **SNAP)
+    assert kept3 == kept
+    torch.testing.assert_close(out3, out)
+
+
 @pytest.mark.parametrize("pooling", ["max", "avg"])
 def test_snapkv_pooling_and_left_padding(pooling):
     """Left-padded rows (a prompt of 10 and one of 13 real tokens), then decoding; both poolings, kernel 5."""
