@@ -53,7 +53,7 @@ def run(tmp_path_factory):
     out = root / "out"
     argv = ["--model", str(root / "model"), "--out", str(out), "--n", "2", "--length", str(LENGTH),
             "--sinks", str(SINKS), "--window", str(WINDOW), "--budgets", f"0.5,{FULL_B}",
-            "--policies", "dense,knorm,kvpop_mlp", "--checkpoints-dir", str(root / "ckpts"),
+            "--policies", "dense,knorm,kvpop_mlp,tova", "--checkpoints-dir", str(root / "ckpts"),
             "--analysis", "--analysis-n", "1", "--no-progress"]
     assert main(argv) == 0
     with open(out / "results.csv") as fh:
@@ -82,7 +82,7 @@ def test_one_row_per_policy_budget_family(run):
     keys = [(r["policy"], r["budget"], r["family"]) for r in rows]
     assert len(keys) == len(set(keys))
     want = {("dense", "full", f) for f in FAMILIES}
-    want |= {(p, str(b), f) for p in ("knorm", "kvpop_mlp") for b in (LENGTH // 2, FULL_B) for f in FAMILIES}
+    want |= {(p, str(b), f) for p in ("knorm", "kvpop_mlp", "tova") for b in (LENGTH // 2, FULL_B) for f in FAMILIES}
     assert set(keys) == want
     for r in rows:
         assert r["n"] == "2" and 0.0 <= float(r["token_acc"]) <= 1.0 and 0.0 <= float(r["em"]) <= 1.0
@@ -110,6 +110,7 @@ def test_full_budget_equals_dense(run):
 
 
 def test_recall_csv(run):
+    """One row per layer and head for the static-priority policies; TOVA has no static priority, so none."""
     out, _, _ = run
     with open(out / "recall_per_layer.csv") as fh:
         rec = list(csv.DictReader(fh))
@@ -122,7 +123,7 @@ def test_recall_csv(run):
 
 
 @pytest.mark.parametrize("extra, match", [
-    (["--policies", "dense,h2o"], "Unknown policy"),
+    (["--policies", "dense,pyramidkv"], "Unknown policy"),
     (["--families", "reasoning,ruler"], "Unknown family"),
     (["--budgets", "36"], "no long-range"),
     (["--budgets", "0.9"], "no long-range"),  # B = 30 <= 4 + 32

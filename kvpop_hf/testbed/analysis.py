@@ -93,7 +93,8 @@ def recall_rows(model, tokenizer, problems: Sequence[Problem], scored: Sequence[
     """Recall per (policy, budget, layer, KV head), averaged over ``problems``.
 
     scored: ``(policy, budget, cache)`` triples; the cache supplies the scorer, ``log_gamma`` and the
-    budget (``sinks/window/topk`` of its ``kvpop_config``). Oracle priorities use the same window.
+    budget (``sinks/window/topk`` of its ``kvpop_config``). Oracle priorities use the same window. Attention-based
+    policies (TOVA, H2O, SnapKV) have no static priority and get no rows.
     """
     device = next(model.parameters()).device
     acc: dict[tuple, list[torch.Tensor]] = {}
@@ -109,6 +110,8 @@ def recall_rows(model, tokenizer, problems: Sequence[Problem], scored: Sequence[
             lse = dense_causal_lse(q, k, scale)
             oracles: dict[int, torch.Tensor] = {}
             for policy, budget, cache in scored:
+                if getattr(cache.scorer, "dynamic", False):
+                    continue  # TOVA/H2O/SnapKV: no static priority to rank the sequence with
                 cfg = cache.kvpop_config
                 if cfg.window not in oracles:
                     oracles[cfg.window] = future_attention_target(q, k, lse, cfg.window, scale=scale,
