@@ -53,7 +53,7 @@ def run(tmp_path_factory):
     out = root / "out"
     argv = ["--model", str(root / "model"), "--out", str(out), "--n", "2", "--length", str(LENGTH),
             "--sinks", str(SINKS), "--window", str(WINDOW), "--budgets", f"0.5,{FULL_B}",
-            "--policies", "dense,knorm,kvpop_mlp,tova", "--checkpoints-dir", str(root / "ckpts"),
+            "--policies", "dense,knorm,kvpop_mlp", "--checkpoints-dir", str(root / "ckpts"),
             "--analysis", "--analysis-n", "1", "--no-progress"]
     assert main(argv) == 0
     with open(out / "results.csv") as fh:
@@ -82,7 +82,7 @@ def test_one_row_per_policy_budget_family(run):
     keys = [(r["policy"], r["budget"], r["family"]) for r in rows]
     assert len(keys) == len(set(keys))
     want = {("dense", "full", f) for f in FAMILIES}
-    want |= {(p, str(b), f) for p in ("knorm", "kvpop_mlp", "tova") for b in (LENGTH // 2, FULL_B) for f in FAMILIES}
+    want |= {(p, str(b), f) for p in ("knorm", "kvpop_mlp") for b in (LENGTH // 2, FULL_B) for f in FAMILIES}
     assert set(keys) == want
     for r in rows:
         assert r["n"] == "2" and 0.0 <= float(r["token_acc"]) <= 1.0 and 0.0 <= float(r["em"]) <= 1.0
@@ -110,7 +110,6 @@ def test_full_budget_equals_dense(run):
 
 
 def test_recall_csv(run):
-    """One row per layer and head for the static-priority policies; TOVA has no static priority, so none."""
     out, _, _ = run
     with open(out / "recall_per_layer.csv") as fh:
         rec = list(csv.DictReader(fh))
@@ -191,6 +190,32 @@ def test_registered_policy_plugs_in(tmp_path):
         assert isinstance(plan.runs[1].factory()(cfg), KVpopCache) and calls == [(4, 16, 80)]
     finally:
         policies.POLICIES.pop("test_plugin")
+
+
+def test_attention_based_policies_in_the_eval():
+    """TOVA's teacher-forced accuracy: the prompt as one chunk, then the target token by token (a full budget
+    gives dense accuracy); the recall analysis skips it (no static priority)."""
+    from kvpop_hf.testbed.evaluate import token_accuracy
+
+    tok = build_tokenizer()
+    model = _tiny_trained_model(tok, steps=20)
+    model.set_attn_implementation("kvpop")  # as kvpop-eval loads it; TOVA's scores come from it
+    problems = [make_problem("reasoning", length=200, seed=s) for s in range(2)]
+    calls = []
+    hook = model.register_forward_pre_hook(lambda mod, args, kw: calls.append(args[0].shape[1]),
+                                           with_kwargs=True)
+    try:
+        full = token_accuracy(model, tok, problems, lambda: policies.POLICIES["tova"].factory(model.config, 4, 8, 900),
+                              progress=False)
+    finally:
+        hook.remove()
+    dense = token_accuracy(model, tok, problems, None, progress=False)
+    assert full["per_problem"] == dense["per_problem"] and dense["acc"]["all"] > 0
+    ex = training_example(problems[0], tok, mode="trace")
+    first = next(i for i, x in enumerate(ex["labels"]) if x != -100)
+    assert calls[: len(ex["input_ids"]) - first + 1] == [first] + [1] * (len(ex["input_ids"]) - first)
+    tova = policies.POLICIES["tova"].factory(model.config, 4, 8, 40)
+    assert analysis.recall_rows(model, tok, problems[:1], [("tova", None, tova)], progress=False) == []
 
 
 def test_topk_recall_bounds():

@@ -122,7 +122,7 @@ register_policy("lagkv", _lagkv,
 register_policy("keydiff", _heuristic("keydiff"),
                 description="KeyDiff: keep keys far from the mean key (cosine), read when they leave the window")
 # attention-based, scores change every step (docs/design.md §7); a prompt chunk attends densely and is
-# compressed at its end, so teacher-forced token accuracy needs `--chunk 1` to see the per-step rule
+# compressed at its end, so teacher-forced token accuracy feeds them the target token by token
 register_policy("tova", _heuristic("tova"),
                 description="TOVA: evict the entry the latest query attends to least (needs the kvpop attention)")
 register_policy("h2o", _heuristic("h2o"),
