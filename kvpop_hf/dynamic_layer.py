@@ -14,7 +14,8 @@ call (docs/design.md §7):
   candidates' scores and the layer keeps the sinks, the window and the best ``k`` others.
 
 The scores exist only through the ``kvpop`` attention: the hand-off objects below travel on the keys
-(``keys.kvpop_scores``) and a step whose hand-off was never finished (a stock attention ran) raises.
+(``keys.kvpop_scores``) and a step whose hand-off was never finished (a stock attention ran) raises at the
+next layer's update (or the next forward, or ``stored_positions``).
 """
 
 from __future__ import annotations
@@ -100,6 +101,11 @@ class DynamicScoreLayer(KVpopLayer):
     but the step is not captured as a graph (``is_compileable = False``): the hand-off is a Python object."""
 
     is_compileable = False
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        if self.layer_idx > 0:  # the layer below attended just before: a stock attention is caught in this forward
+            self.cache.layers[self.layer_idx - 1].flush()
+        return super().update(key_states, value_states, *args, **kwargs)
 
     def flush(self) -> None:
         """A call whose attention never handed its scores back: a stock attention ran."""

@@ -245,10 +245,17 @@ def test_generate_with_a_real_model(policy):
 
 @pytest.mark.parametrize("policy", POLICIES)
 def test_stock_attention_is_refused(policy):
+    """Caught in the same forward (at the next layer's update) and, for the last layer, at the next call."""
     model = tiny_model("llama", attn="sdpa")
     cache = KVpopCache(model.config, sinks=1, window=2, topk=3, scorer=policy)
+    with pytest.raises(ValueError, match="attn_implementation='kvpop'"), torch.no_grad():
+        model(distinct_ids(1, 10), **with_cache(model, cache))  # the prompt's forward itself
+    one_layer = tiny_model("llama", attn="sdpa", layers=1)
+    cache = KVpopCache(one_layer.config, sinks=1, window=2, topk=3, scorer=policy)
+    with torch.no_grad():
+        one_layer(distinct_ids(1, 10), **with_cache(one_layer, cache))
     with pytest.raises(ValueError, match="attn_implementation='kvpop'"):
-        model.generate(distinct_ids(1, 10), **with_cache(model, cache, max_new_tokens=3, do_sample=False))
+        cache.stored_positions(0)
 
 
 @pytest.mark.parametrize("policy, kwargs, match", [
