@@ -91,14 +91,14 @@ class Simulation:
 
 
 def simulate(policy, q, k, v, schedule, s, w, topk, valid=None, scale=None, **snap):
-    """Kept positions after each call ``[calls][b][h] -> set`` and the attention output ``[b, S, Hq, d]``."""
+    """The simulations ``[b][h]`` after the last call (``.kept``: positions) and the output ``[b, S, Hq, d]``."""
     b, hq, S, d = q.shape
     hkv = k.shape[1]
     G = hq // hkv
     scale = d ** -0.5 if scale is None else scale
     valid = torch.ones(b, S, dtype=torch.bool) if valid is None else valid
     sims = [[Simulation(policy, s, w, topk, **snap) for _ in range(hkv)] for _ in range(b)]
-    kept, out = [], torch.zeros(b, S, hq, v.shape[-1], dtype=torch.float64)
+    out = torch.zeros(b, S, hq, v.shape[-1], dtype=torch.float64)
     for bi in range(b):
         real = valid[bi].nonzero().flatten().tolist()  # sequence index of real position p: real[p]
         for hi in range(hkv):
