@@ -29,6 +29,7 @@ from torch.nn import functional as F
 from transformers import AttentionInterface, AttentionMaskInterface
 from transformers.masking_utils import sdpa_mask
 
+from .attention_scores import attend_and_score
 from .decode_attention import decode_attention
 from .dense_attention import causal_attention
 
@@ -139,6 +140,10 @@ def _chunk_attention(chunk, query, key, value, attention_mask, scaling):
 
 def kvpop_attention(module, query, key, value, attention_mask, scaling=None, dropout: float = 0.0, **kwargs):
     """query ``[b, Hq, L, d]``, key/value ``[b, Hkv, C, d]`` -> (out ``[b, L, Hq, d]``, None)."""
+    scores = getattr(key, "kvpop_scores", None)
+    if scores is not None:  # attention-based policies (TOVA, H2O, SnapKV): kvpop_hf/attention_scores.py
+        valid = attention_mask.valid if isinstance(attention_mask, KVpopMaskInfo) else None
+        return attend_and_score(scores, query, key, value, valid, scaling), None
     chunk = getattr(key, "kvpop_chunk", None)
     if chunk is not None:
         return _chunk_attention(chunk, query, key, value, attention_mask, scaling), None

@@ -12,6 +12,7 @@ from transformers.cache_utils import Cache
 
 from . import hub
 from .config import KVpopConfig, model_shape
+from .dynamic_layer import DynamicScoreLayer
 from .layer import KVpopLayer
 from .scorers import Scorer, build_scorer, scorer_name
 
@@ -33,7 +34,9 @@ class KVpopCache(Cache):
     Args:
         model_config: the model's `PretrainedConfig` (gives layers, KV heads, head size) or None
             when a `kvpop_config` with the model shape is given.
-        sinks, window, topk: the budget. scorer: a name from `kvpop_hf.scorers.SCORERS` or a `Scorer`.
+        sinks, window, topk: the budget. scorer: a name from `kvpop_hf.scorers.SCORERS` or a `Scorer`;
+            "tova", "h2o" and "snapkv" take their scores from the attention (docs/design.md §7) and need
+            ``attn_implementation="kvpop"``.
         log_gamma, decay_step: optional recency decay shared by all heads.
         scorer_kwargs: keyword arguments of the scorer (e.g. ``{"hidden": 64}`` for "mlp").
     """
@@ -79,7 +82,12 @@ class KVpopCache(Cache):
         # copies for layers on other devices than the scorer/decay (device_map): device -> copy
         self._scorer_copies: dict = {}
         self._log_gamma_copies: dict = {}
-        super().__init__(layers=[KVpopLayer(self, i) for i in range(cfg.num_layers)])
+        # attention-based policies (TOVA, H2O, SnapKV) re-score entries every step: their own storage class
+        layer_cls = DynamicScoreLayer if getattr(self.scorer, "dynamic", False) else KVpopLayer
+        if layer_cls is DynamicScoreLayer and cfg.log_gamma is not None:
+            raise ValueError(f"`log_gamma` (recency decay of static priorities) does not apply to the attention-based "
+                             f"policy {cfg.scorer!r}, whose scores change every step; leave it None.")
+        super().__init__(layers=[layer_cls(self, i) for i in range(cfg.num_layers)])
 
     # -- transformers Cache API ---------------------------------------------------------------
     def update(self, key_states, value_states, layer_idx: int, *args, **kwargs):

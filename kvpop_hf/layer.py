@@ -388,12 +388,23 @@ class KVpopLayer(CacheLayerMixin):
         prio_ext.scatter_(2, target, p_leave)
         cand_prio = prio_ext[:, :, :C]
 
+        q_end = (self.seen + n_real - 1)[:, None, None]  # [b,1,1]
+        order = self.keep_selection(cand_k, cand_v, cand_pos, cand_prio, q_end)
+        self.seen.add_(n_real)
+        return ChunkPlan(cand_k, cand_v, cand_pos, order, qpos, s, w, k)
+
+    def keep_selection(self, cand_k, cand_v, cand_pos, cand_prio, q_end) -> torch.Tensor:
+        """Write what stays at a chunk's end into the buffers: sinks, the window ending at ``q_end [b,1,1]`` and
+        the best ``k`` eligible candidates by ``cand_prio [b,h,C]`` (ties to the newer position) in slot
+        order; cand_k/cand_v ``[b,h,C,d]``, cand_pos ``[b,h,C]`` (-1: none). Returns the candidate order
+        ``[b,h,C]`` (best first)."""
+        s, w, k, B = self.sinks, self.window, self.topk, self.budget
+        b, h, C, d = cand_k.shape
         # rank candidates: priority descending, ties to the newer (larger) position
         by_pos = cand_pos.argsort(dim=-1, descending=True, stable=True)
         order = by_pos.gather(-1, cand_prio.gather(-1, by_pos).argsort(dim=-1, descending=True, stable=True))
 
         # final state: the selection at each row's last real query
-        q_end = (self.seen + n_real - 1)[:, None, None]  # [b,1,1]
         pos_sorted = cand_pos.gather(-1, order)
         elig_sorted = (pos_sorted >= s) & (pos_sorted <= q_end - w)
         kept_before = elig_sorted.cumsum(-1) - elig_sorted.long()
@@ -414,5 +425,4 @@ class KVpopLayer(CacheLayerMixin):
         self.values.copy_(new_v[:, :, :B])
         self.pos.copy_(new_pos[:, :, :B])
         self.prio.copy_(new_prio[:, :, :B])
-        self.seen.add_(n_real)
-        return ChunkPlan(cand_k, cand_v, cand_pos, order, qpos, s, w, k)
+        return order

@@ -122,7 +122,7 @@ def test_recall_csv(run):
 
 
 @pytest.mark.parametrize("extra, match", [
-    (["--policies", "dense,h2o"], "Unknown policy"),
+    (["--policies", "dense,pyramidkv"], "Unknown policy"),
     (["--families", "reasoning,ruler"], "Unknown family"),
     (["--budgets", "36"], "no long-range"),
     (["--budgets", "0.9"], "no long-range"),  # B = 30 <= 4 + 32
@@ -190,6 +190,32 @@ def test_registered_policy_plugs_in(tmp_path):
         assert isinstance(plan.runs[1].factory()(cfg), KVpopCache) and calls == [(4, 16, 80)]
     finally:
         policies.POLICIES.pop("test_plugin")
+
+
+def test_attention_based_policies_in_the_eval():
+    """TOVA's teacher-forced accuracy: the prompt as one chunk, then the target token by token (a full budget
+    gives dense accuracy); the recall analysis skips it (no static priority)."""
+    from kvpop_hf.testbed.evaluate import token_accuracy
+
+    tok = build_tokenizer()
+    model = _tiny_trained_model(tok, steps=20)
+    model.set_attn_implementation("kvpop")  # as kvpop-eval loads it; TOVA's scores come from it
+    problems = [make_problem("reasoning", length=200, seed=s) for s in range(2)]
+    calls = []
+    hook = model.register_forward_pre_hook(lambda mod, args, kw: calls.append(args[0].shape[1]),
+                                           with_kwargs=True)
+    try:
+        full = token_accuracy(model, tok, problems, lambda: policies.POLICIES["tova"].factory(model.config, 4, 8, 900),
+                              progress=False)
+    finally:
+        hook.remove()
+    dense = token_accuracy(model, tok, problems, None, progress=False)
+    assert full["per_problem"] == dense["per_problem"] and dense["acc"]["all"] > 0
+    ex = training_example(problems[0], tok, mode="trace")
+    first = next(i for i, x in enumerate(ex["labels"]) if x != -100)
+    assert calls[: len(ex["input_ids"]) - first + 1] == [first] + [1] * (len(ex["input_ids"]) - first)
+    tova = policies.POLICIES["tova"].factory(model.config, 4, 8, 40)
+    assert analysis.oracle_recall_rows(model, tok, problems[:1], [("tova", None, tova)], progress=False) == []
 
 
 def test_oracle_topk_recall_bounds():

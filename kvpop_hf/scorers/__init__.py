@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from .attention_policies import AttentionPolicy, H2OPolicy, SnapKVPolicy, TOVAPolicy
 from .base import Scorer
 from .heuristics import KNormScorer, RandomScorer, StreamingScorer
 from .keydiff import KeyDiffScorer
@@ -17,6 +18,9 @@ SCORERS: dict[str, type[Scorer]] = {
     "random": RandomScorer,
     "mlp": MLPScorer,
     "mlstm": MLSTMScorer,
+    "tova": TOVAPolicy,
+    "h2o": H2OPolicy,
+    "snapkv": SnapKVPolicy,
 }
 
 
@@ -36,4 +40,4 @@ def scorer_name(scorer: Scorer) -> str:
 
 __all__ = ["Scorer", "SCORERS", "build_scorer", "scorer_name", "StreamingScorer", "KNormScorer", "KeyDiffScorer", "LagKVScorer",
            "RandomScorer",
-           "MLPScorer", "MLSTMScorer"]
+           "MLPScorer", "MLSTMScorer", "AttentionPolicy", "TOVAPolicy", "H2OPolicy", "SnapKVPolicy"]

@@ -96,7 +96,8 @@ def oracle_recall_rows(model, tokenizer, problems: Sequence[Problem], scored: Se
     """Oracle top-k recall per (policy, budget, layer, KV head), averaged over ``problems``.
 
     scored: ``(policy, budget, cache)`` triples; the cache supplies the scorer, ``log_gamma`` and the
-    budget (``sinks/window/topk`` of its ``kvpop_config``). Oracle priorities use the same window.
+    budget (``sinks/window/topk`` of its ``kvpop_config``). Oracle priorities use the same window. Attention-based
+    policies (TOVA, H2O, SnapKV) have no static priority and get no rows.
     """
     device = next(model.parameters()).device
     acc: dict[tuple, list[torch.Tensor]] = {}
@@ -112,6 +113,8 @@ def oracle_recall_rows(model, tokenizer, problems: Sequence[Problem], scored: Se
             lse = dense_causal_lse(q, k, scale)
             oracles: dict[int, torch.Tensor] = {}
             for policy, budget, cache in scored:
+                if getattr(cache.scorer, "dynamic", False):
+                    continue  # TOVA/H2O/SnapKV: no static priority to rank the sequence with
                 cfg = cache.kvpop_config
                 if cfg.window not in oracles:
                     oracles[cfg.window] = future_attention_target(q, k, lse, cfg.window, scale=scale,

@@ -227,6 +227,8 @@ def token_accuracy(model: Any, tokenizer: Any, problems: Sequence[Problem],
     Each problem is run alone (batch 1, no padding): ``ids = <bos> prompt target <eos>`` ``[1, T]``
     through the model with a fresh cache from ``cache_factory`` (None: dense, one forward without cache), in
     one forward or in chunks of ``chunk`` tokens (eviction caches only). Position ``i`` predicts ``ids[i+1]``; only target positions count.
+    Attention-based policies (TOVA, H2O, SnapKV; docs/design.md §7) attend densely inside a chunk, so with
+    ``chunk=0`` they get the prompt as one chunk and the target token by token.
     Also the *fact-lookup accuracy*: the same greedy accuracy restricted to the target tokens that copy a
     fact's value (the ``9`` after ``x40 =`` in a ``reasoning`` trace, where ``x40`` is one of the problem's
     facts); chance is about 0.1. It is the part of the target that needs the far context, so it is what
@@ -257,9 +259,15 @@ def token_accuracy(model: Any, tokenizer: Any, problems: Sequence[Problem],
             if cache is None:  # dense: one plain causal forward
                 logits = model(ids, use_cache=False).logits[0]
             else:
-                step = chunk or T
-                logits = torch.cat([model(ids[:, s:s + step], **with_cache(model, cache, use_cache=True)).logits[0]
-                                    for s in range(0, T, step)], 0)
+                starts = list(range(0, T, chunk or T))
+                if not chunk and getattr(getattr(cache, "scorer", None), "dynamic", False):
+                    # attention-based policies (TOVA, H2O, SnapKV) attend densely inside a chunk: the prompt
+                    # as one chunk (compressed at its end), then the target token by token
+                    first = int((labels != -100).nonzero()[0]) if bool((labels != -100).any()) else T
+                    starts = [0] + list(range(max(first, 1), T))
+                ends = starts[1:] + [T]
+                logits = torch.cat([model(ids[:, a:e], **with_cache(model, cache, use_cache=True)).logits[0]
+                                    for a, e in zip(starts, ends)], 0)
             pred = logits[:-1].argmax(-1)
             gold, mask = labels[1:], labels[1:] != -100
             right = pred == gold

@@ -83,6 +83,11 @@ def _lagkv(model_config, sinks, window, topk, checkpoint=None):
     return _heuristic("lagkv", lag=window)(model_config, sinks, window, topk, checkpoint)
 
 
+def _snapkv(model_config, sinks, window, topk, checkpoint=None):
+    """SnapKV with the observation window equal to the protected window (the observing queries stay cached)."""
+    return _heuristic("snapkv", obs_window=window)(model_config, sinks, window, topk, checkpoint)
+
+
 def _learned(model_config, sinks, window, topk, checkpoint=None):
     """Fresh cache from a checkpoint (a path / repo id, or a prototype KVpopCache from
     :func:`load_prototype`, whose scorer weights are shared, read-only, by all caches)."""
@@ -116,6 +121,15 @@ register_policy("lagkv", _lagkv,
                 description="LagKV: keys/values that stand out against the window that follows them (lag = w)")
 register_policy("keydiff", _heuristic("keydiff"),
                 description="KeyDiff: keep keys far from the mean key (cosine), read when they leave the window")
+# attention-based, scores change every step (docs/design.md §7); a prompt chunk attends densely and is
+# compressed at its end, so teacher-forced token accuracy feeds them the target token by token
+register_policy("tova", _heuristic("tova"),
+                description="TOVA: evict the entry the latest query attends to least (needs the kvpop attention)")
+register_policy("h2o", _heuristic("h2o"),
+                description="H2O: keep heavy hitters by accumulated attention + the recent window (kvpop attention)")
+register_policy("snapkv", _snapkv,
+                description="SnapKV: prompt entries voted by the last w queries, pooled (kernel 5, avg); fixed while "
+                            "decoding, new tokens only take free slots (kvpop attention)")
 register_policy("kvpop_mlp", _learned, needs_checkpoint=True, expect={"scorer": "mlp"},
                 description="learned stateless MLP scorer (KVpop_mlp)")
 register_policy("kvpop", _learned, needs_checkpoint=True, expect={"scorer": "mlstm", "delayed": True},
