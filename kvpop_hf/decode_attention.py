@@ -22,15 +22,13 @@ Shapes: query ``[b, Hq, 1, d]``, key ``[b, Hkv, B, d]``, value ``[b, Hkv, B, dv]
 from __future__ import annotations
 
 import math
-import os
 
 import torch
 import torch.nn.functional as F
 
+from .kernels import kernel_wanted, next_pow2, tl, triton
+
 __all__ = ["decode_attention", "decode_attention_reference", "decode_attention_triton", "split_count"]
-
-_MODES = ("auto", "torch", "triton")
-
 
 def decode_attention_reference(query, key, value, seen, scaling):
     b, hq, _, d = query.shape
@@ -39,13 +37,6 @@ def decode_attention_reference(query, key, value, seen, scaling):
     q = query.reshape(b, hkv, hq // hkv, d)
     out = F.scaled_dot_product_attention(q, key.to(query.dtype), value.to(query.dtype), attn_mask=mask, scale=scaling)
     return out.reshape(b, 1, hq, value.shape[-1])
-
-
-try:  # the kernel is defined at import, where Triton resolves its globals (`tl`) as usual
-    import triton
-    import triton.language as tl
-except ImportError:  # pragma: no cover - triton is a dependency; the torch reference works without it
-    triton = None
 
 
 if triton is not None:
@@ -125,8 +116,8 @@ def decode_attention_triton(query, key, value, seen, scaling, splits: int | None
     acc = torch.empty(b * hkv, ns, g, dv, device=query.device, dtype=torch.float32)
     scale = (1.0 / math.sqrt(d)) if scaling is None else float(scaling)
     split_decode_kernel[(b * hkv, ns)](q, key, value, seen, m, l, acc, scale * math.log2(math.e), hkv, B, per_split,
-                                       G=g, D=d, DV=dv, NS=ns, BLOCK_G=max(16, _pow2(g)), BLOCK_N=_BLOCK_N,
-                                       BLOCK_D=_pow2(d), BLOCK_DV=_pow2(dv))
+                                       G=g, D=d, DV=dv, NS=ns, BLOCK_G=max(16, next_pow2(g)), BLOCK_N=_BLOCK_N,
+                                       BLOCK_D=next_pow2(d), BLOCK_DV=next_pow2(dv))
     # merge the splits; a split past `seen` has m = -inf and l = acc = 0
     top = m.amax(dim=1, keepdim=True)
     w = torch.exp2(m - top)
@@ -134,23 +125,9 @@ def decode_attention_triton(query, key, value, seen, scaling, splits: int | None
     return out.to(query.dtype).reshape(b, 1, hq, dv)
 
 
-def _pow2(n: int) -> int:
-    return 1 << max(int(n) - 1, 0).bit_length()
-
-
-def use_triton(device: torch.device) -> bool:
-    """The split kernel on CUDA unless ``KVPOP_DECODE_ATTENTION=torch``."""
-    mode = os.environ.get("KVPOP_DECODE_ATTENTION", "auto").lower()
-    if mode not in _MODES:
-        raise ValueError(f"KVPOP_DECODE_ATTENTION must be one of {_MODES}, got {mode!r}")
-    return mode == "triton" or (mode == "auto" and device.type == "cuda")
-
-
 def decode_attention(query, key, value, seen, scaling):
-    """Dispatch: :func:`decode_attention_triton` on CUDA, else :func:`decode_attention_reference`."""
-    if use_triton(query.device):
-        if triton is None:
-            raise RuntimeError("KVpopCache decoding on CUDA uses a Triton kernel: `pip install triton`, or set "
-                               "KVPOP_DECODE_ATTENTION=torch to use the plain torch version.")
+    """Dispatch: :func:`decode_attention_triton` on CUDA (``KVPOP_DECODE_ATTENTION=torch|triton``
+    overrides), else :func:`decode_attention_reference`."""
+    if kernel_wanted("KVPOP_DECODE_ATTENTION", query.device):
         return decode_attention_triton(query, key, value, seen, scaling)
     return decode_attention_reference(query, key, value, seen, scaling)

@@ -24,9 +24,9 @@ Shapes: keys ``[b, h, B, d]``, values ``[b, h, B, dv]``, pos ``[b, h, B]`` int64
 
 from __future__ import annotations
 
-import os
-
 import torch
+
+from .kernels import kernel_wanted, next_pow2, tl, triton
 
 __all__ = ["eviction_for", "evict_and_insert_reference", "evict_and_insert_triton", "ring_slot"]
 
@@ -66,13 +66,6 @@ def evict_and_insert_reference(keys, values, pos, prio, seen, k_new, v_new, p_le
     values.scatter_(2, v_idx, v_new.view(b, h, 1, dv).to(values.dtype))
     pos.scatter_(2, slot, t.view(b, 1, 1).expand(b, h, 1))
     prio.scatter_(2, slot, p_new.view(b, h, 1).float())
-
-
-try:  # the kernel is defined at import, where Triton resolves its globals (`tl`) as usual
-    import triton
-    import triton.language as tl
-except ImportError:  # pragma: no cover - triton is a dependency; the torch reference works without it
-    triton = None
 
 
 if triton is not None:
@@ -128,29 +121,12 @@ def evict_and_insert_triton(keys, values, pos, prio, seen, k_new, v_new, p_leave
     p_leave = p_leave.reshape(b, h).float().contiguous()
     p_new = p_new.reshape(b, h).float().contiguous()
     evict_insert_kernel[(b * h,)](keys, values, pos, prio, seen, k_new, v_new, p_leave, p_new, h, B,
-                        D=d, DV=dv, S=sinks, W=window, K=topk, BLOCK_D=_pow2(d),
-                        BLOCK_DV=_pow2(dv), BLOCK_K=_pow2(topk))
-
-
-def _pow2(n: int) -> int:
-    return 1 << max(int(n) - 1, 0).bit_length()
-
-
-def use_triton(device: torch.device) -> bool:
-    """The fused kernel on CUDA unless ``KVPOP_DECODE_EVICTION=torch``."""
-    mode = os.environ.get("KVPOP_DECODE_EVICTION", "auto").lower()
-    if mode not in ("auto", "torch", "triton"):
-        raise ValueError(f"KVPOP_DECODE_EVICTION must be auto, torch or triton, got {mode!r}")
-    return mode == "triton" or (mode == "auto" and device.type == "cuda")
+                        D=d, DV=dv, S=sinks, W=window, K=topk, BLOCK_D=next_pow2(d),
+                        BLOCK_DV=next_pow2(dv), BLOCK_K=next_pow2(topk))
 
 
 def eviction_for(device: torch.device):
     """The eviction function for buffers on ``device``: the fused kernel on CUDA, the torch reference
     elsewhere (``KVPOP_DECODE_EVICTION=torch|triton`` overrides). Chosen once, when a layer allocates its
     buffers, so decode steps neither read the environment nor branch on it."""
-    if not use_triton(torch.device(device)):
-        return evict_and_insert_reference
-    if triton is None:
-        raise RuntimeError("KVpopCache decoding on CUDA uses a Triton kernel: `pip install triton`, or set "
-                           "KVPOP_DECODE_EVICTION=torch to use the plain torch version.")
-    return evict_and_insert_triton
+    return evict_and_insert_triton if kernel_wanted("KVPOP_DECODE_EVICTION", device) else evict_and_insert_reference
