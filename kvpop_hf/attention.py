@@ -139,20 +139,29 @@ def _chunk_attention(chunk, query, key, value, attention_mask, scaling):
 
 
 def kvpop_attention(module, query, key, value, attention_mask, scaling=None, dropout: float = 0.0, **kwargs):
-    """query ``[b, Hq, L, d]``, key/value ``[b, Hkv, C, d]`` -> (out ``[b, L, Hq, d]``, None)."""
+    """query ``[b, Hq, L, d]``, key/value ``[b, Hkv, C, d]`` -> (out ``[b, L, Hq, d]``, None).
+
+    A static-priority decode step is traced by ``torch.compile`` (fixed shapes); every other call runs
+    eagerly, as the cache's chunk updates do (see ``KVpopLayer.update``)."""
+    if query.shape[2] == 1 and getattr(key, "kvpop_scores", None) is None:
+        seen = getattr(key, "kvpop_seen", None)
+        if seen is not None:
+            return decode_attention(query, key, value, seen, scaling), None
+    return _attention_eagerly(module, query, key, value, attention_mask, scaling, dropout), None
+
+
+@torch.compiler.disable
+def _attention_eagerly(module, query, key, value, attention_mask, scaling, dropout):
     scores = getattr(key, "kvpop_scores", None)
     if scores is not None:  # attention-based policies (TOVA, H2O, SnapKV): kvpop_hf/attention_scores.py
         valid = attention_mask.valid if isinstance(attention_mask, KVpopMaskInfo) else None
-        return attend_and_score(scores, query, key, value, valid, scaling), None
+        return attend_and_score(scores, query, key, value, valid, scaling)
     chunk = getattr(key, "kvpop_chunk", None)
     if chunk is not None:
-        return _chunk_attention(chunk, query, key, value, attention_mask, scaling), None
-    seen = getattr(key, "kvpop_seen", None)
-    if seen is not None and query.shape[2] == 1:
-        return decode_attention(query, key, value, seen, scaling), None
+        return _chunk_attention(chunk, query, key, value, attention_mask, scaling)
     # keys from another cache or none: plain causal attention with padding
     mask = attention_mask.dense() if isinstance(attention_mask, KVpopMaskInfo) else attention_mask
-    return causal_attention(query, key, value, mask, scaling, dropout if module.training else 0.0), None
+    return causal_attention(query, key, value, mask, scaling, dropout if module.training else 0.0)
 
 
 def register() -> None:
