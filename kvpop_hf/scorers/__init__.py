@@ -5,6 +5,7 @@ from __future__ import annotations
 from .base import Scorer
 from .heuristics import KNormScorer, RandomScorer, StreamingScorer
 from .keydiff import KeyDiffScorer
+from .kvp import KVPScorer
 from .lagkv import LagKVScorer
 from .mlp import MLPScorer
 from .mlstm import MLSTMScorer
@@ -17,6 +18,7 @@ SCORERS: dict[str, type[Scorer]] = {
     "random": RandomScorer,
     "mlp": MLPScorer,
     "mlstm": MLSTMScorer,
+    "kvp": KVPScorer,
 }
 
 
@@ -36,4 +38,4 @@ def scorer_name(scorer: Scorer) -> str:
 
 __all__ = ["Scorer", "SCORERS", "build_scorer", "scorer_name", "StreamingScorer", "KNormScorer", "KeyDiffScorer", "LagKVScorer",
            "RandomScorer",
-           "MLPScorer", "MLSTMScorer"]
+           "MLPScorer", "MLSTMScorer", "KVPScorer"]
