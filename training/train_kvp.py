@@ -73,6 +73,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--compare", nargs="*", default=[], metavar="NAME=DIR", help="KVpopCache checkpoints to score")
     p.add_argument("--baselines", default="knorm,streaming", help="heuristic scorers to score (comma-separated)")
     p.add_argument("--fractions", default=",".join(map(str, FRACTIONS)), help="held-out context lengths / length")
+    p.add_argument("--threads", type=int, default=1, help="torch CPU threads (small ops: 1 is fastest)")
     p.add_argument("--no-progress", action="store_true")
     return p.parse_args(argv)
 
@@ -182,6 +183,16 @@ def main(argv=None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(args.seed)
+    threads = torch.get_num_threads()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    try:
+        return _run(args, out)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _run(args, out: Path) -> int:
     traces, heldout, config = load_traces(args)
     policies = {}
     if not args.eval_only:

@@ -50,7 +50,8 @@ from .tasks import ALL_FAMILIES, FAMILIES, Problem, make_problem, training_examp
 __all__ = ["build_parser", "plan_from_args", "token_accuracy", "main", "EvalPlan", "DEFAULT_SEED_BASE"]
 
 DEFAULT_SEED_BASE = 2 ** 48
-DEFAULT_POLICIES = ("dense", "streaming", "knorm", "random", "kvpop_mlp", "kvpop", "kvpop_immediate")
+DEFAULT_POLICIES = ("dense", "streaming", "knorm", "random", "kvpop_mlp", "kvpop", "kvpop_immediate", "kvp",
+                    "kvp_supervised")
 
 
 def build_parser() -> argparse.ArgumentParser:
