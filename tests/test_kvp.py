@@ -2,6 +2,7 @@
 per-head AUC metric, the `kvp` policy, and training/train_kvp.py end to end (train, load, generate, resume)."""
 
 import itertools
+import json
 import math
 import sys
 from pathlib import Path
@@ -151,6 +152,7 @@ def test_cli_trains_a_loadable_checkpoint_that_generates(tiny_dir, objective):
     assert train_kvp.main(_argv(tiny_dir, objective, "--objective", objective, "--steps", "3")) == 0
     out = tiny_dir / objective
     assert (out / "auc_cost.csv").is_file() and "knorm" in (out / "auc_cost.md").read_text()
+    assert "--objective" in json.loads((out / "meta.json").read_text())["command"]
     assert len((out / "train_log.csv").read_text().splitlines()) == 4
     model = AutoModelForCausalLM.from_pretrained(tiny_dir / "model", attn_implementation="kvpop").eval()
     cache = KVpopCache.from_pretrained(out, model.config)

@@ -14,7 +14,8 @@ Examples::
         --eval-only --compare kvp=out/kvp kvp_supervised=out/kvp_sup --baselines knorm,streaming
 
 The output directory holds ``kvpop_config.json`` + ``kvpop_scorer.safetensors`` (load with
-``KVpopCache.from_pretrained``), ``train_state.pt`` (``--resume`` continues from it), ``train_log.csv`` and the
+``KVpopCache.from_pretrained``), ``train_state.pt`` (``--resume`` continues from it), ``train_log.csv``, ``meta.json`` (command, commit,
+date, versions) and the
 held-out normalised AUC cost per head (``auc_cost.csv``, ``auc_cost.md``).
 """
 
@@ -23,6 +24,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -33,6 +35,7 @@ from kvpop_hf import KVpopCache
 from kvpop_hf.kvp.metric import FRACTIONS, auc_cost_per_head, cost_table, eval_points, write_cost_csv
 from kvpop_hf.kvp.supervised import LOSSES
 from kvpop_hf.kvp.train import KVPTrainConfig, KVPTrainer
+from kvpop_hf.provenance import git_commit, versions
 from kvpop_hf.scorers import build_scorer
 
 STATE = "train_state.pt"
@@ -179,6 +182,7 @@ def evaluate(args, heldout, config, policies: dict, out: Path) -> dict:
 
 
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else [str(a) for a in argv]
     args = parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -187,12 +191,12 @@ def main(argv=None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     try:
-        return _run(args, out)
+        return _run(args, argv, out)
     finally:
         torch.set_num_threads(threads)
 
 
-def _run(args, out: Path) -> int:
+def _run(args, argv: list[str], out: Path) -> int:
     traces, heldout, config = load_traces(args)
     policies = {}
     if not args.eval_only:
@@ -205,7 +209,10 @@ def _run(args, out: Path) -> int:
         ck = KVpopCache.from_pretrained(path, config)
         policies[name] = (ck.scorer, ck.log_gamma)
     evaluate(args, heldout, config, policies, out)
-    (out / "args.json").write_text(json.dumps(vars(args), indent=2) + "\n")
+    meta = {"command": "python training/train_kvp.py " + shlex.join(argv), "args": vars(args),
+            "commit": git_commit(Path(__file__).resolve().parent),
+            "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), "versions": versions("torch", "transformers")}
+    (out / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
     return 0
 
 
