@@ -176,8 +176,7 @@ def evaluate(args, heldout, config, policies: dict, out: Path) -> dict:
     with open(out / "auc_cost.md", "w") as fh:
         for ranking, costs in tables.items():
             fh.write(f"## {ranking} ranking\n\n{cost_table(costs)}\n\n")
-    rows = {f"{r}:{n}": c for r, costs in tables.items() for n, c in costs.items()}
-    write_cost_csv(rows, out / "auc_cost.csv")
+    write_cost_csv(tables, out / "auc_cost.csv")
     return tables
 
 

@@ -72,12 +72,13 @@ def cost_table(costs: dict[str, torch.Tensor]) -> str:
     return "\n".join(lines)
 
 
-def write_cost_csv(costs: dict[str, torch.Tensor], path: str | Path, **extra) -> None:
-    """One row per (policy, layer, head) with the normalised AUC cost, plus ``extra`` columns."""
+def write_cost_csv(tables: dict[str, dict[str, torch.Tensor]], path: str | Path) -> None:
+    """``{ranking: {policy: [L, Hkv] costs}}`` -> one CSV row per (ranking, policy, layer, head)."""
     with open(path, "w", newline="") as fh:
         w = csv.writer(fh)
-        w.writerow(["policy", "layer", "head", "auc_cost", *extra])
-        for name, c in costs.items():
-            for l in range(c.shape[0]):
-                for h in range(c.shape[1]):
-                    w.writerow([name, l, h, f"{c[l, h]:.6f}", *extra.values()])
+        w.writerow(["ranking", "policy", "layer", "head", "auc_cost"])
+        for ranking, costs in tables.items():
+            for name, c in costs.items():
+                for l in range(c.shape[0]):
+                    for h in range(c.shape[1]):
+                        w.writerow([ranking, name, l, h, f"{c[l, h]:.6f}"])
