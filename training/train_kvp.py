@@ -81,7 +81,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def load_traces(args, model_config_only=False):
+def load_traces(args):
     """(train, heldout, model config): from --traces-file if it exists, else recorded from --model."""
     from transformers import AutoConfig
 
@@ -90,7 +90,7 @@ def load_traces(args, model_config_only=False):
     config = AutoConfig.from_pretrained(args.model)
     path = Path(args.traces_file) if args.traces_file else None
     if path is not None and path.is_file():
-        data = torch.load(path, weights_only=False)
+        data = torch.load(path, weights_only=True)
         if data["meta"] != meta:
             raise ValueError(f"{path} holds traces of {data['meta']}, not {meta}: use another --traces-file.")
         return data["train"], data["heldout"], config
@@ -125,7 +125,7 @@ def train(args, traces, config, out: Path) -> KVpopCache:
     trainer = KVPTrainer(scorer, traces, cfg)
     log_path = out / "train_log.csv"
     if args.resume and (out / STATE).is_file():
-        trainer.load_state_dict(torch.load(out / STATE, weights_only=False))
+        trainer.load_state_dict(torch.load(out / STATE, weights_only=True))
         print(f"resumed {name} from step {trainer.step_count}")
     elif not args.resume and log_path.exists():
         log_path.unlink()
