@@ -113,7 +113,8 @@ def test_kvp_scorer_is_static_and_policy_checks_objective(tmp_path):
     k = torch.randn(1, 2, 20, 16)
     pos = torch.arange(20).view(1, 1, 20).expand(1, 2, 20)
     whole = cache.scorer.score(0, k, k, pos)
-    one = torch.cat([cache.scorer.score(0, k[:, :, t:t + 1], k[:, :, t:t + 1], pos[:, :, t:t + 1]) for t in range(20)], 2)
+    one = torch.cat([cache.scorer.score(0, k[:, :, t:t + 1], k[:, :, t:t + 1], pos[:, :, t:t + 1])
+                     for t in range(20)], 2)
     torch.testing.assert_close(whole, one)  # a token's score is its own (a static priority)
     cache.save_pretrained(tmp_path / "kvp_supervised")
     assert policies.scan_checkpoints_dir(tmp_path) == {("kvp_supervised", None): str(tmp_path / "kvp_supervised")}

@@ -14,9 +14,9 @@ Examples::
         --eval-only --compare kvp=out/kvp kvp_supervised=out/kvp_sup --baselines knorm,streaming
 
 The output directory holds ``kvpop_config.json`` + ``kvpop_scorer.safetensors`` (load with
-``KVpopCache.from_pretrained``), ``train_state.pt`` (``--resume`` continues from it), ``train_log.csv``, ``meta.json`` (command, commit,
-date, versions) and the
-held-out normalised AUC cost per head (``auc_cost.csv``, ``auc_cost.md``).
+``KVpopCache.from_pretrained``), ``train_state.pt`` (``--resume`` continues from it), ``train_log.csv``,
+``meta.json`` (command, commit, date, versions) and the held-out normalised AUC cost per head
+(``auc_cost.csv``, ``auc_cost.md``).
 """
 
 from __future__ import annotations
@@ -170,8 +170,9 @@ def evaluate(args, heldout, config, policies: dict, out: Path) -> dict:
         costs = {name: auc_cost_per_head(sc, heldout, points, args.window, protect, lg)
                  for name, (sc, lg) in policies.items()}
         tables[ranking] = costs
+        first = "" if protect is None else f", sinks={args.sinks} and window={args.window} first"
         print(f"\nnormalised AUC cost C/C* on {len(heldout)} held-out traces x {len(points) // max(1, len(heldout))} "
-              f"context lengths ({ranking} ranking{'' if protect is None else f', sinks={args.sinks} and window={args.window} first'}):")
+              f"context lengths ({ranking} ranking{first}):")
         print(cost_table(costs))
     with open(out / "auc_cost.md", "w") as fh:
         for ranking, costs in tables.items():
@@ -210,7 +211,8 @@ def _run(args, argv: list[str], out: Path) -> int:
     evaluate(args, heldout, config, policies, out)
     meta = {"command": "python training/train_kvp.py " + shlex.join(argv), "args": vars(args),
             "commit": git_commit(Path(__file__).resolve().parent),
-            "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), "versions": versions("torch", "transformers")}
+            "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+            "versions": versions("torch", "transformers")}
     (out / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
     return 0
 

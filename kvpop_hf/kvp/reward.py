@@ -55,7 +55,8 @@ def future_attention_reference(q: torch.Tensor, k: torch.Tensor, n: int, scale: 
 
 
 def auc_cost(u: torch.Tensor, perm: torch.Tensor) -> torch.Tensor:
-    """Rank-weighted AUC ``C(sigma) = sum_r r * u[sigma_r]``: u ``[..., n]`` (broadcast), perm ``[..., n]`` -> ``[...]``."""
+    """Rank-weighted AUC ``C(sigma) = sum_r r * u[sigma_r]``: u ``[..., n]`` (broadcast), perm ``[..., n]``
+    -> ``[...]``."""
     n = perm.shape[-1]
     ranks = torch.arange(1, n + 1, device=perm.device, dtype=torch.float32)
     return (torch.gather(u.float().expand(perm.shape), -1, perm) * ranks).sum(-1)
