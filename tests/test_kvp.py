@@ -15,7 +15,7 @@ from transformers import AutoModelForCausalLM, Qwen3Config
 from helpers import distinct_ids, tiny_model
 from kvpop_hf import KVpopCache
 from kvpop_hf.compat import with_cache
-from kvpop_hf.kvp.metric import auc_cost_per_head, eval_points, ordering
+from kvpop_hf.kvp.metric import auc_cost_per_head, eval_points, evicted_fraction, ordering
 from kvpop_hf.kvp.ranking import gumbel_sort, pl_log_prob, pl_log_prob_reference, rloo_advantages
 from kvpop_hf.kvp.reward import (auc_cost, auc_cost_reference, future_attention, future_attention_reference,
                                  normalized_auc_cost, reward)
@@ -105,6 +105,13 @@ def test_metric_oracle_priority_scores_one_and_protection_ranks_first():
     torch.testing.assert_close(cost, torch.ones(2, 2))
     assert (auc_cost_per_head(build_scorer("knorm", 2, 2, 8), [trace], points, window=4) >= 1).all()
 
+    u = points[0][2][0, 0]
+    best, perm = torch.argsort(u, descending=True), torch.randperm(u.shape[0])
+    assert float(evicted_fraction(u, perm, 0)) == pytest.approx(1.0) and float(evicted_fraction(u, perm, 15)) == 0
+    assert float(evicted_fraction(u, best, 5)) <= float(evicted_fraction(u, perm, 5))
+    tail = u.sort(descending=True).values[5:].sum() / u.sum()
+    assert float(evicted_fraction(u, best, 5)) == pytest.approx(float(tail))
+
 
 def test_kvp_scorer_is_static_and_policy_checks_objective(tmp_path):
     model = tiny_model("qwen3")
@@ -145,7 +152,7 @@ def _argv(root, out, *extra):
     return ["--model", str(root / "model"), "--out", str(root / out), "--traces-file", str(root / "traces.pt"),
             "--families", "reasoning,vt", "--length", "300", "--train-traces", "2", "--heldout-traces", "1",
             "--samples", "4", "--min-context", "16", "--sinks", "2", "--window", "8", "--topk", "20",
-            "--fractions", "0.5", "--save-every", "1", "--no-progress", *extra]
+            "--fractions", "0.5", "--budgets", "40", "--save-every", "1", "--no-progress", *extra]
 
 
 @pytest.mark.parametrize("objective", ["rl", "supervised"])
@@ -154,6 +161,7 @@ def test_cli_trains_a_loadable_checkpoint_that_generates(tiny_dir, objective):
     out = tiny_dir / objective
     assert (out / "auc_cost.csv").is_file() and "knorm" in (out / "auc_cost.md").read_text()
     assert "--objective" in json.loads((out / "meta.json").read_text())["command"]
+    assert "evicted share" in (out / "auc_cost.md").read_text() and (out / "evicted_share.csv").is_file()
     assert len((out / "train_log.csv").read_text().splitlines()) == 4
     model = AutoModelForCausalLM.from_pretrained(tiny_dir / "model", attn_implementation="kvpop").eval()
     cache = KVpopCache.from_pretrained(out, model.config)

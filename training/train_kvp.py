@@ -16,7 +16,7 @@ Examples::
 The output directory holds ``kvpop_config.json`` + ``kvpop_scorer.safetensors`` (load with
 ``KVpopCache.from_pretrained``), ``train_state.pt`` (``--resume`` continues from it), ``train_log.csv``,
 ``meta.json`` (command, commit, date, versions) and the held-out normalised AUC cost per head
-(``auc_cost.csv``, ``auc_cost.md``).
+(``auc_cost.csv``, ``auc_cost.md``; with ``--budgets``, ``evicted_share.csv``).
 """
 
 from __future__ import annotations
@@ -76,6 +76,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--compare", nargs="*", default=[], metavar="NAME=DIR", help="KVpopCache checkpoints to score")
     p.add_argument("--baselines", default="knorm,streaming", help="heuristic scorers to score (comma-separated)")
     p.add_argument("--fractions", default=",".join(map(str, FRACTIONS)), help="held-out context lengths / length")
+    p.add_argument("--budgets", default="", help="also the share of future attention evicted at these budgets "
+                                                 "(tokens, comma-separated; cache ranking)")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (small ops: 1 is fastest)")
     p.add_argument("--no-progress", action="store_true")
     return p.parse_args(argv)
@@ -174,10 +176,22 @@ def evaluate(args, heldout, config, policies: dict, out: Path) -> dict:
         print(f"\nnormalised AUC cost C/C* on {len(heldout)} held-out traces x {len(points) // max(1, len(heldout))} "
               f"context lengths ({ranking} ranking{first}):")
         print(cost_table(costs))
+    evicted = {}
+    for b in [int(x) for x in args.budgets.split(",") if x]:
+        protect = (args.sinks, args.window)
+        evicted[b] = {name: auc_cost_per_head(sc, heldout, points, args.window, protect, lg, budget=b)
+                      for name, (sc, lg) in policies.items()}
+        print(f"\nshare of future attention evicted at budget {b} (cache ranking):")
+        print(cost_table(evicted[b], "evicted share"))
     with open(out / "auc_cost.md", "w") as fh:
         for ranking, costs in tables.items():
-            fh.write(f"## {ranking} ranking\n\n{cost_table(costs)}\n\n")
+            fh.write(f"## {ranking} ranking: normalised AUC cost\n\n{cost_table(costs)}\n\n")
+        for b, costs in evicted.items():
+            fh.write(f"## cache ranking: share of future attention evicted at budget {b}\n\n"
+                     f"{cost_table(costs, 'evicted share')}\n\n")
     write_cost_csv(tables, out / "auc_cost.csv")
+    if evicted:
+        write_cost_csv({f"cache@{b}": c for b, c in evicted.items()}, out / "evicted_share.csv", "evicted_share")
     return tables
 
 

@@ -18,7 +18,7 @@ from typing import Sequence
 import torch
 
 from ..training.priorities import sequence_priorities
-from .reward import future_attention, normalized_auc_cost
+from .reward import EPS, future_attention, normalized_auc_cost
 
 FRACTIONS = (0.25, 0.5, 0.75)
 
@@ -46,10 +46,20 @@ def ordering(priority: torch.Tensor, protect: tuple[int, int] | None = None) -> 
     return torch.sort(p, dim=-1, descending=True, stable=True).indices
 
 
+def evicted_fraction(u: torch.Tensor, perm: torch.Tensor, budget: int) -> torch.Tensor:
+    """Share of the future attention on the tokens a single budget evicts, ``C_b / sum(u)`` with ``b = budget``
+    (the paper's per-budget cost, normalised by the total): u, perm ``[..., n]`` -> ``[...]``."""
+    kept = torch.gather(u.float().expand(perm.shape), -1, perm[..., :budget]).sum(-1)
+    total = u.float().sum(-1)
+    return (total - kept) / total.clamp_min(EPS)
+
+
 @torch.no_grad()
 def auc_cost_per_head(scorer, traces: Sequence[dict], points, window: int, protect: tuple[int, int] | None = None,
-                      log_gamma: torch.Tensor | None = None, decay_step: int = 64) -> torch.Tensor:
-    """Mean over ``points`` (:func:`eval_points`) of the normalised AUC cost -> ``[L, Hkv]`` float32."""
+                      log_gamma: torch.Tensor | None = None, decay_step: int = 64, budget: int | None = None
+                      ) -> torch.Tensor:
+    """Mean over ``points`` (:func:`eval_points`) of the normalised AUC cost -> ``[L, Hkv]`` float32; with
+    ``budget``, of :func:`evicted_fraction` at that budget instead."""
     total = None
     for i, n, u in points:
         tr = traces[i]
@@ -58,25 +68,26 @@ def auc_cost_per_head(scorer, traces: Sequence[dict], points, window: int, prote
             k, v = tr["k"][l, None, :, :n].float(), tr["v"][l, None, :, :n].float()
             lg = log_gamma[l] if log_gamma is not None else None
             prio = sequence_priorities(scorer, l, k, v, window, lg, decay_step)[0]  # [Hkv, n]
-            costs.append(normalized_auc_cost(u[l], ordering(prio, protect)))
+            perm = ordering(prio, protect)
+            costs.append(normalized_auc_cost(u[l], perm) if budget is None else evicted_fraction(u[l], perm, budget))
         c = torch.stack(costs)
         total = c if total is None else total + c
     return total / len(points)
 
 
-def cost_table(costs: dict[str, torch.Tensor]) -> str:
+def cost_table(costs: dict[str, torch.Tensor], what: str = "AUC cost") -> str:
     """``{policy: [L, Hkv] costs}`` -> markdown (mean / min / max over heads)."""
-    lines = ["| policy | mean AUC cost | best head | worst head |", "|---|---|---|---|"]
+    lines = [f"| policy | mean {what} | best head | worst head |", "|---|---|---|---|"]
     for name, c in costs.items():
         lines.append(f"| {name} | {c.mean():.4f} | {c.min():.4f} | {c.max():.4f} |")
     return "\n".join(lines)
 
 
-def write_cost_csv(tables: dict[str, dict[str, torch.Tensor]], path: str | Path) -> None:
+def write_cost_csv(tables: dict[str, dict[str, torch.Tensor]], path: str | Path, column: str = "auc_cost") -> None:
     """``{ranking: {policy: [L, Hkv] costs}}`` -> one CSV row per (ranking, policy, layer, head)."""
     with open(path, "w", newline="") as fh:
         w = csv.writer(fh)
-        w.writerow(["ranking", "policy", "layer", "head", "auc_cost"])
+        w.writerow(["ranking", "policy", "layer", "head", column])
         for ranking, costs in tables.items():
             for name, c in costs.items():
                 for l in range(c.shape[0]):
