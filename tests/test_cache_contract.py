@@ -27,7 +27,7 @@ def test_large_budget_equals_dynamic_cache(arch, attn):
 
 
 @pytest.mark.parametrize("arch", ["qwen3", "llama"])
-@pytest.mark.parametrize("scorer", ["knorm", "keydiff", "lagkv", "mlp", "mlstm"])
+@pytest.mark.parametrize("scorer", ["knorm", "keydiff", "lagkv", "mlp", "mlstm", "kvp"])
 @pytest.mark.parametrize("decay", [None, -0.7])
 def test_matches_reference_mask(arch, scorer, decay):
     model = tiny_model(arch)

@@ -25,7 +25,7 @@ def _scores(cache, layer=1):
     return sc.score(layer, k, v, pos)
 
 
-@pytest.mark.parametrize("scorer", ["mlp", "mlstm", "knorm"])
+@pytest.mark.parametrize("scorer", ["mlp", "mlstm", "knorm", "kvp"])
 def test_save_load_local_dir_bit_identical(tmp_path, scorer):
     model = tiny_model("qwen3")
     cache = KVpopCache(model.config, sinks=3, window=5, topk=7, scorer=scorer, log_gamma=-0.1, decay_step=8)

@@ -34,7 +34,7 @@ def graphs_compiled() -> int:
     return int(counters["stats"]["unique_graphs"])
 
 
-@pytest.mark.parametrize("scorer", ["knorm", "mlp", "mlstm"])
+@pytest.mark.parametrize("scorer", ["knorm", "mlp", "mlstm", "kvp"])
 def test_compiled_generate_equals_eager(scorer):
     model = tiny_model("qwen3")
     ids = distinct_ids(2, 20, seed=7)

@@ -6,6 +6,7 @@ from .attention_policies import AttentionPolicy, H2OPolicy, SnapKVPolicy, TOVAPo
 from .base import Scorer
 from .heuristics import KNormScorer, RandomScorer, StreamingScorer
 from .keydiff import KeyDiffScorer
+from .kvp import KVPScorer
 from .lagkv import LagKVScorer
 from .mlp import MLPScorer
 from .mlstm import MLSTMScorer
@@ -21,6 +22,7 @@ SCORERS: dict[str, type[Scorer]] = {
     "tova": TOVAPolicy,
     "h2o": H2OPolicy,
     "snapkv": SnapKVPolicy,
+    "kvp": KVPScorer,
 }
 
 
@@ -40,4 +42,4 @@ def scorer_name(scorer: Scorer) -> str:
 
 __all__ = ["Scorer", "SCORERS", "build_scorer", "scorer_name", "StreamingScorer", "KNormScorer", "KeyDiffScorer", "LagKVScorer",
            "RandomScorer",
-           "MLPScorer", "MLSTMScorer", "AttentionPolicy", "TOVAPolicy", "H2OPolicy", "SnapKVPolicy"]
+           "MLPScorer", "MLSTMScorer", "AttentionPolicy", "TOVAPolicy", "H2OPolicy", "SnapKVPolicy", "KVPScorer"]

@@ -51,7 +51,7 @@ __all__ = ["build_parser", "plan_from_args", "token_accuracy", "main", "EvalPlan
 
 DEFAULT_SEED_BASE = 2 ** 48
 DEFAULT_POLICIES = ("dense", "streaming", "knorm", "random", "keydiff", "lagkv", "tova", "h2o", "snapkv", "kvpop_mlp",
-                    "kvpop", "kvpop_immediate")
+                    "kvpop", "kvpop_immediate", "kvp", "kvp_supervised")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -134,6 +134,11 @@ register_policy("kvpop_mlp", _learned, needs_checkpoint=True, expect={"scorer": 
                 description="learned stateless MLP scorer (KVpop_mlp)")
 register_policy("kvpop", _learned, needs_checkpoint=True, expect={"scorer": "mlstm", "delayed": True},
                 description="learned mLSTM scorer, delayed scoring (KVpop)")
+register_policy("kvp", _learned, needs_checkpoint=True, expect={"scorer": "kvp", "trained_with": "rl"},
+                description="KVP: per-head MLP agent on key/value/position trained offline by RL (training/train_kvp.py)")
+register_policy("kvp_supervised", _learned, needs_checkpoint=True,
+                expect={"scorer": "kvp", "trained_with": "supervised"},
+                description="KVP agent trained with a supervised ranking loss (ablation)")
 register_policy("kvpop_immediate", _learned, needs_checkpoint=True, expect={"scorer": "mlstm", "delayed": False},
                 description="mLSTM scorer read immediately (ablation, paper Fig. 5)")
 
