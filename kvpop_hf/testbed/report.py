@@ -114,18 +114,29 @@ def plot_quality(rows: Sequence[dict], path: Path) -> None:
                     ax.axhline(d[key], ls="--", color="k", lw=1, label=f"{p} (full cache)")
                 continue
             by_policy.setdefault(p, []).append((d["cr"], d[key]))
+        styles = _line_styles(sorted(by_policy))
         for p, pts in by_policy.items():
             pts.sort()
-            ax.plot([x for x, _ in pts], [y for _, y in pts], marker="o", label=p)
+            ax.plot([x for x, _ in pts], [y for _, y in pts], label=p, **styles[p])
         ax.set_xlabel("compression ratio 1 - B / length")
         ax.set_ylabel(f"avg {name}")
         ax.set_ylim(-0.02, 1.02)
         ax.grid(alpha=0.3)
-    axes[1].legend(fontsize=8)
+    fig.legend(*axes[1].get_legend_handles_labels(), loc="center right", fontsize=8)
     fig.suptitle("Quality vs KV budget (avg over " + ", ".join(fams) + ")", fontsize=9)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0, 0.86, 1))
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def _line_styles(policies: Sequence[str]) -> dict[str, dict]:
+    """A distinct colour (tab20) and marker per policy, learned ones drawn solid and the rest dashed."""
+    import matplotlib
+
+    colours = matplotlib.colormaps["tab20"].colors
+    markers = "osD^v<>pXh*"
+    return {p: dict(color=colours[i % 20], marker=markers[i % len(markers)],
+                    ls="-" if p.startswith(("kvpop", "kvp")) else "--") for i, p in enumerate(policies)}
 
 
 # -- metadata ----------------------------------------------------------------------------------------
