@@ -222,11 +222,10 @@ def test_forwards_leave_no_reference_cycles_with_tensors(attn):
     assert not cyclic, f"{len(cyclic)} tensors were only reachable through reference cycles"
 
 
-def test_chunked_prefill_through_the_compiled_call_equals_eager(monkeypatch):
+def test_chunked_prefill_through_the_compiled_call_equals_eager():
     """With `prefill_chunk_size`, generate sends the prompt chunks through the compiled call as well; the
     cache's chunk updates (and the first allocation) and their attention run eagerly inside it (graph
     breaks), so no buffer is ever created inside a captured graph. Tokens and logits equal eager runs."""
-    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 64)  # each layer's pieces compile apart
     model = tiny_model("qwen3")
     ids = distinct_ids(2, 37, seed=3)
     gen = dict(max_new_tokens=10, do_sample=False, pad_token_id=0, prefill_chunk_size=8, output_logits=True,
@@ -236,7 +235,10 @@ def test_chunked_prefill_through_the_compiled_call_equals_eager(monkeypatch):
     cfg = CompileConfig(backend="eager", fullgraph=False, mode=None)
     cfg._compile_all_devices = True
     cache = KVpopCache(model.config, **KW)
-    compiled = model.generate(ids, **with_cache(model, cache), compile_config=cfg, **gen)
+    # each layer's pieces compile apart: raise the limit (torch's config.patch; pytest's monkeypatch would
+    # delete the config entry on undo, as it does not see the module's attribute)
+    with torch._dynamo.config.patch(recompile_limit=64):
+        compiled = model.generate(ids, **with_cache(model, cache), compile_config=cfg, **gen)
     assert torch.equal(compiled.sequences, eager.sequences)
     diff = max((a - b).abs().max().item() for a, b in zip(compiled.logits, eager.logits))
     assert diff < 1e-4, diff
