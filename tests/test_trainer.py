@@ -112,8 +112,10 @@ def test_scorer_only_training_learns_the_boundary(tmp_path):
 
 
 def test_bad_arguments(tmp_path):
-    with pytest.raises(ValueError, match="learned scorers"):
-        args(tmp_path, scorer="knorm")
+    with pytest.raises(ValueError, match="learned scorer"):
+        args(tmp_path, scorer="tova")
+    with pytest.raises(ValueError, match="no parameters"):  # a fixed scorer alone has nothing to train
+        args(tmp_path, scorer="knorm", train_backbone=False)
     with pytest.raises(ValueError, match="omega"):
         args(tmp_path, omega="nope")
     with pytest.raises(ValueError, match="window"):

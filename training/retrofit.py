@@ -6,6 +6,11 @@ Examples::
     python training/retrofit.py --model checkpoints/teacher --dataset testbed:reasoning --seq_len 2048 \
         --sinks 4 --window 64 --topk 188 --scorer mlstm --output_dir out/kvpop --max_steps 200
 
+    # StreamingLLM+ (trained-window baseline): sinks + window only, the LoRA backbone distilled at B = 4 + 252
+    python training/retrofit.py --model checkpoints/teacher --dataset testbed:reasoning --seq_len 1024 \
+        --sinks 4 --window 252 --topk 0 --scorer streaming --lora_rank 8 --merge_lora True \
+        --output_dir checkpoints/streaming_plus_cr75 --max_steps 120
+
     # your own model and a JSONL file with a "text" field per line, on several GPUs
     accelerate launch --config_file training/accelerate_ddp.yaml training/retrofit.py \
         --model Qwen/Qwen3-4B --dataset data.jsonl --seq_len 16384 --topk 1788 --output_dir out/q4b
@@ -37,6 +42,8 @@ class ScriptArguments:
     num_examples: int | None = field(default=None, metadata={"help": "Examples to build (default: enough for max_steps)."})
     problem_seed: int = field(default=1234, metadata={"help": "Seed of the generated testbed problems."})
     lora_rank: int = field(default=0, metadata={"help": ">0: train a LoRA student (teacher = adapters disabled)."})
+    merge_lora: bool = field(default=False, metadata={
+        "help": "Save the LoRA merged into the weights (a plain model directory) instead of the adapter."})
     dtype: str = field(default="float32", metadata={"help": "Model weights dtype: float32 | bfloat16."})
     max_train_seconds: float | None = field(default=None, metadata={
         "help": "Stop training (and save) after this many seconds, whatever max_steps says."})
@@ -114,7 +121,10 @@ def main(argv=None, callbacks=None):
     trainer = KVpopTrainer(model=model, args=args, train_dataset=data, processing_class=tokenizer,
                            callbacks=callbacks or None)
     trainer.train(resume_from_checkpoint=args.resume_from_checkpoint)
-    trainer.save_model()
+    if script.merge_lora:
+        trainer.save_merged_model()
+    else:
+        trainer.save_model()
     trainer.create_model_card(dataset=script.dataset, reference_length=script.seq_len)
     if args.push_to_hub:
         trainer.push_to_hub()

@@ -288,9 +288,10 @@ _HEATMAP_PREFERENCE = ("kvpop", "kvpop_mlp", "kvpop_immediate", "knorm", "random
 
 def run_all(model, tokenizer, plan, out: Path, args, progress: bool = True) -> tuple[dict, list[dict]]:
     """Write ``recall_per_layer.csv/png`` and ``retention_heatmap.png`` on the first ``args.analysis_n``
-    reasoning problems; returns (summary for ``meta.json``, oracle recall rows)."""
+    reasoning problems; returns (summary for ``meta.json``, oracle recall rows). Policies with their own weights
+    (``streaming_plus``) are left out: ``model`` is not theirs."""
     problems = plan.problems["reasoning"][: args.analysis_n]
-    evict = [r for r in plan.runs if r.budget is not None]
+    evict = [r for r in plan.runs if r.budget is not None and not r.own_model]
     summary: dict = {"problems": [p.meta.get("n_tokens") for p in problems],
                      "seeds": plan.seeds["reasoning"][: args.analysis_n]}
     if not evict:

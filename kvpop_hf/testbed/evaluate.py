@@ -22,6 +22,9 @@ Budgets: ratios (``0.75`` -> ``B = round(0.25 * length)``) or token counts; ``to
 Learned scorers: ``--scorer-checkpoint POLICY[@TAG]=DIR`` (TAG: ``cr75``, ``b256``, ``0.75`` or
 ``256``; none = any budget) and/or ``--checkpoints-dir DIR`` with subfolders ``<policy>[_cr<NN>|_b<B>]``
 (``kvpop_mlp_cr75``, ``kvpop_cr88``, ``kvpop_immediate`` ...); see :mod:`kvpop_hf.testbed.policies`.
+Policies with their own weights (``streaming_plus``: sinks + window, model distilled at the budget) take a
+model directory as checkpoint (``--checkpoints-dir checkpoints`` finds ``streaming_plus_cr75`` ...) and are
+evaluated with that model, one at a time; ``--model`` serves every other policy and ``--analysis``.
 
 Outputs in ``--out``: ``results.csv``, ``outputs.jsonl`` (per problem and policy), ``table1.md`` (in-domain families, paper Table 1),
 ``table2.md`` (out-of-domain, paper Table 2), ``quality_vs_budget.png``, ``meta.json``; with
@@ -96,6 +99,11 @@ class Run:
     budget: pol.Budget | None  # None: dense
     checkpoint: str | None = None
     prototype: Any = None  # loaded KVpopCache of a learned policy
+
+    @property
+    def own_model(self) -> bool:
+        """Evaluated with the model stored in ``checkpoint`` instead of ``--model``."""
+        return pol.POLICIES[self.policy].own_model
 
     @property
     def label(self) -> str:
@@ -196,7 +204,11 @@ def plan_from_args(args: argparse.Namespace) -> EvalPlan:
                                  "and no untagged one.")
                 continue  # default policy list: learned policies without checkpoints are skipped
             proto = None
+            b = pol.policy_budget(name, b)
             if path is not None:
+                if spec.own_model and not (Path(path) / "config.json").is_file():
+                    raise ValueError(f"Policy {name!r} is evaluated with its own weights, but {path} holds no model "
+                                     "(config.json): save it with training/retrofit.py --merge_lora True.")
                 if path not in protos:
                     protos[path] = pol.load_prototype(name, path)
                 proto = protos[path]
@@ -327,16 +339,30 @@ def _load_tokenizer(args):
     return tok
 
 
-def _check_shapes(plan: EvalPlan, model_config) -> None:
-    """Build one cache per run from the model config: shape mismatches fail before the weights load."""
+def _check_shapes(plan: EvalPlan, model_config, tokenizer=None) -> None:
+    """Build one cache per run from its model's config (and check the vocabulary): shape mismatches fail
+    before the weights load."""
+    from transformers import AutoConfig
+
     for run in plan.runs:
-        run.factory()(model_config)
+        cfg = AutoConfig.from_pretrained(run.checkpoint) if run.own_model else model_config
+        run.factory()(cfg)
+        vocab = getattr(cfg.get_text_config(), "vocab_size", None)
+        if tokenizer is not None and vocab is not None and len(tokenizer) > vocab:
+            where = run.checkpoint if run.own_model else "the model"
+            raise ValueError(f"The tokenizer has {len(tokenizer)} tokens but {where} only {vocab}.")
+
+
+def _load_model(path: str, dtype, device):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(path, attn_implementation="kvpop", dtype=dtype).to(device).eval()
 
 
 # -- main ----------------------------------------------------------------------------------------------
 def main(argv: list[str] | None = None) -> int:
     import kvpop_hf  # noqa: F401  (registers attn_implementation="kvpop")
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig
 
     from .dense_eval import exact_match
 
@@ -344,18 +370,17 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     plan = plan_from_args(args)  # all input errors surface here
     model_config = AutoConfig.from_pretrained(args.model)
-    _check_shapes(plan, model_config)
     tokenizer = _load_tokenizer(args)
     vocab = getattr(model_config.get_text_config(), "vocab_size", None)
     if vocab is not None and len(tokenizer) > vocab:
         raise ValueError(f"The tokenizer has {len(tokenizer)} tokens but the model only {vocab}.")
+    _check_shapes(plan, model_config, tokenizer)
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     dtype = getattr(torch, args.dtype)
-    model = AutoModelForCausalLM.from_pretrained(args.model, attn_implementation="kvpop", dtype=dtype).to(device)
-    model.eval()
+    model = _load_model(args.model, dtype, device)
     progress = not args.no_progress
     for note in plan.notes:
         print("note:", note, file=sys.stderr)
@@ -369,12 +394,14 @@ def main(argv: list[str] | None = None) -> int:
     for run in tqdm(plan.runs, desc="policies", disable=not progress):
         t0 = time.time()
         make = run.factory()
-        factory = None if run.budget is None else (lambda make=make: make(model.config))
-        tf = token_accuracy(model, tokenizer, all_problems, factory, chunk=args.chunk, progress=progress)
+        run_model = _load_model(run.checkpoint, dtype, device) if run.own_model else model
+        factory = None if run.budget is None else (lambda make=make, m=run_model: make(m.config))
+        tf = token_accuracy(run_model, tokenizer, all_problems, factory, chunk=args.chunk, progress=progress)
         em = None
         if not args.skip_em:
-            em = exact_match(model, tokenizer, all_problems, batch_size=args.batch_size, cache_factory=factory,
+            em = exact_match(run_model, tokenizer, all_problems, batch_size=args.batch_size, cache_factory=factory,
                              progress=progress)
+        del run_model
         timings[run.label] = round(time.time() - t0, 2)
         b = run.budget
         for i, p in enumerate(all_problems):

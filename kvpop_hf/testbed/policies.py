@@ -13,6 +13,11 @@ Learned policies read a checkpoint directory (or Hub repo id) written by
 ``KVpopCache.save_pretrained``. Checkpoints are found per (policy, budget tag) where the tag is
 ``cr<NN>`` (``NN = round(100 * cr)``) or ``b<B>``; an untagged checkpoint serves every budget (its
 ``sinks/window/topk`` are overridden by the requested budget).
+
+Policies with ``own_model=True`` (``streaming_plus``) bring their own weights: their checkpoint is a whole
+model directory (``config.json`` + ``model.safetensors`` + ``kvpop_config.json``, as written by
+``training/retrofit.py --merge_lora True``), and ``kvpop-eval`` runs them with that model instead of
+``--model``. ``window_only=True`` spends the budget on sinks and window alone: ``w = B - s``, ``k = 0``.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ from typing import Any, Callable
 
 __all__ = ["Policy", "POLICIES", "register_policy", "Budget", "parse_budgets", "budget_tags",
            "parse_checkpoint_specs", "scan_checkpoints_dir", "resolve_checkpoint", "load_prototype",
-           "bind_factory"]
+           "bind_factory", "policy_budget"]
 
 PolicyFactory = Callable[..., Any]
 
@@ -39,6 +44,8 @@ class Policy:
     expect: for learned policies, fields the checkpoint's ``KVpopConfig`` must match, e.g.
         ``{"scorer": "mlstm", "delayed": True}`` (``delayed`` is read from ``scorer_kwargs``).
     dense: the policy keeps every token (run once, not per budget).
+    own_model: the checkpoint is a model directory whose weights replace ``--model`` for this policy.
+    window_only: the budget is ``s + (B - s) + 0`` (sinks and window only) whatever ``--window`` says.
     """
 
     name: str
@@ -47,17 +54,22 @@ class Policy:
     expect: dict = field(default_factory=dict)
     dense: bool = False
     description: str = ""
+    own_model: bool = False
+    window_only: bool = False
 
 
 POLICIES: dict[str, Policy] = {}
 
 
 def register_policy(name: str, factory: PolicyFactory, *, needs_checkpoint: bool = False,
-                    expect: dict | None = None, dense: bool = False, description: str = "") -> Policy:
+                    expect: dict | None = None, dense: bool = False, description: str = "",
+                    own_model: bool = False, window_only: bool = False) -> Policy:
     """Register (or replace) a policy; returns its record."""
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_\-]*", name):
         raise ValueError(f"Bad policy name {name!r}: use letters, digits, '_' and '-'.")
-    pol = Policy(name, factory, needs_checkpoint, dict(expect or {}), dense, description)
+    if own_model and not needs_checkpoint:
+        raise ValueError(f"Policy {name!r}: own_model=True needs needs_checkpoint=True (the model directory).")
+    pol = Policy(name, factory, needs_checkpoint, dict(expect or {}), dense, description, own_model, window_only)
     POLICIES[name] = pol
     return pol
 
@@ -130,6 +142,11 @@ register_policy("h2o", _heuristic("h2o"),
 register_policy("snapkv", _snapkv,
                 description="SnapKV: prompt entries voted by the last w queries, pooled (kernel 5, avg); fixed while "
                             "decoding, new tokens only take free slots (kvpop attention)")
+# StreamingLLM+ (KVpop arXiv:2607.05061, trained-window baseline): sinks + window only, with the model distilled
+# at that budget (training/retrofit.py --scorer streaming --topk 0 --lora_rank R --merge_lora True)
+register_policy("streaming_plus", _learned, needs_checkpoint=True, expect={"scorer": "streaming"}, own_model=True,
+                window_only=True,
+                description="StreamingLLM+: sinks + window (k = 0) with the model LoRA-distilled at that budget")
 register_policy("kvpop_mlp", _learned, needs_checkpoint=True, expect={"scorer": "mlp"},
                 description="learned stateless MLP scorer (KVpop_mlp)")
 register_policy("kvpop", _learned, needs_checkpoint=True, expect={"scorer": "mlstm", "delayed": True},
@@ -295,6 +312,13 @@ def load_prototype(policy: str, path: str):
         if got != want:
             raise ValueError(f"Checkpoint {path} has {key}={got!r}, but policy {policy!r} expects {key}={want!r}.")
     return proto
+
+
+def policy_budget(policy: str, budget: Budget) -> Budget:
+    """The budget as ``policy`` spends it: unchanged, or sinks + window only (``k = 0``) for window-only policies."""
+    import dataclasses
+
+    return dataclasses.replace(budget, window=budget.B - budget.sinks) if POLICIES[policy].window_only else budget
 
 
 def bind_factory(policy: str, checkpoint=None) -> Callable[[Any, int, int, int], Any]:

@@ -36,6 +36,8 @@ def render_model_card(config, *, model_name: str, repo: str, dataset: str, steps
     return TEMPLATE.read_text().format(
         model_name=model_name, repo=repo, base_model=config.base_model or "unknown", budget=config.budget,
         sinks=config.sinks, window=config.window, topk=config.topk, scorer=config.scorer,
+        scorer_desc=(f"a learned **{config.scorer}** scorer" if config.scorer in ("mlp", "mlstm") else
+                     f"the fixed **{config.scorer}** scorer (backbone distilled at this budget)"),
         scorer_kwargs=json.dumps(config.scorer_kwargs) if config.scorer_kwargs else "",
         decay="none" if config.log_gamma is None else f"log gamma = {config.log_gamma}, step {config.decay_step}",
         ref_len=ref_len or "n/a", compression=compression, dataset=dataset, steps=steps,

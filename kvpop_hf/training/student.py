@@ -51,6 +51,7 @@ class StudentSettings:
     attention_backend: str = "auto"  # flex | reference | auto (flex unless CPU autograd, unsupported there)
     target_backend: str = "auto"  # flex | chunked | auto (flex on CUDA, chunked on CPU)
     teacher_recall_queries: int = 8  # queries sampled per layer by teacher_topk_recall
+    targets: bool = True  # False: no target pass / boundary loss (fixed scorer: only the backbone trains)
 
 
 @dataclass
@@ -129,6 +130,9 @@ def kvpop_train_attention(module, query, key, value, attention_mask, scaling=Non
         backend = "reference" if (query.device.type == "cpu" and needs_grad) else "flex"
     attend = sparse_attention if backend == "flex" else sparse_attention_reference
     out, lse = attend(query, key, value, student, st.sinks, st.window, scaling)
+    if not st.targets:
+        record.boundary[li] = lse.new_zeros(())
+        return out.transpose(1, 2).contiguous(), None
     with torch.no_grad():
         q_d, k_d = query.detach(), key.detach()
         lse_used = lse.detach() if st.target_lse == "sparse" else dense_causal_lse(q_d, k_d, scaling)

@@ -5,6 +5,10 @@ where the student runs the exact fixed-budget sparse attention (``"kvpop_train"`
 teacher is the frozen dense model: a separate copy, or the same weights with LoRA adapters
 disabled when the student is a PEFT model. Scorer inputs are detached from the backbone.
 
+A fixed (parameter-free) scorer such as ``"streaming"`` with ``train_backbone=True`` distils the backbone
+alone at that budget (StreamingLLM+ with ``topk=0``: the trained-window baseline of the paper); the
+boundary-loss target pass is then skipped, since no scorer parameter would use it.
+
 Every checkpoint directory holds the model (``config.json`` + ``model.safetensors``) *and* the
 scorer (``kvpop_config.json`` + ``kvpop_scorer.safetensors``), so
 ``AutoModelForCausalLM.from_pretrained(d)`` and ``KVpopCache.from_pretrained(d)`` load from it.
@@ -16,6 +20,7 @@ import copy
 import json
 import math
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -28,6 +33,8 @@ from .losses import distillation_loss
 from .student import TRAIN_ATTN_NAME, StudentSettings, student_forward
 
 SCORER_ATTR = "kvpop_scorer"
+LEARNED_SCORERS = ("mlp", "mlstm")
+FIXED_SCORERS = ("streaming", "knorm", "random")  # static, parameter-free: the backbone is what trains
 LOG_GAMMA_ATTR = "kvpop_log_gamma"
 
 
@@ -38,7 +45,8 @@ class KVpopTrainingArguments(TrainingArguments):
     sinks: int = field(default=4, metadata={"help": "s: first tokens always kept."})
     window: int = field(default=256, metadata={"help": "w: protected recent window."})
     topk: int = field(default=1788, metadata={"help": "k: long-range slots per KV head."})
-    scorer: str = field(default="mlstm", metadata={"help": "mlp | mlstm (learned scorers)."})
+    scorer: str = field(default="mlstm", metadata={
+        "help": "mlp | mlstm (learned scorers) | streaming | knorm | random (fixed; backbone distillation only)."})
     scorer_kwargs: str = field(default="{}", metadata={"help": "JSON dict of scorer options, e.g. '{\"state_dim\": 32}'."})
     log_gamma: float | None = field(default=None, metadata={"help": "Initial log decay per head (<0); None: no decay."})
     learn_decay: bool = field(default=False, metadata={"help": "Learn the per-head decay gamma_h."})
@@ -67,8 +75,15 @@ class KVpopTrainingArguments(TrainingArguments):
             self.ddp_find_unused_parameters = False
         KVpopConfig(sinks=self.sinks, window=self.window, topk=self.topk, scorer=self.scorer,
                     log_gamma=self.log_gamma, decay_step=self.decay_step)  # validates
-        if self.scorer not in ("mlp", "mlstm"):
-            raise ValueError(f"KVpopTrainer trains learned scorers: scorer must be 'mlp' or 'mlstm', got {self.scorer!r}.")
+        if self.scorer not in LEARNED_SCORERS + FIXED_SCORERS:
+            raise ValueError(f"KVpopTrainer trains a learned scorer ({' | '.join(LEARNED_SCORERS)}) or distils the "
+                             f"backbone under a fixed one ({' | '.join(FIXED_SCORERS)}); got {self.scorer!r}.")
+        if self.scorer in FIXED_SCORERS and not (self.train_backbone and self.distill_weight > 0):
+            raise ValueError(f"The {self.scorer!r} scorer has no parameters: train the backbone "
+                             "(train_backbone=True, distill_weight > 0), e.g. a LoRA student (--lora_rank).")
+        if self.scorer in LEARNED_SCORERS and self.topk == 0:
+            raise ValueError("topk=0 leaves a learned scorer nothing to choose: use scorer='streaming' for a "
+                             "sinks + window budget (StreamingLLM+).")
         if self.omega not in ("none", "margin", "balance", "margin+balance"):
             raise ValueError(f"omega must be none | margin | balance | margin+balance, got {self.omega!r}.")
         if self.target_lse not in ("sparse", "dense"):
@@ -151,7 +166,8 @@ class KVpopTrainer(Trainer):
                                         target_lse=args.target_lse, target_agg=args.target_agg,
                                         target_reduce=args.target_reduce,
                                         topk_backend=args.topk_backend, attention_backend=args.attention_backend,
-                                        target_backend=args.target_backend)
+                                        target_backend=args.target_backend,
+                                        targets=args.scorer in LEARNED_SCORERS)
         self._kvpop_logs: dict[str, list[float]] = {}
 
     # -- parts --------------------------------------------------------------------------------
@@ -208,9 +224,12 @@ class KVpopTrainer(Trainer):
         if labels is not None:
             token_mask = torch.zeros_like(labels, dtype=torch.bool)
             token_mask[:, :-1] = labels[:, 1:] != -100  # positions that predict a supervised token
-        b_loss = torch.stack(list(record.boundary.values())).mean()
-        loss = args.boundary_weight * b_loss
-        logs = {"boundary_loss": b_loss.item()}
+        logs = {}
+        loss = logits.new_zeros(())
+        if self.settings.targets:
+            b_loss = torch.stack(list(record.boundary.values())).mean()
+            loss = args.boundary_weight * b_loss
+            logs["boundary_loss"] = b_loss.item()
         if teacher_logits is not None:
             d_loss = distillation_loss(logits, teacher_logits, args.distill_temperature, token_mask)
             loss = loss + args.distill_weight * d_loss
@@ -220,11 +239,12 @@ class KVpopTrainer(Trainer):
                 lm = nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten(),
                                                  ignore_index=-100)
             logs["student_lm_loss"] = lm.item()
-        recalls = torch.stack([r for r in record.teacher_recall.values()])
-        logs["teacher_topk_recall"] = recalls.nanmean().item()
-        for li, r in record.teacher_recall.items():
-            logs[f"teacher_topk_recall/layer_{li}"] = r.item()
-        logs["teacher_keep_rate"] = torch.stack(list(record.keep_rate.values())).nanmean().item()
+        if self.settings.targets:
+            recalls = torch.stack([r for r in record.teacher_recall.values()])
+            logs["teacher_topk_recall"] = recalls.nanmean().item()
+            for li, r in record.teacher_recall.items():
+                logs[f"teacher_topk_recall/layer_{li}"] = r.item()
+            logs["teacher_keep_rate"] = torch.stack(list(record.keep_rate.values())).nanmean().item()
         for key, value in logs.items():
             self._kvpop_logs.setdefault(key, []).append(value)
         return (loss, outputs) if return_outputs else loss
@@ -257,6 +277,35 @@ class KVpopTrainer(Trainer):
             base.add_module(SCORER_ATTR, scorer)
             if lg is not None:
                 base.register_parameter(LOG_GAMMA_ATTR, lg)
+        hub.save(output_dir, self.kvpop_config, scorer, None if lg is None else lg.detach())
+
+    def save_merged_model(self, output_dir=None):
+        """Write a plain model directory: LoRA adapters merged into the weights (``merge_and_unload``, the
+        trainer's model is replaced by the merged one), ``config.json`` + ``model.safetensors``, the
+        tokenizer and the KVpop files, so ``AutoModelForCausalLM.from_pretrained(d)`` loads the student."""
+        output_dir = output_dir if output_dir is not None else self.args.output_dir
+        if not self.is_world_process_zero():
+            return
+        model = self.accelerator.unwrap_model(self.model) if hasattr(self, "accelerator") else self.model
+        if hasattr(model, "merge_and_unload"):
+            model = model.merge_and_unload()
+            self.model = model
+        base = _base_model(model)
+        scorer = base._modules.pop(SCORER_ATTR)
+        lg = base._parameters.pop(LOG_GAMMA_ATTR, None)
+        attn = base.config._attn_implementation
+        base.config._attn_implementation = "sdpa"
+        try:
+            base.save_pretrained(output_dir)
+        finally:
+            base.config._attn_implementation = attn
+            base.add_module(SCORER_ATTR, scorer)
+            if lg is not None:
+                base.register_parameter(LOG_GAMMA_ATTR, lg)
+        for name in ("adapter_model.safetensors", "adapter_config.json"):  # a stale adapter would shadow the model
+            (Path(output_dir) / name).unlink(missing_ok=True)
+        if self.processing_class is not None:
+            self.processing_class.save_pretrained(output_dir)
         hub.save(output_dir, self.kvpop_config, scorer, None if lg is None else lg.detach())
 
     def _load_from_checkpoint(self, resume_from_checkpoint, model=None):

@@ -1,0 +1,115 @@
+"""StreamingLLM+ (sinks + window, k = 0, model LoRA-distilled at the budget): retrofit, merged save and kvpop-eval."""
+
+import csv
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, Qwen3Config
+
+from kvpop_hf import KVpopCache
+from kvpop_hf.testbed import build_tokenizer
+from kvpop_hf.testbed.evaluate import build_parser, main, plan_from_args
+from kvpop_hf.training import KVpopTrainingArguments
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "training"))
+import retrofit  # noqa: E402
+
+LENGTH, SINKS, B = 256, 4, 32
+
+
+def _teacher(root: Path, trained: bool = False) -> Path:
+    """A tiny Qwen3 over the testbed vocabulary (``trained``: briefly, so that token accuracy is not zero)."""
+    tok = build_tokenizer()
+    if trained:
+        from test_evaluate import _tiny_trained_model
+
+        model = _tiny_trained_model(tok, steps=40)
+    else:
+        torch.manual_seed(0)
+        cfg = Qwen3Config(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                          num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=1024,
+                          bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+        model = AutoModelForCausalLM.from_config(cfg)
+    model.save_pretrained(root / "teacher")
+    tok.save_pretrained(root / "teacher")
+    return root / "teacher"
+
+
+def _eval(teacher, ckpts, out):
+    argv = ["--model", str(teacher), "--out", str(out), "--n", "2", "--length", str(LENGTH), "--families",
+            "reasoning", "--sinks", str(SINKS), "--window", "16", "--budgets", str(B),
+            "--policies", "streaming,streaming_plus", "--checkpoints-dir", str(ckpts), "--no-progress"]
+    assert main(argv) == 0
+    with open(out / "results.csv") as fh:
+        rows = {r["policy"]: r for r in csv.DictReader(fh)}
+    outputs = [json.loads(line) for line in (out / "outputs.jsonl").read_text().splitlines()]
+    return rows, outputs
+
+
+def test_lora_distillation_at_window_budget_then_eval(tmp_path):
+    teacher = _teacher(tmp_path)
+    ck = tmp_path / "ckpts" / f"streaming_plus_b{B}"
+    trainer = retrofit.main([
+        "--model", str(teacher), "--dataset", "testbed:reasoning", "--seq_len", str(LENGTH), "--sinks", str(SINKS),
+        "--window", str(B - SINKS), "--topk", "0", "--scorer", "streaming", "--lora_rank", "4", "--merge_lora", "True",
+        "--output_dir", str(ck), "--max_steps", "3", "--per_device_train_batch_size", "2", "--learning_rate", "1e-2",
+        "--logging_steps", "1", "--report_to", "none", "--save_strategy", "no", "--use_cpu", "True",
+        "--disable_tqdm", "True"])
+    logs = [e for e in trainer.state.log_history if "distill_loss" in e]
+    assert logs and all("boundary_loss" not in e for e in logs)  # no scorer to train: no target pass
+    assert not (ck / "adapter_config.json").exists() and (ck / "model.safetensors").is_file()
+    student = AutoModelForCausalLM.from_pretrained(ck)
+    base = AutoModelForCausalLM.from_pretrained(teacher)
+    sd, bd = student.state_dict(), base.state_dict()
+    assert set(sd) == set(bd)  # merged: plain weights, no LoRA modules, no scorer
+    assert not torch.equal(sd["model.layers.0.self_attn.q_proj.weight"], bd["model.layers.0.self_attn.q_proj.weight"])
+    assert torch.equal(sd["model.layers.0.mlp.up_proj.weight"], bd["model.layers.0.mlp.up_proj.weight"])
+    cfg = KVpopCache.from_pretrained(ck, student.config).kvpop_config
+    assert (cfg.sinks, cfg.window, cfg.topk, cfg.scorer) == (SINKS, B - SINKS, 0, "streaming")
+
+    rows, _ = _eval(teacher, tmp_path / "ckpts", tmp_path / "out")
+    assert (rows["streaming"]["window"], rows["streaming"]["topk"]) == ("16", str(B - SINKS - 16))
+    sp = rows["streaming_plus"]
+    assert (sp["budget"], sp["sinks"], sp["window"], sp["topk"]) == (str(B), str(SINKS), str(B - SINKS), "0")
+    assert 0.0 <= float(sp["token_acc"]) <= 1.0 and sp["em"] != ""
+    meta = json.loads((tmp_path / "out" / "meta.json").read_text())
+    assert [r["checkpoint"] for r in meta["runs"] if r["policy"] == "streaming_plus"] == [str(ck)]
+
+
+def test_streaming_plus_with_the_teacher_weights_equals_streaming(tmp_path):
+    """Same weights: sinks + window of B - s keeps exactly what streaming with w + k keeps."""
+    teacher = _teacher(tmp_path, trained=True)
+    ck = tmp_path / "ckpts" / "streaming_plus"
+    model = AutoModelForCausalLM.from_pretrained(teacher)
+    model.save_pretrained(ck)
+    KVpopCache(model.config, sinks=SINKS, window=B - SINKS, topk=0, scorer="streaming").save_pretrained(ck)
+    rows, outputs = _eval(teacher, tmp_path / "ckpts", tmp_path / "out")
+    acc = {p: [o["token_acc"] for o in outputs if o["policy"] == p] for p in ("streaming", "streaming_plus")}
+    assert acc["streaming"] == acc["streaming_plus"] and max(acc["streaming"]) > 0
+    assert rows["streaming"]["em"] == rows["streaming_plus"]["em"]
+
+
+def test_unsupported_combinations(tmp_path):
+    base = dict(output_dir=str(tmp_path), use_cpu=True, report_to=[], sinks=2, window=5)
+    with pytest.raises(ValueError, match="no parameters"):
+        KVpopTrainingArguments(scorer="streaming", topk=0, train_backbone=False, **base)
+    with pytest.raises(ValueError, match="no parameters"):
+        KVpopTrainingArguments(scorer="streaming", topk=0, distill_weight=0.0, **base)
+    with pytest.raises(ValueError, match="nothing to choose"):
+        KVpopTrainingArguments(scorer="mlstm", topk=0, **base)
+    with pytest.raises(ValueError, match="fixed one"):
+        KVpopTrainingArguments(scorer="tova", topk=4, **base)
+    KVpopTrainingArguments(scorer="knorm", topk=4, **base)  # fixed scorer with long-range slots: fine
+
+    teacher = _teacher(tmp_path)
+    KVpopCache(AutoModelForCausalLM.from_pretrained(teacher).config, sinks=SINKS, window=B - SINKS, topk=0,
+               scorer="streaming").save_pretrained(tmp_path / "ckpts" / "streaming_plus")  # scorer files, no model
+    args = build_parser().parse_args(["--model", str(teacher), "--out", str(tmp_path / "o"), "--length", str(LENGTH),
+                                      "--n", "1", "--families", "reasoning", "--sinks", str(SINKS), "--window", "16",
+                                      "--budgets", str(B), "--policies", "streaming_plus",
+                                      "--checkpoints-dir", str(tmp_path / "ckpts")])
+    with pytest.raises(ValueError, match="merge_lora"):
+        plan_from_args(args)
