@@ -1,12 +1,16 @@
-"""The mLSTM scorer's chunkwise form equals its recurrent step form."""
+"""The mLSTM scorer's chunkwise forms (all sub-chunks at once, and one after another) equal its recurrent
+step form."""
 
 import torch
 
 from kvpop_hf.scorers import MLSTMScorer
-from kvpop_hf.scorers.mlstm_ops import mlstm_chunkwise, mlstm_step
+import pytest
+
+from kvpop_hf.scorers.mlstm_ops import mlstm_chunkwise, mlstm_chunkwise_sequential, mlstm_step
 
 
-def test_chunkwise_equals_steps():
+@pytest.mark.parametrize("form", [mlstm_chunkwise, mlstm_chunkwise_sequential])
+def test_chunkwise_equals_steps(form):
     g = torch.Generator().manual_seed(0)
     b, h, L, dk, dv = 2, 3, 37, 8, 5
     k, q = torch.randn(b, h, L, dk, generator=g), torch.randn(b, h, L, dk, generator=g)
@@ -18,8 +22,8 @@ def test_chunkwise_equals_steps():
     for j in range(L):
         C, n, out = mlstm_step(C, n, k[:, :, j], v[:, :, j], log_f[:, :, j], i_gate[:, :, j], q[:, :, j])
         hs.append(out)
-    for cs in (1, 5, 16, 64):
-        C2, n2, h2 = mlstm_chunkwise(C0, n0, k, v, log_f, i_gate, q, chunk_size=cs)
+    for cs in (1, 5, 16, 37, 64):
+        C2, n2, h2 = form(C0, n0, k, v, log_f, i_gate, q, chunk_size=cs)
         torch.testing.assert_close(h2, torch.stack(hs, 2), atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(C2, C, atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(n2, n, atol=1e-5, rtol=1e-5)
@@ -36,3 +40,28 @@ def test_scorer_padding_is_skipped():
                                       valid[:, 4:], k[:, :, 4:], v[:, :, 4:])
     torch.testing.assert_close(r_pad[:, :, 4:], r_ref)
     torch.testing.assert_close(s_pad[0], s_ref[0])
+
+
+def test_batched_chunkwise_gradients_equal_the_sequential_form():
+    """Training runs the chunkwise form under autograd: the gradients match the sequential reference."""
+    g = torch.Generator().manual_seed(3)
+    b, h, L, dk, dv = 1, 2, 45, 4, 3
+    inputs = [torch.randn(b, h, dk, dv, generator=g), torch.randn(b, h, dk, generator=g),
+              torch.randn(b, h, L, dk, generator=g), torch.randn(b, h, L, dv, generator=g),
+              torch.nn.functional.logsigmoid(torch.randn(b, h, L, generator=g) + 2),
+              torch.rand(b, h, L, generator=g), torch.randn(b, h, L, dk, generator=g)]
+    grads = []
+    for form in (mlstm_chunkwise, mlstm_chunkwise_sequential):
+        xs = [x.clone().requires_grad_(True) for x in inputs]
+        C, n, out = form(*xs, chunk_size=8)
+        (out.square().sum() + C.sum() + n.sum()).backward()
+        grads.append([x.grad for x in xs])
+    for a, e in zip(*grads):
+        torch.testing.assert_close(a, e, atol=1e-5, rtol=1e-4)
+
+
+def test_empty_input_keeps_the_memory():
+    C0, n0 = torch.randn(1, 2, 4, 3), torch.randn(1, 2, 4)
+    e = torch.zeros(1, 2, 0, 4)
+    C, n, out = mlstm_chunkwise(C0, n0, e, torch.zeros(1, 2, 0, 3), torch.zeros(1, 2, 0), torch.zeros(1, 2, 0), e)
+    assert out.shape == (1, 2, 0, 3) and torch.equal(C, C0) and torch.equal(n, n0)

@@ -25,10 +25,6 @@ from .base import Scorer, check_scorer_option, headwise_linear, scorer_input
 from .mlstm_ops import mlstm_chunkwise, mlstm_step
 
 
-#: sub-chunk length of the chunkwise form when no gradient is needed (prefill); the result is the same
-INFERENCE_BLOCK = 1024
-
-
 def _headwise_dot(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """x ``[b, h, n, i]``, weight ``[h, i]`` -> ``[b, h, n]``."""
     return (x * weight[None, :, None, :]).sum(-1)
@@ -104,7 +100,6 @@ class MLSTMScorer(Scorer):
             C, n, h = mlstm_step(C, n, k[:, :, 0], v[:, :, 0], log_f[:, :, 0], i_gate[:, :, 0], q[:, :, 0])
             h = h[:, :, None]
         else:
-            # without autograd the quadratic block is transient: larger blocks mean fewer launches
-            block = self.chunk_size if torch.is_grad_enabled() else max(self.chunk_size, INFERENCE_BLOCK)
-            C, n, h = mlstm_chunkwise(C, n, k, v, log_f, i_gate, q, block)
+            # all sub-chunks at once: a fixed number of ops per call, O(L * chunk_size) memory
+            C, n, h = mlstm_chunkwise(C, n, k, v, log_f, i_gate, q, self.chunk_size)
         return (C, n), self.readout(layer_idx, h)
