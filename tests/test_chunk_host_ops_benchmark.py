@@ -1,0 +1,22 @@
+"""benchmarks/chunk_host_ops.py on small chunks: it counts operator calls, and the mLSTM's count does not
+grow with the chunk length (all sub-chunks in one batched computation)."""
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+
+import chunk_host_ops  # noqa: E402
+
+
+def test_mlstm_host_ops_do_not_grow_with_the_chunk():
+    small = chunk_host_ops.aten_calls("mlstm", 256, (2, 8, 30))
+    large = chunk_host_ops.aten_calls("mlstm", 2048, (2, 8, 30))
+    assert 0 < small and large - small < 40, (small, large)
+
+
+def test_bad_lengths_are_refused():
+    with pytest.raises(ValueError, match="--lengths"):
+        chunk_host_ops.main(["--lengths", "0"])
