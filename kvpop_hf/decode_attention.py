@@ -30,7 +30,9 @@ from .kernels import kernel_wanted, next_pow2, tl, triton
 
 __all__ = ["decode_attention", "decode_attention_reference", "decode_attention_triton", "split_count"]
 
+
 def decode_attention_reference(query, key, value, seen, scaling):
+    """One SDPA call with the ``G`` query heads of a KV head as its queries and a ``slot < seen`` mask."""
     b, hq, _, d = query.shape
     hkv, B = key.shape[1], key.shape[2]
     mask = (torch.arange(B, device=key.device) < seen[:, None]).view(b, 1, 1, B)
@@ -83,8 +85,6 @@ if triton is not None:
 
 
 _BLOCK_N = 64
-
-
 _PROGRAMS = 256  # about two per multiprocessor of an H100/H200 (132); from shapes only, so traceable
 
 
@@ -105,11 +105,7 @@ def decode_attention_triton(query, key, value, seen, scaling, splits: int | None
     g = hq // hkv
     if not (key.is_contiguous() and value.is_contiguous()):
         raise ValueError("decode_attention_triton needs contiguous key/value buffers")
-    if splits is None:
-        ns, per_split = split_count(b * hkv, B)
-    else:
-        per_split = math.ceil(math.ceil(B / splits) / _BLOCK_N) * _BLOCK_N
-        ns = math.ceil(B / per_split)
+    ns, per_split = split_count(b * hkv, B, target=_PROGRAMS if splits is None else b * hkv * splits)
     q = query.reshape(b * hkv, g, d).contiguous()
     m = torch.empty(b * hkv, ns, g, device=query.device, dtype=torch.float32)
     l = torch.empty_like(m)

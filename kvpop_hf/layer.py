@@ -196,25 +196,28 @@ class KVpopLayer(CacheLayerMixin):
         chunked prefill too when the cache is compileable): buffers allocated inside a CUDA graph would
         live in its memory pool and be overwritten by the next replay."""
         if key_states.shape[2] == 1 and self.is_initialized:
-            self._check_batch(key_states)
-            self.flush()
-            if not torch.compiler.is_compiling():
-                self.updates += 1
-            return self.decode_step(key_states, value_states)
+            return self._decode_update(key_states, value_states)
         return self._update_eagerly(key_states, value_states, **kwargs)
 
     @torch.compiler.disable
     def _update_eagerly(self, key_states, value_states, **kwargs):
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
+        if key_states.shape[2] == 1:
+            return self._decode_update(key_states, value_states)
         self._check_batch(key_states)
         self.flush()
         self.updates += 1
-        if key_states.shape[2] == 1:
-            return self.decode_step(key_states, value_states)
         # newer transformers hand the attention's kwargs (position_ids among them) to `update`
         position_ids = (kwargs.get("kwargs") or {}).get("position_ids")
         return self.begin_chunk(key_states, value_states, position_ids)
+
+    def _decode_update(self, key_states, value_states):
+        self._check_batch(key_states)
+        self.flush()
+        if not torch.compiler.is_compiling():
+            self.updates += 1
+        return self.decode_step(key_states, value_states)
 
     def _check_batch(self, key_states) -> None:
         if key_states.shape[0] != self.keys.shape[0]:

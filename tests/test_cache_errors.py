@@ -124,15 +124,20 @@ def _generate(model, ids, mask):
                           max_new_tokens=4, do_sample=False, pad_token_id=0)
 
 
+def _left_padded_batch_under_sdpa():
+    """A tiny Qwen3 with `sdpa` and a batch of two rows, the second left-padded by two tokens."""
+    ids = torch.arange(1, 13).view(2, 6)
+    mask = torch.ones_like(ids)
+    mask[1, :2] = 0
+    return tiny_model("qwen3", attn="sdpa"), ids, mask
+
+
 def test_left_padding_with_stock_attention_is_refused():
     """sdpa never shows the padding mask to the cache; where transformers hands the position ids to
     `update` (5.24), the padded prefill is recognised and generation stops with the fix named."""
     if not _passes_position_ids_to_update():
         pytest.skip("this transformers version does not pass the attention kwargs to Cache.update")
-    model = tiny_model("qwen3", attn="sdpa")
-    ids = torch.arange(1, 13).view(2, 6)
-    mask = torch.ones_like(ids)
-    mask[1, :2] = 0
+    model, ids, mask = _left_padded_batch_under_sdpa()
     with pytest.raises(ValueError, match="attn_implementation='kvpop'"):
         _generate(model, ids, mask)
     # unpadded batches still run with stock attention (with the chunk warning)
@@ -145,10 +150,7 @@ def test_stock_attention_warning_says_when_padding_goes_unseen():
     a stock attention gets a warning that left padding cannot be recognised; a single row does not."""
     if _passes_position_ids_to_update():
         pytest.skip("this transformers version passes the position ids: padding raises instead")
-    model = tiny_model("qwen3", attn="sdpa")
-    ids = torch.arange(1, 13).view(2, 6)
-    mask = torch.ones_like(ids)
-    mask[1, :2] = 0
+    model, ids, mask = _left_padded_batch_under_sdpa()
     with pytest.warns(UserWarning, match="left-padded batch cannot be recognised"):
         _generate(model, ids, mask)
     with pytest.warns(UserWarning, match="stock attention") as record:
