@@ -25,7 +25,7 @@ from kvpop_hf import KVpopCache
 from kvpop_hf.provenance import git_commit
 from kvpop_hf.testbed import make_problem, training_example
 from kvpop_hf.testbed.dense_eval import exact_match
-from kvpop_hf.testbed.evaluate import DEFAULT_SEED_BASE, token_accuracy
+from kvpop_hf.testbed.evaluate import DEFAULT_SEED_BASE, parse_knobs, token_accuracy
 from kvpop_hf.testbed.oracle import OracleScorer, oracle_table
 from kvpop_hf.testbed.policies import parse_budgets
 from kvpop_hf.testbed.report import quality_table, write_results_csv
@@ -40,6 +40,8 @@ def main(argv=None) -> None:
     ap.add_argument("--family", default="reasoning")
     ap.add_argument("--length", type=int, default=1024)
     ap.add_argument("--n", type=int, default=10)
+    ap.add_argument("--knob", action="append", default=[], help="generator knob FAMILY.KEY=VALUE (repeatable), "
+                    "as in kvpop-eval")
     ap.add_argument("--budgets", default="0.25,0.5,0.75,0.88")
     ap.add_argument("--sinks", type=int, default=4)
     ap.add_argument("--window", type=int, default=32)
@@ -51,6 +53,7 @@ def main(argv=None) -> None:
     args = ap.parse_args(argv)
     policy = "oracle" if args.kind == "mean" else "oracle_max"
     budgets = parse_budgets(args.budgets, args.length, args.sinks, args.window)  # bad budgets fail here
+    knobs = parse_knobs(args.knob, [args.family]).get(args.family, {})  # bad knobs fail here
     if not (Path(args.model) / "config.json").is_file():
         raise SystemExit(f"--model {args.model}: no config.json there (expected a model folder)")
     from tqdm.auto import tqdm
@@ -64,7 +67,7 @@ def main(argv=None) -> None:
     tok = AutoTokenizer.from_pretrained(args.model)
     head_dim = model.config.head_dim
     seeds = [args.seed_base + i for i in range(args.n)]
-    problems = [make_problem(args.family, length=args.length, seed=s) for s in seeds]
+    problems = [make_problem(args.family, length=args.length, seed=s, **knobs) for s in seeds]
     stats = {b.B: {"em": 0, "tok_c": 0, "tok_n": 0, "lk_c": 0, "lk_n": 0} for b in budgets}
     for p in tqdm(problems, desc="oracle"):
         ids = torch.tensor([training_example(p, tok)["input_ids"]], device=device)
@@ -95,7 +98,7 @@ def main(argv=None) -> None:
     write_results_csv(rows, out / "results.csv")
     command = shlex.join(["python", "benchmarks/oracle_eviction.py"] + list(argv if argv is not None else sys.argv[1:]))
     meta = {"command": command, "git_commit": git_commit(), "model": args.model, "length": args.length,
-            "n_per_family": args.n, "families": [args.family], "knobs": {},
+            "n_per_family": args.n, "families": [args.family], "knobs": {args.family: knobs} if knobs else {},
             "seeds": {"base": args.seed_base, "rule": "problem i of each family: make_problem(family, length, "
                       "seed=base + i)", "per_family": {args.family: [seeds[0], seeds[-1]]}},
             "device": str(device), "kind": args.kind,

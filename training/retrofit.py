@@ -41,6 +41,9 @@ class ScriptArguments:
     seq_len: int = field(default=2048, metadata={"help": "Training sequence length (all sequences equal)."})
     num_examples: int | None = field(default=None, metadata={"help": "Examples to build (default: enough for max_steps)."})
     problem_seed: int = field(default=1234, metadata={"help": "Seed of the generated testbed problems."})
+    knob: list[str] = field(default_factory=list, metadata={
+        "help": "Generator knobs of the testbed problems, FAMILY.KEY=VALUE (several after one --knob), "
+                "as kvpop-eval's --knob: e.g. --knob reasoning.n_facts=10 reasoning.steps=4."})
     lora_rank: int = field(default=0, metadata={"help": ">0: train a LoRA student (teacher = adapters disabled)."})
     merge_lora: bool = field(default=False, metadata={
         "help": "Save the LoRA merged into the weights (a plain model directory) instead of the adapter."})
@@ -62,14 +65,15 @@ class TimeBudget(TrainerCallback):
         return control
 
 
-def testbed_examples(families, tokenizer, seq_len, n, seed):
+def testbed_examples(families, tokenizer, seq_len, n, seed, knobs=None):
+    """``n`` teacher-forced examples of exactly ``seq_len`` tokens; ``knobs``: ``{family: {knob: value}}``."""
     from kvpop_hf.testbed import make_problem, training_example
 
     rng = random.Random(seed)
     out = []
     while len(out) < n:
         family = families[len(out) % len(families)]
-        problem = make_problem(family, length=seq_len, seed=rng.randrange(1 << 30))
+        problem = make_problem(family, length=seq_len, seed=rng.randrange(1 << 30), **(knobs or {}).get(family, {}))
         ex = training_example(problem, tokenizer, mode="trace")
         ids, labels = ex["input_ids"], ex["labels"]
         if len(ids) < seq_len:
@@ -100,14 +104,19 @@ def main(argv=None, callbacks=None):
     """Parses `argv`, builds the data, trains and saves; `callbacks`: extra `TrainerCallback`s. Returns the trainer."""
     parser = HfArgumentParser((ScriptArguments, KVpopTrainingArguments))
     script, args = parser.parse_args_into_dataclasses(args=argv)
+    if script.knob and not script.dataset.startswith("testbed:"):
+        raise ValueError(f"--knob sets testbed generator knobs; --dataset {script.dataset!r} is not testbed:<families>.")
     tokenizer = AutoTokenizer.from_pretrained(script.model)
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[script.dtype]
     model = AutoModelForCausalLM.from_pretrained(script.model, dtype=dtype)
     n = script.num_examples or max(1, args.max_steps) * args.per_device_train_batch_size * \
         args.gradient_accumulation_steps * max(1, args.world_size)
     if script.dataset.startswith("testbed:"):
+        from kvpop_hf.testbed.evaluate import parse_knobs
+
         families = script.dataset.split(":", 1)[1].split(",")
-        data = testbed_examples(families, tokenizer, script.seq_len, n, script.problem_seed)
+        knobs = parse_knobs(script.knob, families)
+        data = testbed_examples(families, tokenizer, script.seq_len, n, script.problem_seed, knobs)
     elif Path(script.dataset).is_file():
         data = jsonl_examples(script.dataset, tokenizer, script.seq_len, n)
     else:

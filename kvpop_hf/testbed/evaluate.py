@@ -134,7 +134,9 @@ def _split(text: str) -> list[str]:
     return [t.strip() for t in str(text).split(",") if t.strip()]
 
 
-def _parse_knobs(items: Sequence[str], families: Sequence[str]) -> dict[str, dict]:
+def parse_knobs(items: Sequence[str], families: Sequence[str] = ()) -> dict[str, dict]:
+    """``["reasoning.steps=4", ...]`` -> ``{"reasoning": {"steps": 4}}`` (values through ``literal_eval``);
+    a malformed item or an unknown family raises ValueError. Shared by kvpop-eval and the training scripts."""
     out: dict[str, dict] = {}
     for item in items:
         key, eq, val = item.partition("=")
@@ -220,7 +222,7 @@ def plan_from_args(args: argparse.Namespace) -> EvalPlan:
     if not runs:
         raise ValueError("Nothing to evaluate: no policy left (learned policies need checkpoints).")
 
-    knobs = _parse_knobs(args.knob, families)
+    knobs = parse_knobs(args.knob, families)
     problems: dict[str, list[Problem]] = {}
     seeds: dict[str, list[int]] = {}
     for fam in families:

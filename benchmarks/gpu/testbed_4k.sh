@@ -1,0 +1,132 @@
+#!/usr/bin/env bash
+# The 4k-token testbed on one GPU: reasoning problems of 4096 tokens with the knobs of the 1024-token ones
+# (10 facts, 4 steps: ~110 tokens of the context are needed, the rest is filler and z-distractors), window 32.
+#
+#   STAGE=teacher  continue INIT (default checkpoints/teacher, a 1024-token teacher) to 4096 tokens, two learning
+#                  rates side by side (A 7e-4, B 1.2e-3), lengths 1024-2560 for the first 35% of the run, then
+#                  1024-4096 (multiples of 256); mix: reasoning 0.6, lookup drill 0.3 (16 facts), the RULER
+#                  families 0.1; teacher-forced lookup probe on 16 problems of 4096 tokens every 500 steps.
+#                  Dense kvpop-eval of both at 4096 and 1024 tokens (EVAL_N problems, the same knobs); the higher
+#                  EM at 4096 is copied to $OUT/teacher (ties: A). Then, side by side until DEADLINE: oracle
+#                  eviction (mean and max future attention) and kvpop-eval of the heuristics at 75/88/94%.
+#                  -> $OUT/teacher_4k/ (logs, evals), $OUT/teacher/, $OUT/oracle_{mean,max}/, $OUT/eval_heuristics/
+#   STAGE=retrofit retrofit KVpop (mLSTM, delayed) and KVpop_mlp on TEACHER at 88% and 94% of 4096 tokens, side by
+#                  side, RS seconds each: scorer only (mean target), scorer only with the max target (88%), and
+#                  distillation + boundary loss with a LoRA backbone merged into the weights (88% and 94%);
+#                  then kvpop-eval of the learned policies at 75/88/94% (the 75% rows use the 88% checkpoints)
+#                  with --analysis (oracle top-k recall, retention heatmap).
+#                  -> $OUT/ckpt/<policy>_cr<NN>/, $OUT/retrofit_*.log, $OUT/eval_learned/
+#
+# Usage: OUT=dir bash benchmarks/gpu/testbed_4k.sh                                   (STAGE=teacher, ~9 min)
+#        OUT=dir STAGE=retrofit TEACHER=checkpoints/teacher_4k bash benchmarks/gpu/testbed_4k.sh   (~9 min)
+# Knobs: TB (teacher training seconds, 240), RS (retrofit seconds, 200), EVAL_N (problems per evaluation, 40),
+# DEADLINE (seconds after start by which the last evaluations are cut, 540); for a CPU smoke test of the script:
+# DEVICE=cpu LEN=768 LO=512 CLEN=640 TB=10 RS=5 EVAL_N=2 WORKERS=1.
+set -u
+: "${OUT:?set OUT to an output directory}"
+export PYTHONUNBUFFERED=1 PYTHONPATH=. TOKENIZERS_PARALLELISM=false
+STAGE=${STAGE:-teacher}; L=${LEN:-4096}; LO=${LO:-1024}; CLEN=${CLEN:-2560}; W=32; N=${EVAL_N:-40}
+DEADLINE=${DEADLINE:-540}; DEVICE=${DEVICE:-cuda}
+if [ "$DEVICE" = cpu ]; then TRAIN_DEV="--use_cpu True"; else TRAIN_DEV="--bf16"; fi
+KNOBS="--knob reasoning.n_facts=10 --knob reasoning.steps=4"
+T0=$(date +%s)
+stamp() { echo "[$(( $(date +%s) - T0 ))s] $*"; }
+left() { echo $(( DEADLINE - ($(date +%s) - T0) )); }
+topk() { python3 -c "from kvpop_hf.testbed.policies import parse_budgets as p; print(p('$1', $L, 4, $W)[0].topk)"; }
+mkdir -p "$OUT"
+
+evaluate() {  # out-dir seconds args...  (kvpop-eval of reasoning problems with the 4k knobs)
+  local d=$1 s=$2; shift 2
+  timeout "$s" python3 -m kvpop_hf.testbed.evaluate --out "$d" --n "$N" --families reasoning --in-domain reasoning \
+    --sinks 4 --window $W $KNOBS --batch-size 40 --device "$DEVICE" --no-progress "$@" > "$d.log" 2>&1
+  local rc=$?; stamp "eval ${d##*/} exit $rc"; grep -E "^\| [a-z]" "$d/table1.md" 2>/dev/null
+}
+
+stage_teacher() {
+  local D="$OUT/teacher_4k" TB=${TB:-240}
+  mkdir -p "$D"
+  train() {  # name lr
+    OMP_NUM_THREADS=2 timeout $((TB + 100)) python3 training/pretrain_teacher.py --out "$D/t_$1" \
+      --init-from "${INIT:-checkpoints/teacher}" --steps 1000000 --time-budget "$TB" --seq-len $LO:$L \
+      --len-multiple 256 --curriculum-frac 0.35 --curriculum-len $LO:$CLEN --warmup 100 --lr "$2" --seed 2 \
+      --workers "${WORKERS:-6}" --log-every 250 --probe-every 500 --probe-n 16 --probe-len $L --eval-n 0 \
+      --tokens-per-batch 32768 --knob reasoning.n_facts=10 --knob reasoning.steps=4 --knob lookup.n_facts=16 \
+      --reasoning-weight 0.6 --lookup-weight 0.3 > "$D/teacher_$1.log" 2>&1
+    stamp "teacher $1 exit $?"; grep -E "^probe step" "$D/teacher_$1.log" | tail -2
+  }
+  train A 7e-4 & train B 1.2e-3 &
+  wait
+  for n in A B; do for EL in $L $LO; do
+    evaluate "$D/eval_dense_${n}_L$EL" 120 --model "$D/t_$n" --length $EL --policies dense --budgets 0.88 &
+  done; done
+  wait
+  local pick
+  pick=$(python3 - "$D" "$L" <<'EOF'
+import csv, sys
+em = {}
+for n in "AB":
+    try:
+        rows = list(csv.DictReader(open(f"{sys.argv[1]}/eval_dense_{n}_L{sys.argv[2]}/results.csv")))
+        em[n] = max(float(r["em"]) for r in rows if r["policy"] == "dense")
+    except (OSError, ValueError):
+        em[n] = -1.0
+print("A" if em["A"] >= em["B"] else "B")
+EOF
+)
+  echo "$pick" > "$D/picked.txt"; stamp "picked teacher $pick"
+  cp -r "$D/t_$pick" "$OUT/teacher"
+  local B="0.75,0.88,0.94"
+  for kind in mean max; do
+    timeout "$(left)" python3 benchmarks/oracle_eviction.py --model "$OUT/teacher" --out "$OUT/oracle_$kind" \
+      --kind $kind --length $L --n "$N" --budgets $B --window $W $KNOBS --device "$DEVICE" \
+      > "$OUT/oracle_$kind.log" 2>&1 && grep -E "^\| oracle" "$OUT/oracle_$kind/table.md" &
+  done
+  evaluate "$OUT/eval_heuristics" "$(left)" --model "$OUT/teacher" --length $L --budgets $B \
+    --policies dense,streaming,knorm,random,keydiff,lagkv,tova,h2o,snapkv &
+  wait
+  stamp "stage teacher done"
+}
+
+stage_retrofit() {
+  local TEACHER=${TEACHER:?set TEACHER to the 4k teacher} RS=${RS:-200}
+  local K88 K94
+  K88=$(topk 0.88); K94=$(topk 0.94)
+  retro() {  # name scorer topk args...
+    local name=$1 scorer=$2 k=$3; shift 3
+    OMP_NUM_THREADS=2 timeout $((RS + 150)) python3 training/retrofit.py --model "$TEACHER" \
+      --dataset testbed:reasoning --knob reasoning.n_facts=10 reasoning.steps=4 --seq_len $L --sinks 4 --window $W \
+      --topk "$k" --scorer "$scorer" --output_dir "$OUT/ckpt/$name" --max_steps 100000 --num_examples 1200 \
+      --max_train_seconds "$RS" --per_device_train_batch_size 4 --scorer_learning_rate 3e-3 $TRAIN_DEV \
+      --logging_steps 10 --report_to none --save_strategy no --disable_tqdm True --seed 0 "$@" \
+      > "$OUT/retrofit_$name.log" 2>&1
+    stamp "retrofit $name exit $?"; grep -o "{'loss'[^}]*}" "$OUT/retrofit_$name.log" | sed -n '$p' | cut -c1-240
+  }
+  local ONLY="--train_backbone False --learning_rate 1e-4"
+  local LORA="--train_backbone True --lora_rank 8 --merge_lora True --distill_weight 1.0 --learning_rate 1e-3"
+  for s in mlstm:kvpop mlp:kvpop_mlp; do
+    local sc=${s%%:*} p=${s##*:}
+    retro "${p}_cr88" "$sc" "$K88" $ONLY &
+    retro "${p}_cr94" "$sc" "$K94" $ONLY &
+    retro "${p}_max_cr88" "$sc" "$K88" $ONLY --target_reduce max &
+    retro "${p}_distill_cr88" "$sc" "$K88" $LORA &
+    retro "${p}_distill_cr94" "$sc" "$K94" $LORA &
+  done
+  wait
+  for d in "$OUT"/ckpt/*; do  # scorer-only: the backbone copy is the unchanged teacher
+    case "$d" in *distill*) ;; *) rm -f "$d/model.safetensors" "$d/training_args.bin" ;; esac
+  done
+  local specs=()
+  for p in kvpop kvpop_mlp kvpop_max kvpop_mlp_max kvpop_distill kvpop_mlp_distill; do
+    [ -d "$OUT/ckpt/${p}_cr88" ] && specs+=(--scorer-checkpoint "$p@cr75=$OUT/ckpt/${p}_cr88")
+  done
+  evaluate "$OUT/eval_learned" "$(left)" --model "$TEACHER" --length $L --budgets 0.75,0.88,0.94 \
+    --policies dense,streaming,kvpop_mlp,kvpop,kvpop_mlp_max,kvpop_max,kvpop_mlp_distill,kvpop_distill \
+    --checkpoints-dir "$OUT/ckpt" "${specs[@]}" --analysis --analysis-n 10
+  stamp "stage retrofit done"
+}
+
+case "$STAGE" in
+  teacher) stage_teacher ;;
+  retrofit) stage_retrofit ;;
+  *) echo "STAGE must be teacher or retrofit, got $STAGE" >&2; exit 2 ;;
+esac

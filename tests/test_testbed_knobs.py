@@ -1,0 +1,62 @@
+"""Generator knobs reach every tool that builds testbed problems (retrofit data, oracle eviction, kvpop-eval),
+and the policy names of the differently trained scorers resolve their checkpoints."""
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from kvpop_hf.testbed import build_tokenizer
+from kvpop_hf.testbed.evaluate import parse_knobs
+from kvpop_hf.testbed.policies import POLICIES, scan_checkpoints_dir
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "training"))
+import retrofit  # noqa: E402
+
+
+def test_parse_knobs_values_and_errors():
+    assert parse_knobs(["reasoning.n_facts=10", "reasoning.steps=4", "lookup.n_facts=16"]) == {
+        "reasoning": {"n_facts": 10, "steps": 4}, "lookup": {"n_facts": 16}}
+    with pytest.raises(ValueError, match="FAMILY.KEY=VALUE"):
+        parse_knobs(["reasoning.n_facts"])
+    with pytest.raises(ValueError, match="unknown family"):
+        parse_knobs(["nosuch.n_facts=3"])
+
+
+def test_retrofit_examples_follow_the_knobs():
+    tok = build_tokenizer()
+    knobs = parse_knobs(["reasoning.n_facts=7", "reasoning.steps=2"])
+    with_knobs = retrofit.testbed_examples(["reasoning"], tok, 512, 2, seed=0, knobs=knobs)
+    default = retrofit.testbed_examples(["reasoning"], tok, 512, 2, seed=0)
+    assert all(len(e["input_ids"]) == 512 for e in with_knobs + default)
+    fact = tok.convert_tokens_to_ids("fact")
+    assert [int((e["input_ids"] == fact).sum()) for e in with_knobs] == [7, 7]
+    # two steps: the supervised target (trace + answer) is shorter than with the default 3 steps at 512 tokens
+    assert all(int((a["labels"] >= 0).sum()) < int((b["labels"] >= 0).sum()) for a, b in zip(with_knobs, default))
+
+
+def test_retrofit_knob_on_a_jsonl_dataset_is_an_error(tmp_path):
+    data = tmp_path / "d.jsonl"
+    data.write_text('{"text": "a b c"}\n')
+    with pytest.raises(ValueError, match="--knob sets testbed generator knobs"):
+        retrofit.main(["--model", str(tmp_path), "--dataset", str(data), "--knob", "reasoning.steps=4",
+                       "--output_dir", str(tmp_path / "o"), "--use_cpu", "True", "--report_to", "none"])
+
+
+def test_oracle_eviction_rejects_bad_knobs_before_loading(tmp_path):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import oracle_eviction
+
+    with pytest.raises(ValueError, match="FAMILY.KEY=VALUE"):
+        oracle_eviction.main(["--out", str(tmp_path), "--model", str(tmp_path), "--knob", "steps=4"])
+
+
+def test_variant_policies_resolve_their_checkpoint_folders(tmp_path):
+    for name in ("kvpop_distill_cr88", "kvpop_mlp_max_cr88", "kvpop_cr94", "kvpop_mlp_distill_cr94"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "kvpop_config.json").write_text("{}")
+    found = scan_checkpoints_dir(tmp_path)
+    assert set(found) == {("kvpop_distill", "cr88"), ("kvpop_mlp_max", "cr88"), ("kvpop", "cr94"),
+                          ("kvpop_mlp_distill", "cr94")}
+    assert POLICIES["kvpop_distill"].own_model and POLICIES["kvpop_mlp_distill"].own_model
+    assert not POLICIES["kvpop_max"].own_model
