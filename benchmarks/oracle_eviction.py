@@ -26,7 +26,7 @@ from kvpop_hf.provenance import git_commit
 from kvpop_hf.testbed import make_problem, training_example
 from kvpop_hf.testbed.dense_eval import exact_match
 from kvpop_hf.testbed.evaluate import DEFAULT_SEED_BASE, parse_knobs, token_accuracy
-from kvpop_hf.testbed.oracle import OracleScorer, oracle_table
+from kvpop_hf.testbed.oracle import OracleScorer, oracle_table, target_queries
 from kvpop_hf.testbed.policies import parse_budgets
 from kvpop_hf.testbed.report import quality_table, write_results_csv
 
@@ -50,8 +50,11 @@ def main(argv=None) -> None:
     ap.add_argument("--kind", choices=["mean", "max"], default="mean",
                     help="mean: the paper's future-attention target (mean over later queries); max: the largest "
                          "attention weight any later query gives the token")
+    ap.add_argument("--queries", choices=["all", "target"], default="all",
+                    help="all: every later query counts (the paper's target); target: only the queries that generate "
+                         "the reference answer (trace and answer tokens)")
     args = ap.parse_args(argv)
-    policy = "oracle" if args.kind == "mean" else "oracle_max"
+    policy = ("oracle" if args.kind == "mean" else "oracle_max") + ("_target" if args.queries == "target" else "")
     budgets = parse_budgets(args.budgets, args.length, args.sinks, args.window)  # bad budgets fail here
     knobs = parse_knobs(args.knob, [args.family]).get(args.family, {})  # bad knobs fail here
     if not (Path(args.model) / "config.json").is_file():
@@ -70,9 +73,11 @@ def main(argv=None) -> None:
     problems = [make_problem(args.family, length=args.length, seed=s, **knobs) for s in seeds]
     stats = {b.B: {"em": 0, "tok_c": 0, "tok_n": 0, "lk_c": 0, "lk_n": 0} for b in budgets}
     for p in tqdm(problems, desc="oracle"):
-        ids = torch.tensor([training_example(p, tok)["input_ids"]], device=device)
+        ex = training_example(p, tok)
+        ids = torch.tensor([ex["input_ids"]], device=device)
+        qmask = target_queries(torch.tensor([ex["labels"]], device=device)) if args.queries == "target" else None
         table = oracle_table(model, ids, args.window, backend="flex" if device.type == "cuda" else "chunked",
-                             kind=args.kind)
+                             kind=args.kind, query_mask=qmask)
         for b in budgets:
             def factory(b=b):
                 return KVpopCache(model.config, sinks=b.sinks, window=b.window, topk=b.topk,
@@ -101,7 +106,7 @@ def main(argv=None) -> None:
             "n_per_family": args.n, "families": [args.family], "knobs": {args.family: knobs} if knobs else {},
             "seeds": {"base": args.seed_base, "rule": "problem i of each family: make_problem(family, length, "
                       "seed=base + i)", "per_family": {args.family: [seeds[0], seeds[-1]]}},
-            "device": str(device), "kind": args.kind,
+            "device": str(device), "kind": args.kind, "queries": args.queries,
             "note": "oracle = the dense model's future-attention priorities (mean or max over later queries) "
                     "replayed through KVpopCache (not causal; see kvpop_hf/testbed/oracle.py)"}
     (out / "meta.json").write_text(json.dumps(meta, indent=2))

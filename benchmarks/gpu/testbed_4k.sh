@@ -10,18 +10,22 @@
 #                  EM at 4096 is copied to $OUT/teacher (ties: A). Then, side by side until DEADLINE: oracle
 #                  eviction (mean and max future attention) and kvpop-eval of the heuristics at 75/88/94%.
 #                  -> $OUT/teacher_4k/ (logs, evals), $OUT/teacher/, $OUT/oracle_{mean,max}/, $OUT/eval_heuristics/
-#   STAGE=retrofit retrofit KVpop (mLSTM, delayed) and KVpop_mlp on TEACHER at 88% and 94% of 4096 tokens, side by
-#                  side, RS seconds each: scorer only (mean target), scorer only with the max target (88%), and
-#                  distillation + boundary loss with a LoRA backbone merged into the weights (88% and 94%);
-#                  then kvpop-eval of the learned policies at 75/88/94% (the 75% rows use the 88% checkpoints)
-#                  with --analysis (oracle top-k recall, retention heatmap).
-#                  -> $OUT/ckpt/<policy>_cr<NN>/, $OUT/retrofit_*.log, $OUT/eval_learned/
+#   STAGE=retrofit meanwhile, the oracle from the answer's queries only (oracle_eviction.py --queries target, max
+#                  and mean); retrofit KVpop (mLSTM, delayed) and KVpop_mlp on TEACHER side by side, RS seconds
+#                  each, all on the target from the answer's queries (--target_queries labels): scorer only with
+#                  the max target at 88% and 94%, scorer only with the mean target at 88%, and distillation +
+#                  boundary loss with a LoRA backbone merged into the weights (max target, 88%); then kvpop-eval
+#                  of the learned policies at 75/88/94% (a variant without its own 94% checkpoint uses the 88% one,
+#                  every 75% row the 88% one) with --analysis (oracle top-k recall against the max answer-query
+#                  oracle, retention heatmap).
+#                  -> $OUT/oracle_{max,mean}_target/, $OUT/ckpt/<policy>_cr<NN>/, $OUT/retrofit_*.log,
+#                     $OUT/eval_learned/
 #
 # Usage: OUT=dir bash benchmarks/gpu/testbed_4k.sh                                   (STAGE=teacher, ~9 min)
 #        OUT=dir STAGE=retrofit TEACHER=checkpoints/teacher_4k bash benchmarks/gpu/testbed_4k.sh   (~9 min)
 # Knobs: TB (teacher training seconds, 240), RS (retrofit seconds, 200), EVAL_N (problems per evaluation, 40),
 # DEADLINE (seconds after start by which the last evaluations are cut, 540); for a CPU smoke test of the script:
-# DEVICE=cpu LEN=768 LO=512 CLEN=640 TB=10 RS=5 EVAL_N=2 WORKERS=1.
+# DEVICE=cpu LEN=768 LO=512 CLEN=640 TB=10 RS=5 EVAL_N=2 WORKERS=1 NEX=8.
 set -u
 : "${OUT:?set OUT to an output directory}"
 export PYTHONUNBUFFERED=1 PYTHONPATH=. TOKENIZERS_PARALLELISM=false
@@ -89,39 +93,45 @@ EOF
 
 stage_retrofit() {
   local TEACHER=${TEACHER:?set TEACHER to the 4k teacher} RS=${RS:-200}
-  local K88 K94
+  local K88 K94 B="0.75,0.88,0.94"
   K88=$(topk 0.88); K94=$(topk 0.94)
+  for kind in max mean; do  # the oracle from the answer's queries only (the all-query one: STAGE=teacher)
+    timeout $((RS + 200)) python3 benchmarks/oracle_eviction.py --model "$TEACHER" --out "$OUT/oracle_${kind}_target" \
+      --kind $kind --queries target --length $L --n "$N" --budgets $B --window $W $KNOBS --device "$DEVICE" \
+      > "$OUT/oracle_${kind}_target.log" 2>&1 && grep -E "^\| oracle" "$OUT/oracle_${kind}_target/table.md" &
+  done
   retro() {  # name scorer topk args...
     local name=$1 scorer=$2 k=$3; shift 3
     OMP_NUM_THREADS=2 timeout $((RS + 150)) python3 training/retrofit.py --model "$TEACHER" \
       --dataset testbed:reasoning --knob reasoning.n_facts=10 reasoning.steps=4 --seq_len $L --sinks 4 --window $W \
-      --topk "$k" --scorer "$scorer" --output_dir "$OUT/ckpt/$name" --max_steps 100000 --num_examples 1200 \
+      --topk "$k" --scorer "$scorer" --output_dir "$OUT/ckpt/$name" --max_steps 100000 --num_examples "${NEX:-1200}" \
       --max_train_seconds "$RS" --per_device_train_batch_size 4 --scorer_learning_rate 3e-3 $TRAIN_DEV \
-      --logging_steps 10 --report_to none --save_strategy no --disable_tqdm True --seed 0 "$@" \
-      > "$OUT/retrofit_$name.log" 2>&1
-    stamp "retrofit $name exit $?"; grep -o "{'loss'[^}]*}" "$OUT/retrofit_$name.log" | sed -n '$p' | cut -c1-240
+      --target_queries labels --logging_steps 10 --report_to none --save_strategy no --disable_tqdm True --seed 0 \
+      "$@" > "$OUT/retrofit_$name.log" 2>&1
+    local rc=$?; stamp "retrofit $name exit $rc"
+    grep -o "{'loss'[^}]*}" "$OUT/retrofit_$name.log" | sed -n '$p' | cut -c1-240
   }
   local ONLY="--train_backbone False --learning_rate 1e-4"
   local LORA="--train_backbone True --lora_rank 8 --merge_lora True --distill_weight 1.0 --learning_rate 1e-3"
   for s in mlstm:kvpop mlp:kvpop_mlp; do
     local sc=${s%%:*} p=${s##*:}
-    retro "${p}_cr88" "$sc" "$K88" $ONLY &
-    retro "${p}_cr94" "$sc" "$K94" $ONLY &
-    retro "${p}_max_cr88" "$sc" "$K88" $ONLY --target_reduce max &
-    retro "${p}_distill_cr88" "$sc" "$K88" $LORA &
-    retro "${p}_distill_cr94" "$sc" "$K94" $LORA &
+    retro "${p}_cr88" "$sc" "$K88" $ONLY --target_reduce max &
+    retro "${p}_cr94" "$sc" "$K94" $ONLY --target_reduce max &
+    retro "${p}_mean_cr88" "$sc" "$K88" $ONLY --target_reduce mean &
+    retro "${p}_distill_cr88" "$sc" "$K88" $LORA --target_reduce max &
   done
   wait
   for d in "$OUT"/ckpt/*; do  # scorer-only: the backbone copy is the unchanged teacher
     case "$d" in *distill*) ;; *) rm -f "$d/model.safetensors" "$d/training_args.bin" ;; esac
   done
   local specs=()
-  for p in kvpop kvpop_mlp kvpop_max kvpop_mlp_max kvpop_distill kvpop_mlp_distill; do
+  for p in kvpop kvpop_mlp kvpop_mean kvpop_mlp_mean kvpop_distill kvpop_mlp_distill; do
     [ -d "$OUT/ckpt/${p}_cr88" ] && specs+=(--scorer-checkpoint "$p@cr75=$OUT/ckpt/${p}_cr88")
+    [ -d "$OUT/ckpt/${p}_cr88" ] && [ ! -d "$OUT/ckpt/${p}_cr94" ] && specs+=(--scorer-checkpoint "$p@cr94=$OUT/ckpt/${p}_cr88")
   done
-  evaluate "$OUT/eval_learned" "$(left)" --model "$TEACHER" --length $L --budgets 0.75,0.88,0.94 \
-    --policies dense,streaming,kvpop_mlp,kvpop,kvpop_mlp_max,kvpop_max,kvpop_mlp_distill,kvpop_distill \
-    --checkpoints-dir "$OUT/ckpt" "${specs[@]}" --analysis --analysis-n 10
+  evaluate "$OUT/eval_learned" "$(left)" --model "$TEACHER" --length $L --budgets $B \
+    --policies dense,streaming,kvpop_mlp,kvpop,kvpop_mlp_mean,kvpop_mean,kvpop_mlp_distill,kvpop_distill \
+    --checkpoints-dir "$OUT/ckpt" "${specs[@]}" --analysis --analysis-n 8 --oracle-kind max --oracle-queries target
   stamp "stage retrofit done"
 }
 

@@ -31,7 +31,6 @@ from ..compat import with_cache
 from ..dense_attention import causal_attention
 from ..topk import running_topk
 from ..training.priorities import sequence_priorities
-from ..training.targets import dense_causal_lse, future_attention_target
 from .report import averages
 from .tasks import Problem, training_example
 
@@ -92,8 +91,12 @@ def oracle_topk_recall(prio: torch.Tensor, oracle: torch.Tensor, sinks: int, win
 
 @torch.no_grad()
 def oracle_recall_rows(model, tokenizer, problems: Sequence[Problem], scored: Sequence[tuple[str, Any, Any]],
-                progress: bool = True) -> list[dict]:
+                progress: bool = True, kind: str = "mean", queries: str = "all") -> list[dict]:
     """Oracle top-k recall per (policy, budget, layer, KV head), averaged over ``problems``.
+
+    The oracle is :func:`kvpop_hf.testbed.oracle.oracle_table`: ``kind`` ``"mean"`` (the paper's target) or
+    ``"max"`` future attention, from every later query (``queries="all"``) or only from those that generate
+    the reference answer (``"target"``).
 
     scored: ``(policy, budget, cache)`` triples; the cache supplies the scorer, ``log_gamma`` and the
     budget (``sinks/window/topk`` of its ``kvpop_config``). Oracle priorities use the same window. Attention-based
@@ -106,23 +109,28 @@ def oracle_recall_rows(model, tokenizer, problems: Sequence[Problem], scored: Se
     if progress:
         from tqdm.auto import tqdm
         it = tqdm(problems, desc="oracle recall", leave=False)
+    from .oracle import oracle_table, target_queries
+
+    if queries not in ("all", "target"):
+        raise ValueError(f"queries must be 'all' or 'target', got {queries!r}")
     for p in it:
-        ids = torch.tensor([training_example(p, tokenizer)["input_ids"]], device=device)
+        ex = training_example(p, tokenizer)
+        ids = torch.tensor([ex["input_ids"]], device=device)
+        qmask = target_queries(torch.tensor([ex["labels"]], device=device)) if queries == "target" else None
         qkv = record_qkv(model, ids)
+        oracles: dict[int, torch.Tensor] = {}  # window -> [num_layers, Hkv, S]
         for layer, (q, k, v, scale) in sorted(qkv.items()):
-            lse = dense_causal_lse(q, k, scale)
-            oracles: dict[int, torch.Tensor] = {}
             for policy, budget, cache in scored:
                 if getattr(cache.scorer, "dynamic", False):
                     continue  # TOVA/H2O/SnapKV: no static priority to rank the sequence with
                 cfg = cache.kvpop_config
                 if cfg.window not in oracles:
-                    oracles[cfg.window] = future_attention_target(q, k, lse, cfg.window, scale=scale,
-                                                                  backend=backend)[0]
+                    oracles[cfg.window] = oracle_table(model, ids, cfg.window, backend=backend, kind=kind,
+                                                       query_mask=qmask).to(device)
                 lg = cache.log_gamma[layer].to(device) if cache.log_gamma is not None else None
                 scorer = cache.scorer_for(device)
                 prio = sequence_priorities(scorer, layer, k, v, cfg.window, lg, cfg.decay_step)[0]
-                rec = oracle_topk_recall(prio, oracles[cfg.window], cfg.sinks, cfg.window, cfg.topk)
+                rec = oracle_topk_recall(prio, oracles[cfg.window][layer], cfg.sinks, cfg.window, cfg.topk)
                 acc.setdefault((policy, budget.B, round(budget.cr, 4), layer), []).append(rec.cpu())
     rows = []
     for (policy, B, cr, layer), recs in acc.items():
@@ -298,7 +306,8 @@ def run_all(model, tokenizer, plan, out: Path, args, progress: bool = True) -> t
         summary["skipped"] = "no eviction policy in this run"
         return summary, []
     scored = [(r.policy, r.budget, r.factory()(model.config)) for r in evict]
-    rec = oracle_recall_rows(model, tokenizer, problems, scored, progress=progress)
+    rec = oracle_recall_rows(model, tokenizer, problems, scored, progress=progress,
+                             kind=getattr(args, "oracle_kind", "mean"), queries=getattr(args, "oracle_queries", "all"))
     write_oracle_recall(rec, out / "recall_per_layer.csv", out / "recall_per_layer.png")
 
     order = {p: i for i, p in enumerate(_HEATMAP_PREFERENCE)}

@@ -88,6 +88,10 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--skip-em", action="store_true", help="only the teacher-forced token accuracy")
     ap.add_argument("--analysis", action="store_true", help="oracle top-k recall per layer, retention heatmap, delay ablation")
     ap.add_argument("--analysis-n", type=int, default=2, help="reasoning problems used by --analysis")
+    ap.add_argument("--oracle-kind", choices=["mean", "max"], default="mean",
+                    help="--analysis: the oracle of the top-k recall, mean (paper) or max future attention")
+    ap.add_argument("--oracle-queries", choices=["all", "target"], default="all",
+                    help="--analysis: the later queries the oracle counts, all (paper) or those of the answer")
     ap.add_argument("--no-progress", action="store_true")
     return ap
 

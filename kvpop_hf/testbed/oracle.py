@@ -20,7 +20,7 @@ from ..scorers.base import Scorer
 from ..training.targets import dense_causal_lse, future_attention_target
 from .analysis import record_qkv
 
-__all__ = ["OracleScorer", "oracle_table"]
+__all__ = ["OracleScorer", "oracle_table", "target_queries"]
 
 #: priority of positions the table does not cover (beyond the reference sequence): below every real score
 OUTSIDE = -1e9
@@ -54,14 +54,17 @@ class OracleScorer(Scorer):
 
 
 @torch.no_grad()
-def oracle_table(model, ids: torch.Tensor, window: int, backend: str = "chunked", kind: str = "mean") -> torch.Tensor:
+def oracle_table(model, ids: torch.Tensor, window: int, backend: str = "chunked", kind: str = "mean",
+                 query_mask: torch.Tensor | None = None) -> torch.Tensor:
     """Dense pass over ``ids [1, S]`` -> oracle priorities ``[num_layers, kv_heads, S]`` (float32, CPU).
 
     ``kind="mean"``: the paper's future-attention target, the *mean* attention a key receives from queries at
     least ``window`` tokens later, averaged over the query heads of its KV head (``future_attention_target``).
     ``kind="max"``: the *largest* such attention weight over later queries and over the query heads of the KV
     head (``future_attention_target(..., reduce="max")`` per query head, chunked pass, then the max over the
-    group: ``log`` is monotonic), which ranks a token read by a single later query as high as one read by many."""
+    group: ``log`` is monotonic), which ranks a token read by a single later query as high as one read by many.
+    ``query_mask [1, S]`` (bool): only the marked later queries count (e.g. those that generate the answer,
+    :func:`target_queries`)."""
     if kind not in ("mean", "max"):
         raise ValueError(f"kind must be 'mean' or 'max', got {kind!r}")
     qkv = record_qkv(model, ids)
@@ -70,10 +73,23 @@ def oracle_table(model, ids: torch.Tensor, window: int, backend: str = "chunked"
         q, k, _, scale = qkv[layer]
         lse = dense_causal_lse(q, k, scale)
         if kind == "mean":
-            rows.append(future_attention_target(q, k, lse, window, scale=scale, backend=backend)[0].cpu())
+            rows.append(future_attention_target(q, k, lse, window, scale=scale, backend=backend,
+                                                query_mask=_on(query_mask, q))[0].cpu())
             continue
         hq, hkv = q.shape[1], k.shape[1]
         per_head = future_attention_target(q, expand_kv(k, hq // hkv), lse, window, scale=scale,
-                                           backend="chunked", reduce="max")[0]  # [Hq, S]
+                                           backend="chunked", reduce="max", query_mask=_on(query_mask, q))[0]
         rows.append(per_head.view(hkv, hq // hkv, -1).amax(dim=1).cpu())
     return torch.stack(rows)
+
+
+def _on(mask, like):
+    return None if mask is None else mask.to(like.device)
+
+
+def target_queries(labels: torch.Tensor) -> torch.Tensor:
+    """``labels [B, S]`` (``-100`` = not scored) -> ``[B, S]`` bool: the queries whose *next* token is scored,
+    i.e. those that produce the answer (query ``d`` predicts token ``d + 1``)."""
+    mask = torch.zeros(labels.shape, dtype=torch.bool, device=labels.device)
+    mask[:, :-1] = labels[:, 1:] != -100
+    return mask

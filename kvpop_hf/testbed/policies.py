@@ -152,17 +152,17 @@ register_policy("kvpop_mlp", _learned, needs_checkpoint=True, expect={"scorer": 
 register_policy("kvpop", _learned, needs_checkpoint=True, expect={"scorer": "mlstm", "delayed": True},
                 description="learned mLSTM scorer, delayed scoring (KVpop)")
 # the same scorers trained otherwise (training/retrofit.py): with the model LoRA-distilled at the budget
-# (--lora_rank R --merge_lora True; the checkpoint is a whole model directory) or on the max future-attention
-# target (--target_reduce max)
+# (--lora_rank R --merge_lora True; the checkpoint is a whole model directory) or on the mean future-attention
+# target (--target_reduce mean, the paper's) instead of the max one
 register_policy("kvpop_mlp_distill", _learned, needs_checkpoint=True, expect={"scorer": "mlp"}, own_model=True,
                 description="KVpop_mlp with the model LoRA-distilled at the budget (distillation + boundary loss)")
 register_policy("kvpop_distill", _learned, needs_checkpoint=True, expect={"scorer": "mlstm", "delayed": True},
                 own_model=True,
                 description="KVpop with the model LoRA-distilled at the budget (distillation + boundary loss)")
-register_policy("kvpop_mlp_max", _learned, needs_checkpoint=True, expect={"scorer": "mlp"},
-                description="KVpop_mlp trained on the max (not mean) future-attention target")
-register_policy("kvpop_max", _learned, needs_checkpoint=True, expect={"scorer": "mlstm", "delayed": True},
-                description="KVpop trained on the max (not mean) future-attention target")
+register_policy("kvpop_mlp_mean", _learned, needs_checkpoint=True, expect={"scorer": "mlp"},
+                description="KVpop_mlp trained on the mean (paper's) future-attention target")
+register_policy("kvpop_mean", _learned, needs_checkpoint=True, expect={"scorer": "mlstm", "delayed": True},
+                description="KVpop trained on the mean (paper's) future-attention target")
 register_policy("kvp", _learned, needs_checkpoint=True, expect={"scorer": "kvp", "trained_with": "rl"},
                 description="KVP: per-head MLP agent on key/value/position trained offline by RL (training/train_kvp.py)")
 register_policy("kvp_supervised", _learned, needs_checkpoint=True,

@@ -46,6 +46,7 @@ class StudentSettings:
     target_lse: str = "sparse"  # sparse (paper) | dense (exact)
     target_agg: str = "log_mean"
     target_reduce: str = "mean"  # mean (paper) | max (chunked target pass only)
+    target_queries: str = "all"  # all (paper) | labels: only queries whose next token is supervised count
     target_eps: float = 1e-6
     topk_backend: str = "auto"
     attention_backend: str = "auto"  # flex | reference | auto (flex unless CPU autograd, unsupported there)
@@ -72,18 +73,23 @@ class StudentCall:
     (FSDP's mixed-precision cast of forward inputs) pass it on as is, so the layers fill this call's record.
     """
 
-    __slots__ = ("scorer", "log_gamma", "settings", "record")
+    __slots__ = ("scorer", "log_gamma", "settings", "record", "query_mask")
 
-    def __init__(self, scorer, log_gamma, settings: StudentSettings, record: StudentRecord):
+    def __init__(self, scorer, log_gamma, settings: StudentSettings, record: StudentRecord, query_mask=None):
         self.scorer, self.log_gamma, self.settings, self.record = scorer, log_gamma, settings, record
+        self.query_mask = query_mask
 
 
-def student_forward(model, scorer, settings: StudentSettings, log_gamma: torch.Tensor | None = None, **inputs):
+def student_forward(model, scorer, settings: StudentSettings, log_gamma: torch.Tensor | None = None,
+                    query_mask: torch.Tensor | None = None, **inputs):
     """``model(**inputs)`` as the sparse student -> (model outputs, :class:`StudentRecord`).
 
-    The model must run the ``"kvpop_train"`` attention (``model.set_attn_implementation("kvpop_train")``)."""
+    ``query_mask [B, S]`` (bool): the future queries the target counts (``targets.future_attention_target``);
+    None: all of them. The model must run the ``"kvpop_train"`` attention
+    (``model.set_attn_implementation("kvpop_train")``)."""
     record = StudentRecord()
-    outputs = model(**inputs, **{STUDENT_KWARG: StudentCall(scorer, log_gamma, settings, record)})
+    call = StudentCall(scorer, log_gamma, settings, record, query_mask)
+    outputs = model(**inputs, **{STUDENT_KWARG: call})
     if not record.boundary:
         raise ValueError(f"No layer ran the student attention: call model.set_attn_implementation("
                          f"'{TRAIN_ATTN_NAME}') first (the model's forward must pass its keyword arguments on to "
@@ -139,8 +145,9 @@ def kvpop_train_attention(module, query, key, value, attention_mask, scaling=Non
         backend = st.target_backend
         if backend == "auto":
             backend = "flex" if query.is_cuda and st.target_reduce == "mean" else "chunked"
+        qmask = None if call.query_mask is None else call.query_mask.to(q_d.device)
         r_tgt = future_attention_target(q_d, k_d, lse_used, st.window, eps=st.target_eps, agg=st.target_agg,
-                                        scale=scaling, backend=backend, reduce=st.target_reduce)
+                                        scale=scaling, backend=backend, reduce=st.target_reduce, query_mask=qmask)
         S = r_tgt.shape[-1]
         p_tgt = r_tgt if lg is None else decayed_priorities(r_tgt, torch.arange(S, device=r_tgt.device),
                                                             lg.detach(), st.decay_step)

@@ -24,6 +24,12 @@ Future-attention mass of key ``t`` for query head ``j`` with window ``w >= 1``::
 * ``agg="log_mean"``: ``r[h, t] = log(eps + mean_{j in group h} m_t^{(j)})``
 * ``agg="mean_log"``: ``r[h, t] = mean_{j in group h} log(eps + m_t^{(j)})``
 
+``query_mask [B, S]`` (bool, optional; not in the paper) restricts the future queries ``d`` to those marked
+True, e.g. the queries whose next token the training loss scores (labels), and ``N_t`` counts only them. On
+the testbed the prompt's own queries (filler reading filler) otherwise outweigh the few answer queries that
+read the facts and rules (``docs/design.md``, the 4k testbed). An excluded query is given ``LSE = +inf``, so
+all its weights are 0 in every backend.
+
 ``reduce="max"`` (not in the paper; ``chunked`` backend and the reference only) replaces the mean over
 future queries by the largest weight, ``m_t = max_{d >= t + w} A[d, t]``: a token that one later query
 reads sharply then ranks as high as one that many queries read (on the testbed the mean undervalues
@@ -121,13 +127,36 @@ def _prep_lse(lse: torch.Tensor) -> torch.Tensor:
     return torch.where(torch.isneginf(lse), torch.full_like(lse, math.inf), lse)
 
 
-def _counts(S: int, window: int, device) -> torch.Tensor:
-    t = torch.arange(S, device=device, dtype=torch.float32)
-    return torch.clamp(S - (t + window), min=1.0)
+def _counts(S: int, window: int, device, query_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """``N_t`` ``[S]`` (all queries) or ``[B, 1, S]`` (the marked queries ``d >= t + window``), at least 1."""
+    if query_mask is None:
+        t = torch.arange(S, device=device, dtype=torch.float32)
+        return torch.clamp(S - (t + window), min=1.0)
+    suffix = query_mask.to(device=device, dtype=torch.float32).flip(-1).cumsum(-1).flip(-1)  # [B, S]: #marked >= d
+    later = torch.zeros_like(suffix)
+    if window < S:
+        later[:, :S - window] = suffix[:, window:]
+    return later.clamp(min=1.0)[:, None, :]
+
+
+def _check_query_mask(query_mask, B: int, S: int) -> None:
+    if query_mask is None:
+        return
+    if not isinstance(query_mask, torch.Tensor) or query_mask.dtype != torch.bool or \
+            tuple(query_mask.shape) != (B, S):
+        got = (tuple(query_mask.shape), query_mask.dtype) if isinstance(query_mask, torch.Tensor) else type(query_mask)
+        raise ValueError(f"query_mask must be a bool tensor of shape {(B, S)}, got {got}")
+
+
+def _mask_lse(lse_f: torch.Tensor, query_mask: Optional[torch.Tensor]) -> torch.Tensor:
+    """Excluded queries get LSE = +inf: all their attention weights become exactly 0."""
+    if query_mask is None:
+        return lse_f
+    return torch.where(query_mask[:, None, :].to(lse_f.device), lse_f, torch.full_like(lse_f, math.inf))
 
 
 def _aggregate(log_sum: torch.Tensor, Hkv: int, window: int, eps: float, agg: str,
-               normalise: bool = True) -> torch.Tensor:
+               normalise: bool = True, query_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
     """log_sum [B, Hq, S] = log sum_{d>=t+w} A[d,t] (-inf if empty) -> r [B, Hkv, S]; ``normalise=False``:
     the input is already the per-key statistic (``log max``), not divided by the query count."""
     B, Hq, S = log_sum.shape
@@ -135,7 +164,7 @@ def _aggregate(log_sum: torch.Tensor, Hkv: int, window: int, eps: float, agg: st
     log_sum = log_sum.float()
     # Guard: anything that is not a finite number or -inf (NaN) is treated as empty.
     log_sum = torch.where(torch.isnan(log_sum), torch.full_like(log_sum, -math.inf), log_sum)
-    log_m = log_sum - torch.log(_counts(S, window, log_sum.device)) if normalise else log_sum  # [B, Hq, S]
+    log_m = log_sum - torch.log(_counts(S, window, log_sum.device, query_mask)) if normalise else log_sum  # [B,Hq,S]
     log_m = log_m.view(B, Hkv, G, S)
     log_eps = torch.full((), math.log(eps), dtype=torch.float32, device=log_m.device)
     if agg == "log_mean":
@@ -185,12 +214,13 @@ def dense_causal_lse(q: torch.Tensor, k: torch.Tensor, scale: Optional[float] = 
 
 
 def future_attention_target_reference(q, k, lse, window, eps=1e-6, agg="log_mean",
-                                      scale=None, reduce: str = "mean") -> torch.Tensor:
+                                      scale=None, reduce: str = "mean", query_mask=None) -> torch.Tensor:
     """Obviously-correct oracle: materialises the full ``S x S`` map of
-    ``A[d, t] = exp(scale q_d.k_t - LSE_d)``, sums it over ``d >= t + window``,
+    ``A[d, t] = exp(scale q_d.k_t - LSE_d)``, sums it over ``d >= t + window`` (and marked by ``query_mask``),
     divides by ``N_t`` and aggregates per KV head.  Returns float32 ``[B, Hkv, S]``.
     """
     B, Hq, Hkv, S, D = _check_common(q, k, lse, window, eps, agg)
+    _check_query_mask(query_mask, B, S)
     sc = _scale(scale, D)
     qf = q.float()
     kf = _expand_kv(k.float(), Hq)
@@ -199,12 +229,19 @@ def future_attention_target_reference(q, k, lse, window, eps=1e-6, agg="log_mean
     d_idx = torch.arange(S, device=q.device)[:, None]
     t_idx = torch.arange(S, device=q.device)[None, :]
     P = torch.where(d_idx >= t_idx + window, P, torch.zeros_like(P))
+    if query_mask is not None:
+        P = P * query_mask[:, None, :, None].to(P.dtype)
     if reduce not in _REDUCES:
         raise ValueError(f"reduce must be one of {_REDUCES}, got {reduce!r}")
     if reduce == "max":
         m = P.amax(dim=2)  # [B, Hq, S(t)]
     else:
-        m = P.sum(dim=2) / _counts(S, window, q.device)  # [B, Hq, S(t)]
+        if query_mask is None:
+            n = torch.clamp(S - (torch.arange(S, device=q.device) + window), min=1).float()
+        else:  # marked queries at d >= t + window, counted one by one
+            n = torch.stack([torch.stack([query_mask[b, t + window:].sum() for t in range(S)])
+                             for b in range(B)]).clamp(min=1).float()[:, None, :]
+        m = P.sum(dim=2) / n  # [B, Hq, S(t)]
     G = Hq // Hkv
     m = m.view(B, Hkv, G, S)
     if agg == "log_mean":
@@ -300,15 +337,17 @@ def _chunked_log_sum(qf, kf_exp, lse_f, window: int, sc: float, chunk: int, redu
 
 
 def future_attention_target(q, k, lse, window, eps=1e-6, agg="log_mean", scale=None,
-                            backend="flex", chunk: int = 512, reduce: str = "mean") -> torch.Tensor:
+                            backend="flex", chunk: int = 512, reduce: str = "mean",
+                            query_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Future-attention target ``r`` ``[B, Hkv, S]`` (float32) via a transposed pass.
 
     See the module docstring for the definition.  ``backend="flex"`` uses
     FlexAttention with swapped roles (keys as queries); ``backend="chunked"``
     does the same in plain torch over ``chunk`` keys at a time.  Keys with no
-    future query (``t + window > S - 1``) get ``log(eps)``.
+    future query (``t + window > S - 1``, or none marked in ``query_mask [B, S]``) get ``log(eps)``.
     """
     B, Hq, Hkv, S, D = _check_common(q, k, lse, window, eps, agg)
+    _check_query_mask(query_mask, B, S)
     if backend not in _BACKENDS:
         raise ValueError(f"backend must be one of {_BACKENDS}, got {backend!r}")
     if reduce not in _REDUCES:
@@ -326,9 +365,9 @@ def future_attention_target(q, k, lse, window, eps=1e-6, agg="log_mean", scale=N
             else torch.float32
         qf = q.detach().to(dt).contiguous()
         kf_exp = _expand_kv(k.detach().to(dt), Hq).contiguous()
-        lse_f = _prep_lse(lse.detach()).contiguous()
+        lse_f = _mask_lse(_prep_lse(lse.detach()), query_mask).contiguous()
         if backend == "flex":
             log_sum = _flex_log_sum(qf, kf_exp, lse_f, window, sc)
         else:
             log_sum = _chunked_log_sum(qf, kf_exp, lse_f, window, sc, chunk, reduce)
-        return _aggregate(log_sum, Hkv, window, eps, agg, normalise=reduce == "mean")
+        return _aggregate(log_sum, Hkv, window, eps, agg, normalise=reduce == "mean", query_mask=query_mask)

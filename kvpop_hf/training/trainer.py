@@ -60,6 +60,9 @@ class KVpopTrainingArguments(TrainingArguments):
     target_agg: str = field(default="log_mean", metadata={"help": "log_mean | mean_log (over query heads)."})
     target_reduce: str = field(default="mean", metadata={
         "help": "mean (paper: mean future attention) | max (largest future attention weight; chunked target pass)."})
+    target_queries: str = field(default="all", metadata={
+        "help": "all (paper: every later query counts in the target) | labels (only the queries whose next token "
+                "has a label, i.e. those that produce the supervised answer; needs labels)."})
     scorer_learning_rate: float | None = field(default=None, metadata={"help": "Scorer LR (default: learning_rate)."})
     train_backbone: bool = field(default=True, metadata={"help": "False: train the scorer only (no teacher needed)."})
     topk_backend: str = field(default="auto", metadata={"help": "Running top-k: auto | triton | torch."})
@@ -90,6 +93,8 @@ class KVpopTrainingArguments(TrainingArguments):
             raise ValueError(f"target_lse must be 'sparse' or 'dense', got {self.target_lse!r}.")
         if self.target_reduce not in ("mean", "max"):
             raise ValueError(f"target_reduce must be 'mean' or 'max', got {self.target_reduce!r}.")
+        if self.target_queries not in ("all", "labels"):
+            raise ValueError(f"target_queries must be 'all' or 'labels', got {self.target_queries!r}.")
         if self.target_reduce == "max" and self.target_backend == "flex":
             raise ValueError("target_reduce='max' runs on the chunked target pass; use target_backend='auto' or "
                              "'chunked' (FlexAttention's transposed pass yields a log-sum-exp, not a max).")
@@ -164,7 +169,7 @@ class KVpopTrainer(Trainer):
         self.settings = StudentSettings(sinks=args.sinks, window=args.window, topk=args.topk,
                                         decay_step=args.decay_step, tau=args.tau, omega=args.omega,
                                         target_lse=args.target_lse, target_agg=args.target_agg,
-                                        target_reduce=args.target_reduce,
+                                        target_reduce=args.target_reduce, target_queries=args.target_queries,
                                         topk_backend=args.topk_backend, attention_backend=args.attention_backend,
                                         target_backend=args.target_backend,
                                         targets=args.scorer in LEARNED_SCORERS)
@@ -216,14 +221,18 @@ class KVpopTrainer(Trainer):
         # the teacher's, groups would get none and the bf16 gradients would later fail to land on the fp32
         # shards ("attempting to assign a gradient with dtype BFloat16 ..."; seen on 2 H200s, torch 2.11;
         # pytorch/pytorch#186998).
-        outputs, record = student_forward(model, self.scorer, self.settings, self._log_gamma(model), input_ids=ids)
-        teacher_logits = self._teacher_logits(model, inputs) if args.distill_weight > 0 and args.train_backbone else None
-        logits = outputs.logits
         labels = inputs.get("labels")
         token_mask = None
         if labels is not None:
             token_mask = torch.zeros_like(labels, dtype=torch.bool)
             token_mask[:, :-1] = labels[:, 1:] != -100  # positions that predict a supervised token
+        if args.target_queries == "labels" and token_mask is None:
+            raise ValueError("target_queries='labels' needs labels in the batch (the supervised positions).")
+        query_mask = token_mask if args.target_queries == "labels" and self.settings.targets else None
+        outputs, record = student_forward(model, self.scorer, self.settings, self._log_gamma(model),
+                                          query_mask=query_mask, input_ids=ids)
+        teacher_logits = self._teacher_logits(model, inputs) if args.distill_weight > 0 and args.train_backbone else None
+        logits = outputs.logits
         logs = {}
         loss = logits.new_zeros(())
         if self.settings.targets:
