@@ -1,0 +1,62 @@
+"""One exact-match table (with binomial standard errors) from several evaluation folders.
+
+    python benchmarks/eval_table.py --out results/testbed_4k/table.md results/testbed_4k/eval_learned \\
+        results/testbed_4k/eval_heuristics results/testbed_4k/oracle_max_target ...
+
+A folder's ``results.csv`` (kvpop-eval, benchmarks/oracle_eviction.py) is used when present; otherwise its
+``outputs.jsonl`` (kvpop-eval writes it problem by problem, so a run cut by a time limit still has the rows it
+finished; token accuracy is then the mean over problems and the fact-lookup accuracy is not available).
+A (policy, budget) row seen in an earlier folder wins. EM standard error: ``sqrt(EM (1 - EM) / n)``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+from collections import defaultdict
+from pathlib import Path
+
+
+def rows_of(folder: Path) -> list[dict]:
+    if (folder / "results.csv").is_file():
+        return [{"policy": r["policy"], "budget": r["budget"], "em": float(r["em"]), "n": int(r["n"]),
+                 "tok": float(r["token_acc"]), "lookup": r.get("lookup_acc", "")}
+                for r in csv.DictReader(open(folder / "results.csv"))]
+    if not (folder / "outputs.jsonl").is_file():
+        raise SystemExit(f"{folder}: neither results.csv nor outputs.jsonl")
+    acc = defaultdict(list)
+    for line in open(folder / "outputs.jsonl"):
+        o = json.loads(line)
+        acc[(o["policy"], str(o["budget"]))].append(o)
+    return [{"policy": p, "budget": b, "em": sum(o["correct"] for o in v) / len(v), "n": len(v),
+             "tok": sum(o["token_acc"] for o in v) / len(v), "lookup": ""} for (p, b), v in acc.items()]
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("folders", nargs="+", type=Path)
+    ap.add_argument("--out", type=Path, default=None)
+    args = ap.parse_args(argv)
+    seen, table = set(), []
+    for folder in args.folders:
+        for r in rows_of(folder):
+            key = (r["policy"], r["budget"])
+            if key not in seen:
+                seen.add(key)
+                table.append(r)
+    lines = ["| policy | B | EM | ± SE | n | tok acc | lookup acc |", "|---|---|---|---|---|---|---|"]
+    for r in table:
+        se = math.sqrt(r["em"] * (1 - r["em"]) / r["n"]) if r["n"] else math.nan
+        lookup = f"{float(r['lookup']):.3f}" if r["lookup"] not in ("", None) else "–"
+        lines.append(f"| {r['policy']} | {r['budget']} | {r['em']:.3f} | {se:.3f} | {r['n']} | {r['tok']:.3f} | "
+                     f"{lookup} |")
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if args.out:
+        args.out.write_text(text)
+
+
+if __name__ == "__main__":
+    main()
