@@ -490,7 +490,8 @@ def main(argv=None) -> int:
             write_outputs(prefix, rows, notes, head, command, commit, started, args, plot_too=False)
 
         # eviction share of compiled steps: the same attention length as StaticCache+compile at B tokens
-        static_small = [r for r in rows if r["cache"] == "static" and r["context"] == min(static_ctx)]
+        static_small = [r for r in rows if r["cache"] == "static" and r["mode"] == "compiled"
+                        and r["context"] == min(static_ctx)]
         if static_small and min(static_ctx) == B:
             for r in rows:
                 if r["mode"] == "compiled" and r["cache"].startswith("kvpop") and r["context"] == min(args.contexts):
