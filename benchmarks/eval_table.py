@@ -1,7 +1,7 @@
 """One exact-match table (with binomial standard errors) from several evaluation folders.
 
-    python benchmarks/eval_table.py --out results/testbed_4k/table.md results/testbed_4k/eval_learned \\
-        results/testbed_4k/eval_heuristics results/testbed_4k/oracle_max_target ...
+    python benchmarks/eval_table.py --out results/testbed_4k/table.md --plot results/testbed_4k/quality_vs_budget.png \\
+        --length 4096 results/testbed_4k/eval_learned results/testbed_4k/eval_heuristics ...
 
 A folder's ``results.csv`` (kvpop-eval, benchmarks/oracle_eviction.py) is used when present; otherwise its
 ``outputs.jsonl`` (kvpop-eval writes it problem by problem, so a run cut by a time limit still has the rows it
@@ -38,7 +38,11 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("folders", nargs="+", type=Path)
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--plot", type=Path, default=None, help="quality-vs-budget plot (needs --length)")
+    ap.add_argument("--length", type=int, default=None, help="problem length in tokens (compression = 1 - B / length)")
     args = ap.parse_args(argv)
+    if args.plot is not None and (args.length is None or args.length < 1):
+        raise SystemExit("--plot needs --length (the problems' length in tokens)")
     seen, table = set(), []
     for folder in args.folders:
         for r in rows_of(folder):
@@ -56,6 +60,13 @@ def main(argv=None) -> None:
     print(text)
     if args.out:
         args.out.write_text(text)
+    if args.plot:
+        from kvpop_hf.testbed.report import plot_quality
+
+        plot_quality([{"policy": r["policy"], "budget": r["budget"], "family": "reasoning", "em": r["em"],
+                       "token_acc": r["tok"], "lookup_acc": float(r["lookup"]) if r["lookup"] not in ("", None)
+                       else math.nan, "cr": 0.0 if r["budget"] == "full" else 1 - int(r["budget"]) / args.length}
+                      for r in table], args.plot)
 
 
 if __name__ == "__main__":
