@@ -48,8 +48,11 @@ class DMSConfig:
         if not (isinstance(self.tau, (int, float)) and self.tau > 0):
             raise ValueError(f"`tau` must be a positive number, got {self.tau!r}.")
 
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
     def to_json_string(self) -> str:
-        return json.dumps(dataclasses.asdict(self), indent=2, sort_keys=True)
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
 
     @classmethod
     def from_dict(cls, data: dict) -> "DMSConfig":
