@@ -26,6 +26,5 @@ else
     --families reasoning --in-domain reasoning --sinks 4 --window 32 --budgets 0.75,0.88,0.94 --policies dms \
     --scorer-checkpoint "dms@cr75=$CKPTS/dms_cr75" --scorer-checkpoint "dms@cr88=$CKPTS/dms_cr88" \
     --scorer-checkpoint "dms@cr94=$CKPTS/dms_cr94" --batch-size 10 --device cpu --no-progress
-  "$PY" -m kvpop_hf.dms.heatmap "$OUT/compression.json" "$OUT/eviction_ratio_heatmap.png" --length 1024 \
-    --sinks 4 --window 32
+  "$PY" -m kvpop_hf.dms.heatmap "$OUT/compression.json" "$OUT/eviction_ratio_heatmap.png"
 fi

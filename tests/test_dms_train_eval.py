@@ -50,6 +50,16 @@ def test_train_then_eval(tmp_path):
     comp = json.loads((out / "compression.json").read_text())[f"dms@B{B}"]
     assert 0.0 < comp["kept_fraction"] <= 1.0 and comp["n"] == 2
     assert len(comp["eviction_ratio"]) == 2 and len(comp["eviction_ratio"][0]) == 2
+    assert len(comp["kept_per_head"]) == 2 and 0 < comp["seen"] <= LENGTH
+
+    from kvpop_hf.dms import heatmap
+
+    (B_, frac, _), = heatmap.load_maps(out / "compression.json")
+    assert B_ == B and all(0.0 <= x < 1.0 for row in frac for x in row)
+    assert heatmap.main([str(out / "compression.json"), str(out / "map.png")]) == 0 and (out / "map.png").is_file()
+    (out / "other.json").write_text(json.dumps({"kvpop@B64": {}}))
+    with pytest.raises(ValueError, match="no dms"):
+        heatmap.load_maps(out / "other.json")
 
 
 def test_bad_compression_is_refused(tmp_path):

@@ -191,9 +191,13 @@ def md_header(meta: dict) -> str:
 def compression_summary(stats: Sequence[dict]) -> dict:
     """Mean over problems of what a ragged-memory cache reports (``DMSCache.compression()``): ``kept_fraction``
     (kept / seen, averaged over layers and heads), ``compression`` = 1 - kept_fraction, ``kept_entries`` (mean
-    entries per head), ``eviction_ratio`` ``[layers][kv_heads]`` (fraction of tokens marked for eviction)."""
+    entries per head), ``seen`` (mean tokens per problem), ``eviction_ratio`` ``[layers][kv_heads]`` (fraction of
+    tokens marked for eviction) and ``kept_per_head`` ``[layers][kv_heads]`` (mean entries held)."""
     kept = sum(s["kept_fraction"] for s in stats) / len(stats)
     entries = sum(float(s["kept"].mean()) for s in stats) / len(stats)
     ratio = sum(s["eviction_ratio"] for s in stats) / len(stats)
-    return {"kept_fraction": kept, "compression": 1.0 - kept, "kept_entries": entries, "n": len(stats),
-            "eviction_ratio": [[round(float(x), 6) for x in row] for row in ratio]}
+    per_head = sum(s["kept"].float().mean(1) for s in stats) / len(stats)  # [layers, kv_heads]
+    seen = sum(float(s["seen"].float().mean()) for s in stats) / len(stats)
+    return {"kept_fraction": kept, "compression": 1.0 - kept, "kept_entries": entries, "seen": seen, "n": len(stats),
+            "eviction_ratio": [[round(float(x), 6) for x in row] for row in ratio],
+            "kept_per_head": [[round(float(x), 3) for x in row] for row in per_head]}
