@@ -58,6 +58,7 @@ def test_compression_target_schedule_and_penalty():
     torch.testing.assert_close(m, torch.tensor(0.5))
     assert float(compression_loss(m, 0.7)) == pytest.approx(0.2)
     assert float(compression_loss(m, 0.3)) == 0.0
+    assert float(compression_loss(m, 0.3, two_sided=True)) == pytest.approx(0.2)
     with pytest.raises(ValueError, match="between"):
         target_eviction_rate(20, 1024, 4, 32)
     with pytest.raises(ValueError, match="final eviction rate"):

@@ -1,7 +1,8 @@
 """DMSTrainer: distil a model with DMS eviction gates from its dense self (Łańcucki et al., 2025; the learned
 baseline of KVpop, arXiv:2607.05061).
 
-Loss per batch: ``KL(teacher || student) + compression_weight * max(0, rate(step) - mean alpha)``; the student
+Loss per batch: ``KL(teacher || student) + compression_weight * max(0, rate(step) - mean alpha)`` (or
+``|rate(step) - mean alpha|`` with ``penalty="two_sided"``); the student
 runs the relaxed delayed-eviction attention (``"dms_train"``), the teacher is the same model with its LoRA
 adapters disabled (or a frozen copy). ``rate(step)`` ramps linearly from 0 to ``target_eviction`` over the first
 ``ramp_fraction`` of the steps (:class:`~kvpop_hf.dms.compression.CompressionSchedule`). The gate reads detached
@@ -41,7 +42,9 @@ class DMSTrainingArguments(TrainingArguments):
     target_eviction: float = field(default=0.0, metadata={
         "help": "Final eviction rate over tokens t >= sinks (train_dms.py derives it from --compression)."})
     ramp_fraction: float = field(default=0.5, metadata={"help": "Fraction of the steps over which the rate ramps up."})
-    compression_weight: float = field(default=10.0, metadata={"help": "Weight of the one-sided compression penalty."})
+    compression_weight: float = field(default=10.0, metadata={"help": "Weight of the compression penalty."})
+    penalty: str = field(default="one_sided", metadata={
+        "help": "one_sided: max(0, rate - mean alpha) (DMS) | two_sided: |rate - mean alpha| (matched memory)."})
     tau: float = field(default=0.3, metadata={"help": "Gumbel-sigmoid temperature."})
     gate_learning_rate: float = field(default=1e-1, metadata={"help": "Learning rate of the gate."})
     gate_init_bias: float = field(default=-2.0, metadata={"help": "Initial gate bias (sigmoid: starting eviction rate)."})
@@ -55,6 +58,8 @@ class DMSTrainingArguments(TrainingArguments):
             raise ValueError(f"target_eviction must be in [0, 1), got {self.target_eviction}.")
         if not 0.0 <= self.ramp_fraction <= 1.0:
             raise ValueError(f"ramp_fraction must be in [0, 1], got {self.ramp_fraction}.")
+        if self.penalty not in ("one_sided", "two_sided"):
+            raise ValueError(f"penalty must be 'one_sided' or 'two_sided', got {self.penalty!r}.")
         if self.compression_weight < 0 or self.gate_learning_rate <= 0:
             raise ValueError("compression_weight must be >= 0 and gate_learning_rate > 0.")
 
@@ -132,7 +137,7 @@ class DMSTrainer(Trainer):
         d_loss = distillation_loss(outputs.logits, teacher, args.distill_temperature, token_mask)
         rate = self.schedule.rate(self.state.global_step)
         alpha = mean_eviction(list(record.alpha.values()), args.sinks)
-        c_loss = compression_loss(alpha, rate)
+        c_loss = compression_loss(alpha, rate, two_sided=self.args.penalty == "two_sided")
         loss = d_loss + args.compression_weight * c_loss
         logs = {"distill_loss": d_loss.item(), "compression_loss": c_loss.item(), "target_eviction": rate,
                 "eviction_soft": alpha.item(),
