@@ -38,12 +38,12 @@ def plot(path, out_png) -> None:
     import matplotlib.pyplot as plt
 
     maps = load_maps(path)
-    fig, axes = plt.subplots(len(maps), 2, figsize=(7, 2.6 * len(maps)), squeeze=False)
+    fig, axes = plt.subplots(len(maps), 2, figsize=(8, 3.2 * len(maps)), squeeze=False, layout="constrained")
     for row, (B, frac, seen) in enumerate(maps):
         layers, heads = len(frac), len(frac[0])
         fixed = [[max(0.0, 1.0 - B / seen)] * heads for _ in range(layers)]
         mean_dms = sum(map(sum, frac)) / (layers * heads)
-        for col, (grid, name) in enumerate(((frac, f"DMS (mean {mean_dms:.2f})"),
+        for col, (grid, name) in enumerate(((frac, f"DMS, B={B} on average (mean {mean_dms:.2f})"),
                                             (fixed, f"KVpop fixed B={B} ({fixed[0][0]:.2f})"))):
             ax = axes[row][col]
             im = ax.imshow(grid, vmin=0.0, vmax=1.0, cmap="viridis", aspect="auto")
@@ -58,7 +58,7 @@ def plot(path, out_png) -> None:
             ax.set_yticks(range(layers))
     fig.colorbar(im, ax=axes.ravel().tolist(), label="evicted fraction 1 - kept / seen")
     fig.suptitle(f"Evicted fraction per (layer, KV head) after {maps[0][2]:.0f} tokens", fontsize=10)
-    fig.savefig(out_png, dpi=120, bbox_inches="tight")
+    fig.savefig(out_png, dpi=120)
     plt.close(fig)
 
 
