@@ -43,8 +43,8 @@ def plot(path, out_png) -> None:
         layers, heads = len(frac), len(frac[0])
         fixed = [[max(0.0, 1.0 - B / seen)] * heads for _ in range(layers)]
         mean_dms = sum(map(sum, frac)) / (layers * heads)
-        for col, (grid, name) in enumerate(((frac, f"DMS, B={B} on average (mean {mean_dms:.2f})"),
-                                            (fixed, f"KVpop fixed B={B} ({fixed[0][0]:.2f})"))):
+        for col, (grid, name) in enumerate(((frac, f"DMS trained for B={B}: {(1 - mean_dms) * seen:.0f} kept ({mean_dms:.2f})"),
+                                            (fixed, f"KVpop: B={B} per head ({fixed[0][0]:.2f})"))):
             ax = axes[row][col]
             im = ax.imshow(grid, vmin=0.0, vmax=1.0, cmap="viridis", aspect="auto")
             for li in range(layers):
