@@ -18,7 +18,8 @@ Rows, per context (prompts prefilled in ``--prefill-chunk`` token chunks, then `
 * ``dms/eager`` (``--rows dms``): a DMSCache (kvpop_hf/dms, ragged memory per head, not compileable) with
   ``--dms-checkpoint``'s gate, or by default a synthetic gate of the same *average* budget: a share
   ``k / (context - s - w)`` of the (layer, KV head)s keeps every token, the others keep sinks + window
-  (the extremes of the KVpop paper's Figure 8); ``kept_per_head`` is the mean number of entries held.
+  (the extremes of the KVpop paper's Figure 8); ``kept_per_head`` is the mean number of entries held. Its
+  prompt chunks use a dense ``[b, h, chunk, stored + chunk]`` mask: keep ``--prefill-chunk`` moderate.
 
 Per row: prefill seconds, peak memory above the weights during prefill and decode, resident cache
 memory, decode ms/token (median, p90), and the ratio to the bandwidth floor (weights + the cache's
