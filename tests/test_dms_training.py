@@ -88,3 +88,13 @@ def test_training_forward_matches_hard_rule_and_gives_gate_gradients():
     model.set_attn_implementation("kvpop")
     with pytest.raises(ValueError, match="dms_train"):
         dms_forward(model, gate, 2, 4, tau=0.5, input_ids=ids)
+
+
+@pytest.mark.parametrize("kwargs,match", [({"penalty": "both"}, "penalty"), ({"ramp_fraction": 1.5}, "ramp_fraction"),
+                                          ({"target_eviction": 1.0}, "target_eviction"), ({"window": 0}, "window"),
+                                          ({"tau": 0.0}, "tau")])
+def test_training_arguments_refuse_bad_values(tmp_path, kwargs, match):
+    from kvpop_hf.dms.trainer import DMSTrainingArguments
+
+    with pytest.raises(ValueError, match=match):
+        DMSTrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to="none", **kwargs)
