@@ -21,8 +21,8 @@ mkdir -p "$OUT"
 if [[ "${1:-train}" == train ]]; then
   for cr in 75 88 94; do
     nice -n 10 "$PY" training/train_dms.py --model checkpoints/teacher --dataset testbed:reasoning --seq_len 1024 \
-      --compression "0.$cr" --sinks 4 --window 32 --lora_rank 8 --penalty "$PENALTY" --compression_weight "$WEIGHT" --ramp_fraction "$RAMP" \
-      --output_dir "$CKPTS/dms_cr$cr" \
+      --compression "0.$cr" --sinks 4 --window 32 --lora_rank 8 --penalty "$PENALTY" --compression_weight "$WEIGHT" \
+      --ramp_fraction "$RAMP" --output_dir "$CKPTS/dms_cr$cr" \
       --max_steps "$STEPS" --per_device_train_batch_size 2 --learning_rate 1e-3 --logging_steps 8 --report_to none \
       --save_strategy no --seed 0 --disable_tqdm True --use_cpu 2>&1 | grep -v "Loading weights\|Writing model" \
       | tee "$OUT/train_cr$cr.log"
