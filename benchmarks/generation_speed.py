@@ -14,7 +14,12 @@ Rows, per context (prompts prefilled in ``--prefill-chunk`` token chunks, then `
   call ``generate`` makes for a compileable cache (inductor, ``mode="reduce-overhead"``: CUDA graphs);
 * ``kvpop-<scorer>/eager`` and ``kvpop-<scorer>/compiled``: one KVpopCache per scorer, prefilled once
   with ``attn_implementation="kvpop"``; both decode modes start from the same post-prefill state
-  (buffers restored in place), are fed the same tokens, and their max |logit difference| is printed.
+  (buffers restored in place), are fed the same tokens, and their max |logit difference| is printed;
+* ``dms/eager`` (``--rows dms``): a DMSCache (kvpop_hf/dms, ragged memory per head, not compileable) with
+  ``--dms-checkpoint``'s gate, or by default a synthetic gate of the same *average* budget: a share
+  ``k / (context - s - w)`` of the (layer, KV head)s keeps every token, the others keep sinks + window
+  (the extremes of the KVpop paper's Figure 8); ``kept_per_head`` is the mean number of entries held. Its
+  prompt chunks use a dense ``[b, h, chunk, stored + chunk]`` mask: keep ``--prefill-chunk`` moderate.
 
 Per row: prefill seconds, peak memory above the weights during prefill and decode, resident cache
 memory, decode ms/token (median, p90), and the ratio to the bandwidth floor (weights + the cache's
@@ -49,6 +54,7 @@ from transformers import AutoModelForCausalLM, CompileConfig, DynamicCache, Qwen
 from kvpop_hf import KVpopCache
 from kvpop_hf.cache import kv_tensor_bytes
 from kvpop_hf.compat import with_cache
+from kvpop_hf.dms import DMSCache, DMSGate
 from kvpop_hf.provenance import git_commit
 from kvpop_hf.timing import quantiles, sync
 
@@ -107,7 +113,23 @@ def peak(device) -> int:
 
 
 def cache_bytes(cache) -> int:
-    return cache.memory_bytes() if isinstance(cache, KVpopCache) else kv_tensor_bytes(cache)
+    return cache.memory_bytes() if isinstance(cache, (KVpopCache, DMSCache)) else kv_tensor_bytes(cache)
+
+
+def synthetic_dms_gate(config, sinks: int, window: int, topk: int, ctx: int) -> DMSGate:
+    """A gate whose mean memory after ``ctx`` tokens is about ``B = s + w + k`` per head: a share
+    ``k / (ctx - s - w)`` of the (layer, KV head)s, spread evenly over the layers, never evicts (bias -30), the
+    others evict every token (bias +30), so they hold sinks + window only."""
+    layers, heads = config.num_hidden_layers, config.num_key_value_heads
+    gate = DMSGate(layers, heads, config.head_dim)
+    n = layers * heads
+    dense = round(n * min(1.0, topk / max(1, ctx - sinks - window)))
+    with torch.no_grad():
+        gate.bias.fill_(30.0)
+        for i in range(dense):
+            j = (i * n) // dense if dense else 0  # evenly spread in (layer, head) order
+            gate.bias.view(-1)[j] = -30.0
+    return gate
 
 
 # ----------------------------------------------------------------------------------------- phases
@@ -338,6 +360,8 @@ def main(argv=None) -> int:
     ap.add_argument("--scorers", nargs="+", default=["knorm", "mlp", "mlstm"])
     ap.add_argument("--rows", nargs="+", default=["dynamic", "static", "kvpop"],
                     help="which cache families to run per context")
+    ap.add_argument("--dms-checkpoint", default=None,
+                    help="DMS gate for the dms rows (a training/train_dms.py output for this shape); default: synthetic")
     ap.add_argument("--static-contexts", type=int, nargs="*", default=None,
                     help="contexts for StaticCache+compile (default: the smallest and largest)")
     ap.add_argument("--static-synthetic", type=int, nargs="*", default=[],
@@ -404,7 +428,7 @@ def main(argv=None) -> int:
         row = dict(context=ctx, batch=batch, cache=cache_name, mode=mode, prefill_s=prefill_s,
                    decode_ms_median=q["median"], decode_ms_p90=q["p90"], tokens_per_s=batch * 1e3 / q["median"],
                    floor_ms=floor_ms, x_floor=q["median"] / floor_ms, peak_gb=peak_b / 1e9,
-                   resident_gb=resident_b / 1e9, **extra)
+                   resident_gb=resident_b / 1e9, cache_mb=read_b / 1e6, **extra)
         rows.append(row)
         write_outputs(prefix, rows, notes, head, command, commit, started, args, plot_too=False)
         print(f"  ctx {ctx:>6} b {batch:>2} {cache_name:<13} {mode:<8} prefill {prefill_s:7.2f} s  decode "
@@ -485,6 +509,22 @@ def main(argv=None) -> int:
                     eager_and_compiled(ctx, f"kvpop-{scorer}", cache, tok, pre_s, base, cache.memory_bytes())
                     del cache
                     gc.collect()
+            if "dms" in args.rows:
+                model.set_attn_implementation("kvpop")
+                if args.dms_checkpoint:
+                    cache = DMSCache.from_pretrained(args.dms_checkpoint, model.config)
+                else:
+                    cache = DMSCache(model.config, gate=synthetic_dms_gate(model.config, s, w, k, ctx), sinks=s, window=w)
+                reset_peak(device)
+                pre_s, tok = prefill(model, cache, prompt, args.prefill_chunk, device)
+                peak_pre, resident = peak(device) - base, allocated(device) - base
+                decode(model, model, cache, tok, args.warmup, device)
+                times, _, _ = decode(model, model, cache, tok, args.steps, device)
+                kept = float(cache.kept_counts().float().mean())
+                record(ctx, 1, "dms", "eager", times, pre_s, max(peak_pre, peak(device) - base), resident,
+                       cache.memory_bytes(), kept_per_head=round(kept, 1))
+                del cache
+                gc.collect()
             if device.type == "cuda":
                 torch.cuda.empty_cache()
             write_outputs(prefix, rows, notes, head, command, commit, started, args, plot_too=False)
@@ -589,6 +629,7 @@ def write_outputs(prefix: Path, rows, notes, head, command, commit, started, arg
         wr.writerows(rows)
     cols = ["context", "batch", "cache", "mode", "prefill_s", "decode_ms_median", "decode_ms_p90", "tokens_per_s",
             "x_floor", "peak_gb", "resident_gb", "eviction_share", "max_abs_dlogit", "warmup_s"]
+    cols += [c for c in ("cache_mb", "kept_per_head") if any(c in r for r in rows)]
 
     def fmt(v):
         return f"{v:.3g}" if isinstance(v, float) else ("" if v is None else str(v))

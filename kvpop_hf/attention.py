@@ -156,6 +156,10 @@ def _attention_eagerly(module, query, key, value, attention_mask, scaling, dropo
     if scores is not None:  # attention-based policies (TOVA, H2O, SnapKV): kvpop_hf/attention_scores.py
         valid = attention_mask.valid if isinstance(attention_mask, KVpopMaskInfo) else None
         return attend_and_score(scores, query, key, value, valid, scaling)
+    dms = getattr(key, "kvpop_dms", None)
+    if dms is not None:  # DMS: a different set of tokens per KV head (kvpop_hf/dms/handoff.py)
+        valid = attention_mask.valid if isinstance(attention_mask, KVpopMaskInfo) else None
+        return dms.attend(query, key, value, valid, scaling)
     chunk = getattr(key, "kvpop_chunk", None)
     if chunk is not None:
         return _chunk_attention(chunk, query, key, value, attention_mask, scaling)

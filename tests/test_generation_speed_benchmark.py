@@ -52,3 +52,21 @@ def test_generation_speed_runs_and_redraws(tmp_path):
     assert generation_speed.main(["--from-csv", str(prefix.with_suffix(".csv")), "--out-prefix", str(again)]) == 0
     assert [normalised(r) for r in read_rows(again.with_suffix(".csv"))] == [normalised(r) for r in rows]
     assert "KVpopCaches created, filled" in again.with_suffix(".md").read_text()
+
+
+def test_dms_rows_cpu(tmp_path):
+    """The dms row: decode ms/token and the cache's memory beside KVpop's at the same average budget."""
+    prefix = tmp_path / "dms"
+    argv = ["--shape", "tiny", "--contexts", "64", "200", "--steps", "3", "--warmup", "1", "--budget", "4", "16", "44",
+            "--prefill-chunk", "128", "--rows", "dms", "kvpop", "--scorers", "knorm", "--compile-backend", "eager",
+            "--out-prefix", str(prefix)]
+    assert generation_speed.main(argv) == 0
+    rows = read_rows(prefix.with_suffix(".csv"))
+    dms = {r["context"]: r for r in rows if r["cache"] == "dms"}
+    assert set(dms) == {"64", "200"} and all(r["mode"] == "eager" and float(r["decode_ms_median"]) > 0
+                                             for r in dms.values())
+    # synthetic gate: 1 of the 4 (layer, head)s keeps everything at 200 tokens -> about B = 64 entries on average
+    assert abs(float(dms["200"]["kept_per_head"]) - 64) < 8
+    kv = {r["context"]: r for r in rows if r["cache"] == "kvpop-knorm" and r["mode"] == "eager"}
+    assert float(dms["200"]["cache_mb"]) > 0 and float(kv["200"]["cache_mb"]) > 0
+    assert "kept_per_head" in prefix.with_suffix(".md").read_text()

@@ -218,8 +218,8 @@ def plan_from_args(args: argparse.Namespace) -> EvalPlan:
                 if path not in protos:
                     protos[path] = pol.load_prototype(name, path)
                 proto = protos[path]
-                c = proto.kvpop_config
-                if (c.sinks, c.window, c.topk) != (b.sinks, b.window, b.topk):
+                c = getattr(proto, "kvpop_config", None)  # a DMS checkpoint has its own config (no topk)
+                if c is not None and (c.sinks, c.window, c.topk) != (b.sinks, b.window, b.topk):
                     notes.append(f"{name} at B={b.B}: checkpoint {path} was saved with sinks={c.sinks}, "
                                  f"window={c.window}, topk={c.topk}; evaluated with {b.sinks}/{b.window}/{b.topk}.")
             runs.append(Run(name, b, path, proto))
@@ -394,6 +394,7 @@ def main(argv: list[str] | None = None) -> int:
     all_problems = [p for fam in plan.families for p in plan.problems[fam]]
     rows: list[dict] = []
     timings: dict[str, float] = {}
+    compression: dict[str, dict] = {}
     outputs = open(out / "outputs.jsonl", "w")
     from tqdm.auto import tqdm
 
@@ -402,7 +403,14 @@ def main(argv: list[str] | None = None) -> int:
         make = run.factory()
         run_model = _load_model(run.checkpoint, dtype, device) if run.own_model else model
         factory = None if run.budget is None else (lambda make=make, m=run_model: make(m.config))
-        tf = token_accuracy(run_model, tokenizer, all_problems, factory, chunk=args.chunk, progress=progress)
+        made: list = []  # this run's teacher-forced caches, for policies that report their own compression
+        tf = token_accuracy(run_model, tokenizer, all_problems, factory if factory is None else
+                            (lambda f=factory: made.append(f()) or made[-1]), chunk=args.chunk, progress=progress)
+        if made and hasattr(made[0], "compression"):
+            compression[run.label] = report.compression_summary([c.compression() for c in made])
+            print(f"{run.label}: kept fraction {compression[run.label]['kept_fraction']:.4f}, mean kept entries "
+                  f"per head {compression[run.label]['kept_entries']:.1f}", file=sys.stderr)
+        del made
         em = None
         if not args.skip_em:
             em = exact_match(run_model, tokenizer, all_problems, batch_size=args.batch_size, cache_factory=factory,
@@ -450,6 +458,8 @@ def main(argv: list[str] | None = None) -> int:
         (out / "ablation_delay.md").write_text(header + md)
         analysis.plot_ablation(rows, out / "ablation_delay.png")
         print(md)
+    if compression:  # policies with ragged memory (DMS): achieved average memory and per-head eviction ratios
+        (out / "compression.json").write_text(json.dumps(compression, indent=2) + "\n")
     (out / "meta.json").write_text(json.dumps(meta, indent=2, default=str) + "\n")
     print(f"wrote {out}/", file=sys.stderr)
     return 0

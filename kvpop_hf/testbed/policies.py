@@ -46,6 +46,8 @@ class Policy:
     dense: the policy keeps every token (run once, not per budget).
     own_model: the checkpoint is a model directory whose weights replace ``--model`` for this policy.
     window_only: the budget is ``s + (B - s) + 0`` (sinks and window only) whatever ``--window`` says.
+    loader: ``path -> prototype`` for checkpoints that are not KVpopCache checkpoints (default
+        ``KVpopCache.from_pretrained``).
     """
 
     name: str
@@ -56,6 +58,7 @@ class Policy:
     description: str = ""
     own_model: bool = False
     window_only: bool = False
+    loader: Callable[[str], Any] | None = None
 
 
 POLICIES: dict[str, Policy] = {}
@@ -63,13 +66,15 @@ POLICIES: dict[str, Policy] = {}
 
 def register_policy(name: str, factory: PolicyFactory, *, needs_checkpoint: bool = False,
                     expect: dict | None = None, dense: bool = False, description: str = "",
-                    own_model: bool = False, window_only: bool = False) -> Policy:
+                    own_model: bool = False, window_only: bool = False,
+                    loader: Callable[[str], Any] | None = None) -> Policy:
     """Register (or replace) a policy; returns its record."""
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_\-]*", name):
         raise ValueError(f"Bad policy name {name!r}: use letters, digits, '_' and '-'.")
     if own_model and not needs_checkpoint:
         raise ValueError(f"Policy {name!r}: own_model=True needs needs_checkpoint=True (the model directory).")
-    pol = Policy(name, factory, needs_checkpoint, dict(expect or {}), dense, description, own_model, window_only)
+    pol = Policy(name, factory, needs_checkpoint, dict(expect or {}), dense, description, own_model, window_only,
+                 loader)
     POLICIES[name] = pol
     return pol
 
@@ -116,6 +121,22 @@ def _learned(model_config, sinks, window, topk, checkpoint=None):
     return cache
 
 
+def _dms(model_config, sinks, window, topk, checkpoint=None):
+    """A fresh DMSCache from a DMS checkpoint (its gate, sinks and window; ``topk`` does not apply)."""
+    from ..dms import DMSCache, DMSPrototype
+
+    if checkpoint is None:
+        raise ValueError("The DMS policy needs a checkpoint written by training/train_dms.py.")
+    proto = checkpoint if isinstance(checkpoint, DMSPrototype) else DMSCache.from_pretrained(checkpoint)
+    return proto.make(model_config)
+
+
+def _load_dms(path):
+    from ..dms import DMSCache
+
+    return DMSCache.from_pretrained(path)
+
+
 def _config_copy(cfg, **changes):
     """A validated copy of a KVpopConfig with some fields changed."""
     import dataclasses
@@ -147,6 +168,11 @@ register_policy("snapkv", _snapkv,
 register_policy("streaming_plus", _learned, needs_checkpoint=True, expect={"scorer": "streaming"}, own_model=True,
                 window_only=True,
                 description="StreamingLLM+: sinks + window (k = 0) with the model LoRA-distilled at that budget")
+# DMS (learned gates, ragged memory per head; kvpop_hf/dms): the checkpoint is the distilled model with its gate
+# (training/train_dms.py); the budget is met on average over heads, as trained, not per head
+register_policy("dms", _dms, needs_checkpoint=True, own_model=True, loader=_load_dms,
+                description="DMS: learned per-head eviction gates with delayed eviction (window w), model distilled; "
+                            "memory per head is ragged (kvpop attention)")
 register_policy("kvpop_mlp", _learned, needs_checkpoint=True, expect={"scorer": "mlp"},
                 description="learned stateless MLP scorer (KVpop_mlp)")
 register_policy("kvpop", _learned, needs_checkpoint=True, expect={"scorer": "mlstm", "delayed": True},
@@ -312,6 +338,8 @@ def load_prototype(policy: str, path: str):
     from ..cache import KVpopCache
 
     try:
+        if POLICIES[policy].loader is not None:
+            return POLICIES[policy].loader(path)
         proto = KVpopCache.from_pretrained(path)
     except (OSError, FileNotFoundError) as err:
         raise ValueError(f"Cannot load the {policy!r} checkpoint {path}: {err}") from err

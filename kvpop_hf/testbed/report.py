@@ -157,7 +157,8 @@ def build_meta(argv, args, plan, timings, device, dtype) -> dict:
             b = r.budget
             d.update(budget=b.B, cr=b.cr, sinks=b.sinks, window=b.window, topk=b.topk, spec=b.spec)
         if r.prototype is not None:
-            d["checkpoint_config"] = r.prototype.kvpop_config.to_dict()
+            cfg = getattr(r.prototype, "kvpop_config", None) or r.prototype.dms_config  # DMS: its own config
+            d["checkpoint_config"] = cfg.to_dict()
         d["seconds"] = timings.get(r.label)
         runs.append(d)
     return {
@@ -185,3 +186,18 @@ def md_header(meta: dict) -> str:
             ", ".join(f"{k} {v}" for k, v in meta["versions"].items()) +
             f" | device {meta['device']} {meta['dtype']} | length {meta['length']} | n {meta['n_per_family']}"
             f" per family | seeds {meta['seeds']['base']} + i -->\n\n")
+
+
+def compression_summary(stats: Sequence[dict]) -> dict:
+    """Mean over problems of what a ragged-memory cache reports (``DMSCache.compression()``): ``kept_fraction``
+    (kept / seen, averaged over layers and heads), ``compression`` = 1 - kept_fraction, ``kept_entries`` (mean
+    entries per head), ``seen`` (mean tokens per problem), ``eviction_ratio`` ``[layers][kv_heads]`` (fraction of
+    tokens marked for eviction) and ``kept_per_head`` ``[layers][kv_heads]`` (mean entries held)."""
+    kept = sum(s["kept_fraction"] for s in stats) / len(stats)
+    entries = sum(float(s["kept"].mean()) for s in stats) / len(stats)
+    ratio = sum(s["eviction_ratio"] for s in stats) / len(stats)
+    per_head = sum(s["kept"].float().mean(1) for s in stats) / len(stats)  # [layers, kv_heads]
+    seen = sum(float(s["seen"].float().mean()) for s in stats) / len(stats)
+    return {"kept_fraction": kept, "compression": 1.0 - kept, "kept_entries": entries, "seen": seen, "n": len(stats),
+            "eviction_ratio": [[round(float(x), 6) for x in row] for row in ratio],
+            "kept_per_head": [[round(float(x), 3) for x in row] for row in per_head]}

@@ -1,0 +1,86 @@
+"""Train DMS eviction gates and distil the model at a target compression (the learned baseline of KVpop).
+
+DMS (Łańcucki et al., 2025): per-head eviction decisions from the hidden state, Gumbel-sigmoid relaxation with a
+delayed-eviction window, distillation from the dense model and a ramped compression target. The target comes
+from the testbed's budget: ``--compression 0.75`` at ``--seq_len 1024`` is ``B = 256`` entries per head, and
+the gate is pushed to the eviction rate at which a head's *average* memory after ``seq_len`` tokens is ``B``
+(``kvpop_hf.dms.target_eviction_rate``).
+
+Example (CPU, a few minutes)::
+
+    python training/train_dms.py --model checkpoints/teacher --dataset testbed:reasoning --seq_len 1024 \
+        --compression 0.75 --sinks 4 --window 32 --lora_rank 8 --output_dir checkpoints/dms_cr75 \
+        --max_steps 80 --per_device_train_batch_size 2 --learning_rate 1e-3 --use_cpu
+
+The output directory loads with ``AutoModelForCausalLM.from_pretrained(d)`` (the LoRA merged in) and
+``DMSCache.from_pretrained(d, model.config)``; ``kvpop-eval --policies dms --scorer-checkpoint dms@cr75=d``.
+All `DMSTrainingArguments` / `TrainingArguments` flags are accepted (``--help``).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass, field
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, HfArgumentParser
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from retrofit import TimeBudget, testbed_examples  # noqa: E402
+
+from kvpop_hf.dms import target_eviction_rate  # noqa: E402
+from kvpop_hf.dms.trainer import DMSTrainer, DMSTrainingArguments  # noqa: E402
+
+
+@dataclass
+class ScriptArguments:
+    model: str = field(metadata={"help": "Model directory or Hub id."})
+    compression: float = field(default=0.75, metadata={
+        "help": "Target compression ratio cr in (0, 1): mean memory per head B = round((1 - cr) * budget_length)."})
+    budget_length: int | None = field(default=None, metadata={"help": "Length the budget refers to (default seq_len)."})
+    dataset: str = field(default="testbed:reasoning", metadata={"help": "testbed:<family>[,<family>...]."})
+    seq_len: int = field(default=1024)
+    num_examples: int | None = field(default=None)
+    problem_seed: int = field(default=1234)
+    lora_rank: int = field(default=8, metadata={"help": ">0: LoRA student (teacher = adapters disabled); 0: full."})
+    merge_lora: bool = field(default=True, metadata={"help": "Save the LoRA merged into the weights."})
+    max_train_seconds: float | None = field(default=None)
+
+
+def main(argv=None, callbacks=None):
+    parser = HfArgumentParser((ScriptArguments, DMSTrainingArguments))
+    script, args = parser.parse_args_into_dataclasses(args=argv)
+    if not 0.0 < script.compression < 1.0:
+        raise ValueError(f"--compression must be in (0, 1), got {script.compression}.")
+    if not script.dataset.startswith("testbed:"):
+        raise ValueError(f"--dataset must be testbed:<families>, got {script.dataset!r}.")
+    length = script.budget_length or script.seq_len
+    budget = int(round((1.0 - script.compression) * length))
+    args.target_eviction = target_eviction_rate(budget, length, args.sinks, args.window)
+    print(f"DMS target: B = {budget} of {length} tokens per head on average -> eviction rate "
+          f"{args.target_eviction:.4f} over tokens t >= {args.sinks}", file=sys.stderr)
+    tokenizer = AutoTokenizer.from_pretrained(script.model)
+    model = AutoModelForCausalLM.from_pretrained(script.model, dtype=torch.float32)
+    n = script.num_examples or max(1, args.max_steps) * args.per_device_train_batch_size * \
+        args.gradient_accumulation_steps * max(1, args.world_size)
+    families = script.dataset.split(":", 1)[1].split(",")
+    data = testbed_examples(families, tokenizer, script.seq_len, n, script.problem_seed)
+    if script.lora_rank > 0:
+        import peft
+
+        model = peft.get_peft_model(model, peft.LoraConfig(r=script.lora_rank, lora_alpha=2 * script.lora_rank,
+                                                            target_modules=["q_proj", "k_proj", "v_proj", "o_proj"]))
+    callbacks = list(callbacks or []) + ([TimeBudget(script.max_train_seconds)] if script.max_train_seconds else [])
+    trainer = DMSTrainer(model=model, args=args, train_dataset=data, processing_class=tokenizer,
+                         callbacks=callbacks or None)
+    trainer.train(resume_from_checkpoint=args.resume_from_checkpoint)
+    if script.merge_lora:
+        trainer.save_merged_model()
+    else:
+        trainer.save_model()
+    return trainer
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
