@@ -27,14 +27,37 @@ def check_int(name: str, value: Any, minimum: int, hint: str = "") -> int:
     return int(value)
 
 
+class JsonConfig:
+    """``to_dict`` / ``to_json_string`` / ``from_dict`` of a dataclass configuration; ``from_dict`` refuses
+    unknown keys, naming them (``_KIND`` names the configuration in the message)."""
+
+    _KIND = "config"
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def to_json_string(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, data: dict):
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"Unknown {cls._KIND} keys {unknown}; known keys are {sorted(known)}.")
+        return cls(**data)
+
+
 @dataclass
-class KVpopConfig:
+class KVpopConfig(JsonConfig):
     """Budget and scorer of a KVpop cache (KVpop, arXiv:2607.05061, Eq. 1: B = s + w + k).
 
     Per layer and KV head the cache keeps `sinks` first tokens, the `window` most recent
     tokens and `topk` long-range tokens chosen by a static priority
     `p_t = r_t - floor(t / decay_step) * log_gamma_h` (see docs/design.md §1).
     """
+
+    _KIND = "KVpop config"
 
     sinks: int = 4
     window: int = 256
@@ -74,19 +97,6 @@ class KVpopConfig:
         if not isinstance(self.scorer, str):
             raise ValueError(f"`scorer` must be a scorer name, got {type(self.scorer).__name__}.")
 
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
-
-    def to_json_string(self) -> str:
-        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
-
-    @classmethod
-    def from_dict(cls, data: dict) -> "KVpopConfig":
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ValueError(f"Unknown KVpop config keys {unknown}; known keys are {sorted(known)}.")
-        return cls(**data)
 
 
 def model_shape(model_config) -> tuple[int, int, int]:

@@ -82,6 +82,17 @@ def testbed_examples(families, tokenizer, seq_len, n, seed, knobs=None):
     return out
 
 
+def lora_student(model, rank: int):
+    """``rank > 0``: the model with LoRA adapters (rank ``rank``, alpha ``2 * rank``) on the attention
+    projections, the student whose adapter-free self is the teacher; ``rank == 0``: the model unchanged."""
+    if rank <= 0:
+        return model
+    import peft
+
+    return peft.get_peft_model(model, peft.LoraConfig(r=rank, lora_alpha=2 * rank,
+                                                      target_modules=["q_proj", "k_proj", "v_proj", "o_proj"]))
+
+
 def jsonl_examples(path, tokenizer, seq_len, n):
     """Concatenate documents (separated by EOS) and cut them into blocks of `seq_len` tokens."""
     buf, out = [], []
@@ -121,11 +132,7 @@ def main(argv=None, callbacks=None):
         data = jsonl_examples(script.dataset, tokenizer, script.seq_len, n)
     else:
         raise ValueError(f"--dataset {script.dataset!r} is neither testbed:<families> nor an existing .jsonl file.")
-    if script.lora_rank > 0:
-        import peft
-
-        model = peft.get_peft_model(model, peft.LoraConfig(r=script.lora_rank, lora_alpha=2 * script.lora_rank,
-                                                            target_modules=["q_proj", "k_proj", "v_proj", "o_proj"]))
+    model = lora_student(model, script.lora_rank)
     callbacks = list(callbacks or []) + ([TimeBudget(script.max_train_seconds)] if script.max_train_seconds else [])
     trainer = KVpopTrainer(model=model, args=args, train_dataset=data, processing_class=tokenizer,
                            callbacks=callbacks or None)

@@ -27,7 +27,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, HfArgumentParser
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from retrofit import TimeBudget, testbed_examples  # noqa: E402
+from retrofit import TimeBudget, lora_student, testbed_examples  # noqa: E402
 
 from kvpop_hf.dms import target_eviction_rate  # noqa: E402
 from kvpop_hf.dms.trainer import DMSTrainer, DMSTrainingArguments  # noqa: E402
@@ -66,11 +66,7 @@ def main(argv=None, callbacks=None):
         args.gradient_accumulation_steps * max(1, args.world_size)
     families = script.dataset.split(":", 1)[1].split(",")
     data = testbed_examples(families, tokenizer, script.seq_len, n, script.problem_seed)
-    if script.lora_rank > 0:
-        import peft
-
-        model = peft.get_peft_model(model, peft.LoraConfig(r=script.lora_rank, lora_alpha=2 * script.lora_rank,
-                                                            target_modules=["q_proj", "k_proj", "v_proj", "o_proj"]))
+    model = lora_student(model, script.lora_rank)
     callbacks = list(callbacks or []) + ([TimeBudget(script.max_train_seconds)] if script.max_train_seconds else [])
     trainer = DMSTrainer(model=model, args=args, train_dataset=data, processing_class=tokenizer,
                          callbacks=callbacks or None)

@@ -5,7 +5,6 @@ Files (beside a model's ``config.json`` / ``model.safetensors``): ``dms_config.j
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,18 +13,20 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from ..config import check_int
+from ..config import JsonConfig, check_int
 
 CONFIG_NAME = "dms_config.json"
 WEIGHTS_NAME = "dms_gate.safetensors"
 
 
 @dataclass
-class DMSConfig:
+class DMSConfig(JsonConfig):
     """sinks: first tokens never evicted; window: the delayed-eviction window ``w`` (a token marked for
     eviction is visible while it is one of the last ``w`` tokens). target_eviction: the eviction rate over
     tokens ``t >= sinks`` the gate was trained towards (informational); tau: the Gumbel-sigmoid temperature
     used in training. num_layers / num_kv_heads / head_dim: the model the gate belongs to."""
+
+    _KIND = "DMS config"
 
     sinks: int = 4
     window: int = 32
@@ -48,19 +49,6 @@ class DMSConfig:
         if not (isinstance(self.tau, (int, float)) and self.tau > 0):
             raise ValueError(f"`tau` must be a positive number, got {self.tau!r}.")
 
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
-
-    def to_json_string(self) -> str:
-        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
-
-    @classmethod
-    def from_dict(cls, data: dict) -> "DMSConfig":
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ValueError(f"Unknown DMS config keys {unknown}; known keys are {sorted(known)}.")
-        return cls(**data)
 
 
 def save(directory, config: DMSConfig, gate: torch.nn.Module) -> None:

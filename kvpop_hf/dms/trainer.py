@@ -24,6 +24,7 @@ from transformers import Trainer, TrainingArguments
 
 from ..config import model_shape
 from ..training.losses import distillation_loss
+from ..training.trainer import two_group_optimizer
 from . import config as dms_files
 from .compression import CompressionSchedule, compression_loss, mean_eviction
 from .config import DMSConfig
@@ -104,14 +105,7 @@ class DMSTrainer(Trainer):
 
     def create_optimizer(self, model=None):
         if self.optimizer is None:
-            gate_params = [p for n, p in self.model.named_parameters() if p.requires_grad and GATE_ATTR in n]
-            ids = {id(p) for p in gate_params}
-            other = [p for p in self.model.parameters() if p.requires_grad and id(p) not in ids]
-            optim_cls, optim_kwargs = Trainer.get_optimizer_cls_and_kwargs(self.args, self.model)
-            groups = [{"params": gate_params, "lr": self.args.gate_learning_rate, "weight_decay": 0.0}]
-            if other:
-                groups.append({"params": other, "weight_decay": self.args.weight_decay})
-            self.optimizer = optim_cls(groups, **optim_kwargs)
+            self.optimizer = two_group_optimizer(self, (GATE_ATTR,), self.args.gate_learning_rate)
         return self.optimizer
 
     def _teacher_logits(self, model, ids):

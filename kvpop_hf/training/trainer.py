@@ -185,15 +185,7 @@ class KVpopTrainer(Trainer):
 
     def create_optimizer(self, model=None):
         if self.optimizer is None and self.args.scorer_learning_rate is not None:
-            scorer_params = [p for n, p in self.model.named_parameters()
-                             if p.requires_grad and (SCORER_ATTR in n or LOG_GAMMA_ATTR in n)]
-            ids = {id(p) for p in scorer_params}
-            other = [p for p in self.model.parameters() if p.requires_grad and id(p) not in ids]
-            optim_cls, optim_kwargs = Trainer.get_optimizer_cls_and_kwargs(self.args, self.model)
-            groups = [{"params": scorer_params, "lr": self.args.scorer_learning_rate, "weight_decay": 0.0}]
-            if other:
-                groups.append({"params": other, "weight_decay": self.args.weight_decay})
-            self.optimizer = optim_cls(groups, **optim_kwargs)
+            self.optimizer = two_group_optimizer(self, (SCORER_ATTR, LOG_GAMMA_ATTR), self.args.scorer_learning_rate)
             return self.optimizer
         return super().create_optimizer(model) if model is not None else super().create_optimizer()
 
@@ -335,3 +327,17 @@ class KVpopTrainer(Trainer):
     def push_to_hub(self, commit_message="End of KVpop retrofit", blocking=True, **kwargs):
         """Saves the model, the scorer and a model card, then uploads them (see `Trainer.push_to_hub`)."""
         return super().push_to_hub(commit_message=commit_message, blocking=blocking, **kwargs)
+
+
+def two_group_optimizer(trainer: Trainer, names: tuple[str, ...], lr: float):
+    """The trainer's optimizer class over two groups: the trainable parameters whose name contains one of
+    ``names`` (learning rate ``lr``, no weight decay; a scorer or a gate) and every other trainable one
+    (the trainer's learning rate and weight decay; LoRA adapters or the backbone)."""
+    own = [p for n, p in trainer.model.named_parameters() if p.requires_grad and any(k in n for k in names)]
+    ids = {id(p) for p in own}
+    other = [p for p in trainer.model.parameters() if p.requires_grad and id(p) not in ids]
+    optim_cls, optim_kwargs = Trainer.get_optimizer_cls_and_kwargs(trainer.args, trainer.model)
+    groups = [{"params": own, "lr": lr, "weight_decay": 0.0}]
+    if other:
+        groups.append({"params": other, "weight_decay": trainer.args.weight_decay})
+    return optim_cls(groups, **optim_kwargs)
