@@ -111,6 +111,26 @@ def jsonl_examples(path, tokenizer, seq_len, n):
     return out
 
 
+def examples_needed(num_examples, args) -> int:
+    """``num_examples`` if given, else one example per sample that ``max_steps`` steps draw."""
+    return num_examples or max(1, args.max_steps) * args.per_device_train_batch_size * \
+        args.gradient_accumulation_steps * max(1, args.world_size)
+
+
+def train_and_save(trainer_cls, model, args, data, tokenizer, script, callbacks=None):
+    """Build ``trainer_cls`` (with the ``--max_train_seconds`` budget among the callbacks), train (resuming if
+    asked) and save: the LoRA merged into the weights with ``--merge_lora``, else the trainer's own save."""
+    callbacks = list(callbacks or []) + ([TimeBudget(script.max_train_seconds)] if script.max_train_seconds else [])
+    trainer = trainer_cls(model=model, args=args, train_dataset=data, processing_class=tokenizer,
+                          callbacks=callbacks or None)
+    trainer.train(resume_from_checkpoint=args.resume_from_checkpoint)
+    if script.merge_lora:
+        trainer.save_merged_model()
+    else:
+        trainer.save_model()
+    return trainer
+
+
 def main(argv=None, callbacks=None):
     """Parses `argv`, builds the data, trains and saves; `callbacks`: extra `TrainerCallback`s. Returns the trainer."""
     parser = HfArgumentParser((ScriptArguments, KVpopTrainingArguments))
@@ -120,8 +140,7 @@ def main(argv=None, callbacks=None):
     tokenizer = AutoTokenizer.from_pretrained(script.model)
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[script.dtype]
     model = AutoModelForCausalLM.from_pretrained(script.model, dtype=dtype)
-    n = script.num_examples or max(1, args.max_steps) * args.per_device_train_batch_size * \
-        args.gradient_accumulation_steps * max(1, args.world_size)
+    n = examples_needed(script.num_examples, args)
     if script.dataset.startswith("testbed:"):
         from kvpop_hf.testbed.evaluate import parse_knobs
 
@@ -132,15 +151,8 @@ def main(argv=None, callbacks=None):
         data = jsonl_examples(script.dataset, tokenizer, script.seq_len, n)
     else:
         raise ValueError(f"--dataset {script.dataset!r} is neither testbed:<families> nor an existing .jsonl file.")
-    model = lora_student(model, script.lora_rank)
-    callbacks = list(callbacks or []) + ([TimeBudget(script.max_train_seconds)] if script.max_train_seconds else [])
-    trainer = KVpopTrainer(model=model, args=args, train_dataset=data, processing_class=tokenizer,
-                           callbacks=callbacks or None)
-    trainer.train(resume_from_checkpoint=args.resume_from_checkpoint)
-    if script.merge_lora:
-        trainer.save_merged_model()
-    else:
-        trainer.save_model()
+    trainer = train_and_save(KVpopTrainer, lora_student(model, script.lora_rank), args, data, tokenizer, script,
+                             callbacks)
     trainer.create_model_card(dataset=script.dataset, reference_length=script.seq_len)
     if args.push_to_hub:
         trainer.push_to_hub()

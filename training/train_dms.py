@@ -27,7 +27,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, HfArgumentParser
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from retrofit import TimeBudget, lora_student, testbed_examples  # noqa: E402
+from retrofit import examples_needed, lora_student, testbed_examples, train_and_save  # noqa: E402
 
 from kvpop_hf.dms import target_eviction_rate  # noqa: E402
 from kvpop_hf.dms.trainer import DMSTrainer, DMSTrainingArguments  # noqa: E402
@@ -62,20 +62,10 @@ def main(argv=None, callbacks=None):
           f"{args.target_eviction:.4f} over tokens t >= {args.sinks}", file=sys.stderr)
     tokenizer = AutoTokenizer.from_pretrained(script.model)
     model = AutoModelForCausalLM.from_pretrained(script.model, dtype=torch.float32)
-    n = script.num_examples or max(1, args.max_steps) * args.per_device_train_batch_size * \
-        args.gradient_accumulation_steps * max(1, args.world_size)
     families = script.dataset.split(":", 1)[1].split(",")
-    data = testbed_examples(families, tokenizer, script.seq_len, n, script.problem_seed)
-    model = lora_student(model, script.lora_rank)
-    callbacks = list(callbacks or []) + ([TimeBudget(script.max_train_seconds)] if script.max_train_seconds else [])
-    trainer = DMSTrainer(model=model, args=args, train_dataset=data, processing_class=tokenizer,
-                         callbacks=callbacks or None)
-    trainer.train(resume_from_checkpoint=args.resume_from_checkpoint)
-    if script.merge_lora:
-        trainer.save_merged_model()
-    else:
-        trainer.save_model()
-    return trainer
+    data = testbed_examples(families, tokenizer, script.seq_len, examples_needed(script.num_examples, args),
+                            script.problem_seed)
+    return train_and_save(DMSTrainer, lora_student(model, script.lora_rank), args, data, tokenizer, script, callbacks)
 
 
 if __name__ == "__main__":

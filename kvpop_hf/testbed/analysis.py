@@ -109,7 +109,7 @@ def oracle_recall_rows(model, tokenizer, problems: Sequence[Problem], scored: Se
     if progress:
         from tqdm.auto import tqdm
         it = tqdm(problems, desc="oracle recall", leave=False)
-    from .oracle import oracle_table, target_queries
+    from .oracle import oracle_table_from_qkv, target_queries
 
     if queries not in ("all", "target"):
         raise ValueError(f"queries must be 'all' or 'target', got {queries!r}")
@@ -125,8 +125,8 @@ def oracle_recall_rows(model, tokenizer, problems: Sequence[Problem], scored: Se
                     continue  # TOVA/H2O/SnapKV: no static priority to rank the sequence with
                 cfg = cache.kvpop_config
                 if cfg.window not in oracles:
-                    oracles[cfg.window] = oracle_table(model, ids, cfg.window, backend=backend, kind=kind,
-                                                       query_mask=qmask).to(device)
+                    oracles[cfg.window] = oracle_table_from_qkv(qkv, cfg.window, backend=backend, kind=kind,
+                                                                query_mask=qmask).to(device)
                 lg = cache.log_gamma[layer].to(device) if cache.log_gamma is not None else None
                 scorer = cache.scorer_for(device)
                 prio = sequence_priorities(scorer, layer, k, v, cfg.window, lg, cfg.decay_step)[0]

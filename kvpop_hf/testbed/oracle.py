@@ -20,7 +20,7 @@ from ..scorers.base import Scorer
 from ..training.targets import dense_causal_lse, future_attention_target
 from .analysis import record_qkv
 
-__all__ = ["OracleScorer", "oracle_table", "target_queries"]
+__all__ = ["OracleScorer", "oracle_table", "oracle_table_from_qkv", "target_queries"]
 
 #: priority of positions the table does not cover (beyond the reference sequence): below every real score
 OUTSIDE = -1e9
@@ -67,7 +67,14 @@ def oracle_table(model, ids: torch.Tensor, window: int, backend: str = "chunked"
     :func:`target_queries`)."""
     if kind not in ("mean", "max"):
         raise ValueError(f"kind must be 'mean' or 'max', got {kind!r}")
-    qkv = record_qkv(model, ids)
+    return oracle_table_from_qkv(record_qkv(model, ids), window, backend, kind, query_mask)
+
+
+def oracle_table_from_qkv(qkv: dict, window: int, backend: str = "chunked", kind: str = "mean",
+                          query_mask: torch.Tensor | None = None) -> torch.Tensor:
+    """:func:`oracle_table` from an already recorded dense pass (``analysis.record_qkv``)."""
+    if kind not in ("mean", "max"):
+        raise ValueError(f"kind must be 'mean' or 'max', got {kind!r}")
     rows = []
     for layer in sorted(qkv):
         q, k, _, scale = qkv[layer]
