@@ -213,6 +213,7 @@ def profile_prefill_chunk(model, cache, prompt, chunk, device, path: Path) -> No
 
     import kvpop_hf.attention as attention
     import kvpop_hf.flex_mask as flex_mask
+    import kvpop_hf.interval_mask as interval_mask
     from kvpop_hf.layer import KVpopLayer
 
     def ranged(fn, name):
@@ -221,12 +222,16 @@ def profile_prefill_chunk(model, cache, prompt, chunk, device, path: Path) -> No
                 return fn(*a, **k)
         return wrapped
 
-    patches = [(KVpopLayer, "commit_chunk"), (KVpopLayer, "begin_chunk"), (flex_mask, "build_block_mask"),
-               (flex_mask, "compact_chunk_mask"), (attention, "_flex_chunk_attention")]
+    patches = [(KVpopLayer, "commit_chunk"), (KVpopLayer, "begin_chunk"), (KVpopLayer, "_score"),
+               (KVpopLayer, "keep_selection"), (flex_mask, "build_block_mask"), (flex_mask, "compact_chunk_mask"),
+               (interval_mask, "interval_chunk_mask"), (interval_mask, "interval_layout"),
+               (interval_mask, "interval_block_mask"), (attention, "_flex_chunk_attention")]
     saved = [getattr(obj, name) for obj, name in patches]
     for obj, name in patches:
         setattr(obj, name, ranged(getattr(obj, name), f"kvpop::{name}"))
     try:
+        prefill(model, cache, prompt[:, :2 * chunk], chunk, device)  # warm: compiles happen here
+        cache.reset()
         prefill(model, cache, prompt[:, :chunk], chunk, device)
         acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
         with profile(activities=acts) as prof:
@@ -370,6 +375,9 @@ def main(argv=None) -> int:
     ap.add_argument("--batch-context", type=int, default=32768)
     ap.add_argument("--leak-caches", type=int, default=0)
     ap.add_argument("--profile-prefill", action="store_true", help="write a profiler table of one KVpop chunk")
+    ap.add_argument("--prefill-repeats", type=int, default=1, help="timed prefills per row (median; fresh caches)")
+    ap.add_argument("--prefill-only", action="store_true",
+                    help="measure prefill (seconds, peak memory) and skip the decode rows")
     ap.add_argument("--profile-decode", action="store_true",
                     help="write a kernel table of three compiled decode steps per cache (smallest context)")
     ap.add_argument("--compile-backend", default="inductor", help="torch.compile backend of the compiled rows")
@@ -469,6 +477,33 @@ def main(argv=None) -> int:
                max_abs_dlogit=f"{dlogit:.3g}", logit_scale=f"{logits_e.abs().max().item():.3g}",
                same_argmax=f"{same_top:.3f}", warmup_s=round(compile_s, 1))
 
+    warmed: set[str] = set()
+
+    def timed_prefill(name, cache, prompt):
+        """Prefill seconds (median of ``--prefill-repeats``, the last one into ``cache``) after one untimed warm-up
+        of this cache kind (two chunks: torch.compile of the FlexAttention, and its recompile for a second, dynamic
+        shape, happen there, not in the timed runs). Peak memory is that of the last run."""
+        if name not in warmed:
+            warm = make_cache(name)
+            prefill(model, warm, prompt[:, :2 * args.prefill_chunk], args.prefill_chunk, device)
+            del warm
+            warmed.add(name)
+        runs = []
+        for i in range(args.prefill_repeats):
+            target = cache if i == args.prefill_repeats - 1 else make_cache(name)
+            reset_peak(device)
+            runs.append(prefill(model, target, prompt, args.prefill_chunk, device))
+            del target
+        return statistics.median(t for t, _ in runs), runs[-1][1]
+
+    def make_cache(name):
+        if name == "dynamic":
+            return DynamicCache(config=model.config)
+        return KVpopCache(model.config, sinks=s, window=w, topk=k, scorer=name[6:])
+
+    def prefill_row(ctx, name, cache, pre_s, base, read_b):
+        record(ctx, 1, name, "prefill", [float("nan")], pre_s, peak(device) - base, allocated(device) - base, read_b)
+
     with torch.inference_mode():
         for ctx in args.contexts:
             prompt = torch.randint(1, vocab, (1, ctx), generator=gen).to(device)
@@ -476,15 +511,17 @@ def main(argv=None) -> int:
             if "dynamic" in args.rows:
                 model.set_attn_implementation("sdpa")
                 cache = DynamicCache(config=model.config)
-                reset_peak(device)
-                pre_s, tok = prefill(model, cache, prompt, args.prefill_chunk, device)
-                decode(model, model, cache, tok, args.warmup, device)
-                times, _, _ = decode(model, model, cache, tok, args.steps, device)
-                record(ctx, 1, "dynamic", "eager", times, pre_s, peak(device) - base, allocated(device) - base,
-                       kv_tensor_bytes(cache))
+                pre_s, tok = timed_prefill("dynamic", cache, prompt)
+                if args.prefill_only:
+                    prefill_row(ctx, "dynamic", cache, pre_s, base, kv_tensor_bytes(cache))
+                else:
+                    decode(model, model, cache, tok, args.warmup, device)
+                    times, _, _ = decode(model, model, cache, tok, args.steps, device)
+                    record(ctx, 1, "dynamic", "eager", times, pre_s, peak(device) - base, allocated(device) - base,
+                           kv_tensor_bytes(cache))
                 del cache
                 gc.collect()
-            if "static" in args.rows and ctx in static_ctx:
+            if "static" in args.rows and ctx in static_ctx and not args.prefill_only:
                 model.set_attn_implementation("sdpa")
                 reset_peak(device)
                 if ctx in args.static_synthetic:  # decode speed only: contents do not change it
@@ -504,12 +541,14 @@ def main(argv=None) -> int:
                         profile_prefill_chunk(model, cache, prompt, args.prefill_chunk, device,
                                               Path(f"{prefix}_prefill_profile_{scorer}_{ctx}.txt"))
                         cache = KVpopCache(model.config, sinks=s, window=w, topk=k, scorer=scorer)
-                    reset_peak(device)
-                    pre_s, tok = prefill(model, cache, prompt, args.prefill_chunk, device)
-                    eager_and_compiled(ctx, f"kvpop-{scorer}", cache, tok, pre_s, base, cache.memory_bytes())
+                    pre_s, tok = timed_prefill(f"kvpop-{scorer}", cache, prompt)
+                    if args.prefill_only:
+                        prefill_row(ctx, f"kvpop-{scorer}", cache, pre_s, base, cache.memory_bytes())
+                    else:
+                        eager_and_compiled(ctx, f"kvpop-{scorer}", cache, tok, pre_s, base, cache.memory_bytes())
                     del cache
                     gc.collect()
-            if "dms" in args.rows:
+            if "dms" in args.rows and not args.prefill_only:
                 model.set_attn_implementation("kvpop")
                 if args.dms_checkpoint:
                     cache = DMSCache.from_pretrained(args.dms_checkpoint, model.config)
@@ -654,7 +693,7 @@ def plot(rows, path: Path, title: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    single = [r for r in rows if r["batch"] == 1 and r.get("filled") != "synthetic"]
+    single = [r for r in rows if r["batch"] == 1 and r.get("filled") != "synthetic" and r["mode"] != "prefill"]
     if not single:
         return
     fig, (ax_t, ax_m) = plt.subplots(1, 2, figsize=(12, 4.5))

@@ -104,16 +104,29 @@ def _flex_fns(device_type: str):
 
 
 def _flex_chunk_attention(plan, query, key, value, scaling):
-    from .flex_mask import build_block_mask
-
+    """FlexAttention over the chunk's candidates. By default (``KVPOP_FLEX_BLOCK_MASK=interval``) the candidates
+    are reordered so that each query block visits about ``B / 128`` key blocks (kvpop_hf/interval_mask.py);
+    ``tiled`` keeps plan order with the rank/cutoff block flags, ``create`` uses ``create_block_mask``."""
     b, hq, L, _ = query.shape
     hkv, C = key.shape[1], key.shape[2]
     groups = hq // hkv
     flex, make_block_mask = _flex_fns(query.device.type)
     cm = plan.compact()
-    if os.environ.get("KVPOP_FLEX_BLOCK_MASK", "tiled") == "create":
+    layout = os.environ.get("KVPOP_FLEX_BLOCK_MASK", "interval")
+    if layout not in ("interval", "tiled", "create"):
+        raise ValueError(f"KVPOP_FLEX_BLOCK_MASK must be interval, tiled or create, got {layout!r}")
+    if layout == "interval":
+        from .interval_mask import interval_block_mask, interval_chunk_mask, interval_layout
+
+        im = interval_layout(interval_chunk_mask(cm))
+        key = key.gather(2, im.perm[..., None].expand(b, hkv, C, key.shape[-1]))
+        value = value.gather(2, im.perm[..., None].expand(b, hkv, C, value.shape[-1]))
+        block_mask = interval_block_mask(im, groups)
+    elif layout == "create":
         block_mask = make_block_mask(cm.mask_mod(groups), b, hq, L, C, device=query.device)
-    else:  # default: never holds the [b, Hq, L, C] grid (create_block_mask does, even compiled)
+    else:  # never holds the [b, Hq, L, C] grid (create_block_mask does, even compiled)
+        from .flex_mask import build_block_mask
+
         block_mask = build_block_mask(cm, groups)
     key, value = key.to(query.dtype), value.to(query.dtype)
     kw = {"enable_gqa": True} if groups > 1 else {}
