@@ -373,6 +373,8 @@ def main(argv=None) -> int:
                     help="contexts at which the StaticCache is filled synthetically (no prefill; decode rows only)")
     ap.add_argument("--batches", type=int, nargs="*", default=None, help="batch sizes for the throughput rows")
     ap.add_argument("--batch-context", type=int, default=32768)
+    ap.add_argument("--batch-scorers", nargs="*", default=None,
+                    help="KVpop scorers of the throughput rows (default: --scorers); each batch size compiles anew")
     ap.add_argument("--leak-caches", type=int, default=0)
     ap.add_argument("--profile-prefill", action="store_true", help="write a profiler table of one KVpop chunk")
     ap.add_argument("--prefill-repeats", type=int, default=1, help="timed prefills per row (median; fresh caches)")
@@ -580,7 +582,8 @@ def main(argv=None) -> int:
             ctx = args.batch_context
             extra = args.steps + args.warmup + 8
             names = [n for n in ("dynamic", "static") if n in args.rows]
-            for name in names + ([f"kvpop-{sc}" for sc in args.scorers] if "kvpop" in args.rows else []):
+            batch_scorers = args.scorers if args.batch_scorers is None else args.batch_scorers
+            for name in names + ([f"kvpop-{sc}" for sc in batch_scorers] if "kvpop" in args.rows else []):
                 gc.collect()
                 if device.type == "cuda":
                     torch.cuda.empty_cache()

@@ -326,14 +326,28 @@ def tiled_block_mask(kv_mask_mod, b: int, h: int, L: int, C: int, groups: int, m
                                     mask_mod=mask_mod, seq_lengths=(L, C))
 
 
-def block_mask_from_flags(partial: torch.Tensor, full: torch.Tensor, L: int, C: int, mask_mod, block: int = 128):
-    """``BlockMask`` from per-block partial/full 0/1 maps ``[b, H, Qb, Kb]`` (the flags ``create_block_mask`` gives)."""
+def block_mask_from_flags(partial: torch.Tensor, full: torch.Tensor, L: int, C: int, mask_mod, block: int = 128,
+                          backward: bool = True):
+    """``BlockMask`` from per-block partial/full 0/1 maps ``[b, H, Qb, Kb]`` (the flags ``create_block_mask`` gives).
+    ``backward=False`` skips the transposed (query-major) indices that only a backward pass reads."""
     from torch.nn.attention.flex_attention import BlockMask
 
     kv_num, kv_idx = _ordered(partial.to(torch.int8))
     full_num, full_idx = _ordered(full.to(torch.int8))
+    extra = {} if backward or not _HAS_COMPUTE_Q_BLOCKS else {"compute_q_blocks": False}
     return BlockMask.from_kv_blocks(kv_num, kv_idx, full_num, full_idx, BLOCK_SIZE=(block, block),
-                                    mask_mod=mask_mod, seq_lengths=(L, C))
+                                    mask_mod=mask_mod, seq_lengths=(L, C), **extra)
+
+
+def _has_compute_q_blocks() -> bool:
+    import inspect
+
+    from torch.nn.attention.flex_attention import BlockMask
+
+    return "compute_q_blocks" in inspect.signature(BlockMask.from_kv_blocks).parameters
+
+
+_HAS_COMPUTE_Q_BLOCKS = _has_compute_q_blocks()
 
 
 def sparse_block_flags(rank: torch.Tensor, cutoff: torch.Tensor, sinks: int, window: int, block: int = 128,

@@ -58,8 +58,9 @@ class IntervalChunkMask:
 
 
 def interval_chunk_mask(cm: CompactChunkMask) -> IntervalChunkMask:
-    """The intervals of :class:`~kvpop_hf.flex_mask.CompactChunkMask` ``cm`` (candidates in plan order)."""
-    rank, pos, qpos, cutoff, own = cm.cand_rank, cm.cand_pos, cm.query_pos, cm.cutoff, cm.own
+    """The intervals of :class:`~kvpop_hf.flex_mask.CompactChunkMask` ``cm`` (candidates in plan order: the
+    ``n_old`` stored slots, then the ``L`` new tokens, so ``cm.own[b, j] = C - L + j``)."""
+    rank, pos, qpos, cutoff = cm.cand_rank, cm.cand_pos, cm.query_pos, cm.cutoff
     s, w = int(cm.sinks), int(cm.window)
     b, h, C = pos.shape
     L = qpos.shape[-1]
@@ -76,14 +77,12 @@ def interval_chunk_mask(cm: CompactChunkMask) -> IntervalChunkMask:
     end = torch.where(p < s, L, torch.maximum(j0, j1))
     start = torch.where(p >= 0, start, L)
     end = torch.where(p >= 0, end, 0)
-    # the own token of a padding query j: candidate own[b, j], interval [j, j+1)
-    pad = torch.zeros(b, h, C, dtype=torch.bool, device=dev)
-    rows, js = (~real).nonzero(as_tuple=True)
-    if rows.numel():
-        cand = own[rows, js]
-        pad[rows, :, cand] = True
-        start[rows, :, cand] = js[:, None]
-        end[rows, :, cand] = js[:, None] + 1
+    # the own token of a padding query j is the new candidate C - L + j (cm.own): interval [j, j+1); no host sync
+    pad_q = ~real[:, None, :]  # [b,1,L]
+    j = torch.arange(L, device=dev)
+    pad = torch.cat([torch.zeros(b, h, C - L, dtype=torch.bool, device=dev), pad_q.expand(b, h, L)], -1)
+    start = torch.cat([start[..., :C - L], torch.where(pad_q, j, start[..., C - L:])], -1)
+    end = torch.cat([end[..., :C - L], torch.where(pad_q, j + 1, end[..., C - L:])], -1)
     ident = torch.arange(C, device=dev).expand(b, h, C)
     return IntervalChunkMask(start, end, pad, qpos, ident)
 
@@ -135,10 +134,10 @@ def interval_block_flags(im: IntervalChunkMask, block: int = 128):
 
 
 def interval_block_mask(im: IntervalChunkMask, groups: int, block: int = 128):
-    """FlexAttention ``BlockMask`` of ``im`` for ``h * groups`` query heads."""
+    """FlexAttention ``BlockMask`` of ``im`` for ``h * groups`` query heads (inference: no backward indices)."""
     C = im.start.shape[-1]
     L = im.query_pos.shape[-1]
     partial, full = interval_block_flags(im, block)
     if groups > 1:
         partial, full = partial.repeat_interleave(groups, 1), full.repeat_interleave(groups, 1)
-    return block_mask_from_flags(partial, full, L, C, im.mask_mod(groups), block)
+    return block_mask_from_flags(partial, full, L, C, im.mask_mod(groups), block, backward=False)

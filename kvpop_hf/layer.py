@@ -133,6 +133,7 @@ class KVpopLayer(CacheLayerMixin):
         self.budget = cfg.budget
         self.tokens = torch.zeros((), dtype=torch.long)
         self.pending: PendingChunk | None = None
+        self._full_on_host = False  # True once the host knows that all B slots are in use (no sync needed then)
         self.updates = 0  # eager updates, for the cache's layer-count check
 
     @property
@@ -179,8 +180,13 @@ class KVpopLayer(CacheLayerMixin):
         return -1  # any sequence length fits: memory is fixed at B entries
 
     def stored_length(self) -> int:
-        """Slots in use (a prefix of the layout): ``min(tokens, B)``. Syncs with the device."""
-        return min(int(self.tokens), self.budget) if self.is_initialized else 0
+        """Slots in use (a prefix of the layout): ``min(tokens, B)``. Syncs with the device until the host has
+        seen the cache full (tokens only grow until ``reset``, and decode steps may run in a CUDA graph)."""
+        if not self.is_initialized:
+            return 0
+        if not self._full_on_host:
+            self._full_on_host = int(self.tokens) >= self.budget
+        return self.budget if self._full_on_host else int(self.tokens)
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
         if query_length == 1:
@@ -256,6 +262,7 @@ class KVpopLayer(CacheLayerMixin):
 
     def reset(self) -> None:
         self.pending = None
+        self._full_on_host = False
         self.updates = 0
         if self.is_initialized:
             self.keys.zero_()
@@ -353,6 +360,7 @@ class KVpopLayer(CacheLayerMixin):
         self.pending = PendingChunk(self, k_new, v_new, n_old, position_ids)
         cand_k.kvpop_chunk = self.pending
         self.tokens.add_(k_new.shape[2])
+        self._full_on_host = n_old + k_new.shape[2] >= self.budget
         return cand_k, cand_v
 
     def commit_chunk(self, chunk: PendingChunk, valid: torch.Tensor | None, cand_k=None, cand_v=None) -> ChunkPlan:
