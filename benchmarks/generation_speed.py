@@ -683,11 +683,18 @@ def write_outputs(prefix: Path, rows, notes, head, command, commit, started, arg
                 f"- {head}\n- decode ms: median and p90 of {args.steps} steps after {args.warmup} untimed ones; "
                 "x_floor: median / (weights + cache buffers read once at the measured copy bandwidth); peak/resident: "
                 "GB above the weights\n\n" + "\n".join(md) + "\n\n" + "".join(f"- {n}\n" for n in notes))
-        if any(r["batch"] == 1 for r in rows):
+        if plottable(rows):
             f.write(f"\n![latency and memory vs context]({prefix.name}.png)\n")
     if plot_too:
         plot(rows, prefix.with_suffix(".png"), f"{command}\n{head}")
         print(f"wrote {prefix.with_suffix('.md')}, .csv, .png")
+
+
+def plottable(rows) -> list:
+    """The rows :func:`plot` draws: every row of a prefill-only run, else the decode rows of prefilled batch-1 caches."""
+    if rows and all(r["mode"] == "prefill" for r in rows):
+        return rows
+    return [r for r in rows if r["batch"] == 1 and r.get("filled") != "synthetic" and r["mode"] != "prefill"]
 
 
 def plot(rows, path: Path, title: str) -> None:
@@ -696,7 +703,9 @@ def plot(rows, path: Path, title: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    single = [r for r in rows if r["batch"] == 1 and r.get("filled") != "synthetic" and r["mode"] != "prefill"]
+    if rows and all(r["mode"] == "prefill" for r in rows):
+        return plot_prefill(rows, path, title)
+    single = plottable(rows)
     if not single:
         return
     fig, (ax_t, ax_m) = plt.subplots(1, 2, figsize=(12, 4.5))
@@ -718,6 +727,33 @@ def plot(rows, path: Path, title: str) -> None:
     ax_m.set_yscale("log")
     ax_m.legend(fontsize=7)
     ax_t.legend(fontsize=7)
+    fig.suptitle("\n".join(textwrap.wrap(title, 180)), fontsize=6)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_prefill(rows, path: Path, title: str) -> None:
+    """Prefill seconds and peak memory above the weights vs context, one line per cache (``--prefill-only``)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax_t, ax_m) = plt.subplots(1, 2, figsize=(12, 4.5))
+    for name in dict.fromkeys(r["cache"] for r in rows):
+        rs = sorted((r for r in rows if r["cache"] == name), key=lambda r: r["context"])
+        x = [r["context"] for r in rs]
+        ax_t.plot(x, [r["prefill_s"] for r in rs], "-", marker="o", label=name)
+        ax_m.plot(x, [r["peak_gb"] for r in rs], "-", marker="o", label=name)
+    for ax in (ax_t, ax_m):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("context (tokens)")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7)
+    ax_t.set_ylabel("prefill seconds (median)")
+    ax_t.set_yscale("log")
+    ax_m.set_ylabel("peak GB above the weights")
     fig.suptitle("\n".join(textwrap.wrap(title, 180)), fontsize=6)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
