@@ -34,9 +34,10 @@ __all__ = ["IntervalChunkMask", "interval_block_flags", "interval_block_mask", "
 
 @dataclass
 class IntervalChunkMask:
-    """start/end ``[b,h,C]`` (int64, query indices), query_pos ``[b,L]`` (-1: padding), own ``[b,h,C]`` is not
-    needed: a padding query ``j`` sees the candidate whose interval is ``[j, j+1)`` and that is flagged ``pad``
-    ``[b,h,C]`` (bool). ``perm [b,h,C]``: candidate index at each place of the layout (identity if unsorted)."""
+    """The chunk's visibility as intervals. start/end ``[b,h,C]`` int64 (query indices: query ``j`` sees
+    candidate ``c`` iff ``start_c <= j < end_c``), pad ``[b,h,C]`` bool (the candidate is a padding query's own
+    token, interval ``[j, j+1)``), query_pos ``[b,L]`` (-1: padding), perm ``[b,h,C]`` the plan's candidate
+    index at each place of this layout (the identity in plan order)."""
 
     start: torch.Tensor
     end: torch.Tensor
