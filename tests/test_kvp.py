@@ -184,3 +184,25 @@ def test_cli_resume_continues_exactly(tiny_dir):
     for name in a:
         torch.testing.assert_close(a[name], b[name], atol=0, rtol=0)
     assert (tiny_dir / "resumed" / "train_log.csv").read_text().count("\n") == 5
+
+
+def test_cli_knobs_shape_the_traces_and_bad_knobs_fail_first(tiny_dir, tmp_path):
+    from kvpop_hf.testbed.tasks import make_problem
+
+    argv = _argv(tiny_dir, "knobs", "--steps", "1", "--traces-file", str(tmp_path / "t.pt"),
+                 "--knob", "reasoning.n_facts=3", "reasoning.steps=2")
+    assert train_kvp.main(argv) == 0
+    data = torch.load(tmp_path / "t.pt", weights_only=True)
+    assert data["meta"]["knobs"] == {"reasoning": {"n_facts": 3, "steps": 2}}
+    trace = next(t for t in data["train"] if t["family"] == "reasoning")
+    plain = make_problem("reasoning", length=300, seed=trace["seed"])
+    knobbed = make_problem("reasoning", length=300, seed=trace["seed"], n_facts=3, steps=2)
+    assert knobbed.prompt != plain.prompt
+    # the same file asked for without knobs is refused (its traces were made with them)
+    with pytest.raises(ValueError, match="holds traces of"):
+        train_kvp.main(_argv(tiny_dir, "knobs2", "--steps", "1", "--traces-file", str(tmp_path / "t.pt")))
+    # a knob of a family that is not traced, or a malformed one, fails before anything is written
+    for bad, msg in ((["--knob", "cwe.n_words=5"], "does not trace"), (["--knob", "reasoning_steps"], "FAMILY.KEY")):
+        with pytest.raises(ValueError, match=msg):
+            train_kvp.main(_argv(tiny_dir, "bad", *bad))
+        assert not (tiny_dir / "bad").exists()

@@ -48,6 +48,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--traces-file", default=None, help="record traces into this file, or reuse it if it exists")
     p.add_argument("--families", default="reasoning,vt,niah_multikey,cwe,fwe", help="testbed families, comma-separated")
     p.add_argument("--length", type=int, default=1024, help="testbed problem length in tokens")
+    p.add_argument("--knob", action="extend", nargs="+", default=[], metavar="FAMILY.KEY=VALUE",
+                   help="testbed generator knobs of the traced problems, as kvpop-eval's --knob "
+                        "(e.g. --knob reasoning.n_facts=10 reasoning.steps=4)")
     p.add_argument("--train-traces", type=int, default=32)
     p.add_argument("--heldout-traces", type=int, default=8)
     p.add_argument("--trace-seed", type=int, default=1234, help="seed of the training problems (held-out: +1)")
@@ -83,12 +86,28 @@ def parse_args(argv=None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def trace_knobs(args) -> dict[str, dict]:
+    """``--knob`` as ``{family: {knob: value}}``; a knob of a family not in ``--families`` is an error."""
+    from kvpop_hf.testbed.evaluate import parse_knobs
+
+    fams = [f for f in args.families.split(",") if f]
+    knobs = parse_knobs(args.knob, fams)
+    stray = sorted(set(knobs) - set(fams))
+    if stray:
+        raise ValueError(f"--knob sets {', '.join(stray)}, which --families ({args.families}) does not trace; "
+                         "add the family or drop the knob.")
+    return knobs
+
+
 def load_traces(args):
     """(train, heldout, model config): from --traces-file if it exists, else recorded from --model."""
     from transformers import AutoConfig
 
     meta = {"model": str(args.model), "families": args.families, "length": args.length,
             "train": args.train_traces, "heldout": args.heldout_traces, "seed": args.trace_seed}
+    knobs = trace_knobs(args)
+    if knobs:  # absent otherwise, so that trace files recorded without knobs stay valid
+        meta["knobs"] = knobs
     config = AutoConfig.from_pretrained(args.model)
     path = Path(args.traces_file) if args.traces_file else None
     if path is not None and path.is_file():
@@ -103,7 +122,7 @@ def load_traces(args):
     tok = AutoTokenizer.from_pretrained(args.model)
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).eval()
     fams = [f for f in args.families.split(",") if f]
-    kw = dict(length=args.length, progress=not args.no_progress)
+    kw = dict(length=args.length, progress=not args.no_progress, knobs=knobs)
     train = testbed_traces(model, tok, fams, n=args.train_traces, seed=args.trace_seed, **kw)
     heldout = testbed_traces(model, tok, fams, n=args.heldout_traces, seed=args.trace_seed + 1, **kw)
     if path is not None:
@@ -198,6 +217,7 @@ def evaluate(args, heldout, config, policies: dict, out: Path) -> dict:
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else [str(a) for a in argv]
     args = parse_args(argv)
+    trace_knobs(args)  # bad knobs fail before any work
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(args.seed)

@@ -27,9 +27,10 @@ def record_trace(model, ids: torch.Tensor, dtype: torch.dtype = torch.float16) -
 
 @torch.no_grad()
 def testbed_traces(model, tokenizer, families: Sequence[str], length: int, n: int, seed: int,
-                   dtype: torch.dtype = torch.float16, progress: bool = True) -> list[dict]:
+                   dtype: torch.dtype = torch.float16, progress: bool = True,
+                   knobs: dict[str, dict] | None = None) -> list[dict]:
     """``n`` traces of ``<bos> prompt target <eos>`` for seeded testbed problems of about ``length`` tokens,
-    families taken in turn."""
+    families taken in turn; ``knobs``: generator knobs per family (``{"reasoning": {"n_facts": 10}}``)."""
     rng = random.Random(seed)
     device = next(model.parameters()).device
     it = range(n)
@@ -39,7 +40,8 @@ def testbed_traces(model, tokenizer, families: Sequence[str], length: int, n: in
     out = []
     for i in it:
         family, pseed = families[i % len(families)], rng.randrange(1 << 30)
-        ids = training_example(make_problem(family, length=length, seed=pseed), tokenizer)["input_ids"]
+        problem = make_problem(family, length=length, seed=pseed, **(knobs or {}).get(family, {}))
+        ids = training_example(problem, tokenizer)["input_ids"]
         trace = record_trace(model, torch.tensor([ids], device=device), dtype)
         trace.update(family=family, seed=pseed)
         out.append(trace)
