@@ -499,6 +499,7 @@ def main(argv=None) -> int:
         return statistics.median(t for t, _ in runs), runs[-1][1]
 
     def make_cache(name):
+        """A new cache of a row's kind: ``dynamic`` or ``kvpop-<scorer>`` at the benchmark's budget."""
         if name == "dynamic":
             return DynamicCache(config=model.config)
         return KVpopCache(model.config, sinks=s, window=w, topk=k, scorer=name[6:])
@@ -512,7 +513,7 @@ def main(argv=None) -> int:
             base = allocated(device)
             if "dynamic" in args.rows:
                 model.set_attn_implementation("sdpa")
-                cache = DynamicCache(config=model.config)
+                cache = make_cache("dynamic")
                 pre_s, tok = timed_prefill("dynamic", cache, prompt)
                 if args.prefill_only:
                     prefill_row(ctx, "dynamic", cache, pre_s, base, kv_tensor_bytes(cache))
@@ -538,11 +539,11 @@ def main(argv=None) -> int:
             if "kvpop" in args.rows:
                 model.set_attn_implementation("kvpop")
                 for scorer in args.scorers:
-                    cache = KVpopCache(model.config, sinks=s, window=w, topk=k, scorer=scorer)
+                    cache = make_cache(f"kvpop-{scorer}")
                     if args.profile_prefill and ctx == profile_ctx:
                         profile_prefill_chunk(model, cache, prompt, args.prefill_chunk, device,
                                               Path(f"{prefix}_prefill_profile_{scorer}_{ctx}.txt"))
-                        cache = KVpopCache(model.config, sinks=s, window=w, topk=k, scorer=scorer)
+                        cache = make_cache(f"kvpop-{scorer}")
                     pre_s, tok = timed_prefill(f"kvpop-{scorer}", cache, prompt)
                     if args.prefill_only:
                         prefill_row(ctx, f"kvpop-{scorer}", cache, pre_s, base, cache.memory_bytes())
@@ -593,7 +594,7 @@ def main(argv=None) -> int:
                 try:
                     if name.startswith("kvpop"):
                         model.set_attn_implementation("kvpop")
-                        cache = KVpopCache(model.config, sinks=s, window=w, topk=k, scorer=name[6:])
+                        cache = make_cache(name)
                         fill_kvpop(cache, model, batch, ctx, device)
                     else:
                         model.set_attn_implementation("sdpa")
@@ -622,7 +623,7 @@ def main(argv=None) -> int:
                 torch.cuda.empty_cache()
             before = allocated(device)
             for i in range(args.leak_caches):
-                cache = KVpopCache(model.config, sinks=s, window=w, topk=k, scorer=args.scorers[i % len(args.scorers)])
+                cache = make_cache(f"kvpop-{args.scorers[i % len(args.scorers)]}")
                 _, tok = prefill(model, cache, prompt, 512, device)
                 decode(model, model, cache, tok, 2, device)
                 del cache

@@ -22,6 +22,7 @@ On CUDA the Fenwick-tree Triton kernel makes this ``O(C log C)`` time and ``O(C)
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -63,6 +64,12 @@ class CompactChunkMask:
         return kvpop_mask_mod
 
 
+def ranks_of(order: torch.Tensor) -> torch.Tensor:
+    """``rank [..., C]``: the place of each candidate in ``order [..., C]`` (candidate indices, best first)."""
+    C = order.shape[-1]
+    return torch.empty_like(order).scatter_(-1, order, torch.arange(C, device=order.device).expand_as(order))
+
+
 def _topk_backend(device: torch.device, backend: str | None) -> str:
     if backend is not None:
         return backend
@@ -70,24 +77,25 @@ def _topk_backend(device: torch.device, backend: str | None) -> str:
 
 
 def chunk_cutoff(pos: torch.Tensor, order: torch.Tensor, query_pos: torch.Tensor, sinks: int, window: int,
-                 topk: int, backend: str | None = None) -> torch.Tensor:
+                 topk: int, backend: str | None = None, rank: torch.Tensor | None = None) -> torch.Tensor:
     """``cutoff [b,h,L]`` (int64) via the running top-k (see module docstring).
 
     pos ``[b,h,C]``, order ``[b,h,C]`` (candidate indices, best first), query_pos ``[b,L]``.
     ``backend``: ``"blocked"`` (default, :func:`blocked_chunk_cutoff`: parallel over query blocks) or a
     :func:`kvpop_hf.topk.running_topk` backend (``"torch"``, ``"triton"``: one sequential sweep per head).
+    ``rank``: :func:`ranks_of` ``(order)`` when the caller has it already.
     """
     from .topk import running_topk
 
     backend = _topk_backend(pos.device, backend)
     if backend == "blocked":
-        return blocked_chunk_cutoff(pos, order, query_pos, sinks, window, topk)
+        return blocked_chunk_cutoff(pos, order, query_pos, sinks, window, topk, rank=rank)
     b, h, C = pos.shape
     L = query_pos.shape[-1]
     dev = pos.device
     if topk == 0:
         return torch.full((b, h, L), -1, dtype=torch.long, device=dev)
-    rank = torch.empty_like(order).scatter_(-1, order, torch.arange(C, device=dev).expand_as(order))
+    rank = ranks_of(order) if rank is None else rank
     # eligibility time: candidate c becomes eligible at query position pos_c + w (never if pos_c < s)
     big = torch.iinfo(torch.long).max
     key = torch.where(pos >= sinks, pos, big)
@@ -104,7 +112,8 @@ def chunk_cutoff(pos: torch.Tensor, order: torch.Tensor, query_pos: torch.Tensor
 
 
 def blocked_chunk_cutoff(pos: torch.Tensor, order: torch.Tensor, query_pos: torch.Tensor, sinks: int, window: int,
-                         topk: int, block: int = 128, max_tile_elems: int = 1 << 25) -> torch.Tensor:
+                         topk: int, block: int = 128, max_tile_elems: int = 1 << 25,
+                         rank: torch.Tensor | None = None) -> torch.Tensor:
     """:func:`chunk_cutoff` computed in parallel over blocks of ``block`` queries (no sequential sweep).
 
     Candidates are ordered by the query position at which they become eligible; query ``j`` sees the
@@ -125,7 +134,7 @@ def blocked_chunk_cutoff(pos: torch.Tensor, order: torch.Tensor, query_pos: torc
         return torch.full((b, h, L), -1, dtype=torch.long, device=dev)
     big = torch.iinfo(torch.long).max
     ar_C = torch.arange(C, device=dev)
-    rank = torch.empty_like(order).scatter_(-1, order, ar_C.expand_as(order))
+    rank = ranks_of(order) if rank is None else rank
     key = torch.where(pos >= sinks, pos, big)
     key_sorted, seq = key.sort(dim=-1, stable=True)  # seq[i]: candidate at sequence index i
     rank_seq = rank.gather(-1, seq)  # ranks in eligibility order
@@ -190,11 +199,11 @@ def compact_chunk_mask(pos, order, query_pos, sinks, window, topk, reference: bo
     b, h, C = pos.shape
     L = query_pos.shape[-1]
     dev = pos.device
-    rank = torch.empty_like(order).scatter_(-1, order, torch.arange(C, device=dev).expand_as(order))
+    rank = ranks_of(order)
     if reference:
         cutoff = chunk_cutoff_reference(pos, order, query_pos, sinks, window, topk)
     else:
-        cutoff = chunk_cutoff(pos, order, query_pos, sinks, window, topk, backend)
+        cutoff = chunk_cutoff(pos, order, query_pos, sinks, window, topk, backend, rank=rank)
     own = (C - L + torch.arange(L, device=dev)).expand(b, L)
     return CompactChunkMask(rank, pos, query_pos, cutoff, own, sinks, window)
 
@@ -334,20 +343,20 @@ def block_mask_from_flags(partial: torch.Tensor, full: torch.Tensor, L: int, C: 
 
     kv_num, kv_idx = _ordered(partial.to(torch.int8))
     full_num, full_idx = _ordered(full.to(torch.int8))
-    extra = {} if backward or not _HAS_COMPUTE_Q_BLOCKS else {"compute_q_blocks": False}
+    extra = {} if backward or not _has_compute_q_blocks() else {"compute_q_blocks": False}
     return BlockMask.from_kv_blocks(kv_num, kv_idx, full_num, full_idx, BLOCK_SIZE=(block, block),
                                     mask_mod=mask_mod, seq_lengths=(L, C), **extra)
 
 
+@functools.lru_cache(maxsize=None)
 def _has_compute_q_blocks() -> bool:
+    """Whether this torch's ``BlockMask.from_kv_blocks`` can skip the backward indices (asked once, on first use)."""
     import inspect
 
     from torch.nn.attention.flex_attention import BlockMask
 
     return "compute_q_blocks" in inspect.signature(BlockMask.from_kv_blocks).parameters
 
-
-_HAS_COMPUTE_Q_BLOCKS = _has_compute_q_blocks()
 
 
 def sparse_block_flags(rank: torch.Tensor, cutoff: torch.Tensor, sinks: int, window: int, block: int = 128,

@@ -83,7 +83,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                                                  "(tokens, comma-separated; cache ranking)")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (small ops: 1 is fastest)")
     p.add_argument("--no-progress", action="store_true")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    args.trace_knobs = trace_knobs(args)  # bad knobs fail here, before any work
+    return args
 
 
 def trace_knobs(args) -> dict[str, dict]:
@@ -105,7 +107,7 @@ def load_traces(args):
 
     meta = {"model": str(args.model), "families": args.families, "length": args.length,
             "train": args.train_traces, "heldout": args.heldout_traces, "seed": args.trace_seed}
-    knobs = trace_knobs(args)
+    knobs = args.trace_knobs
     if knobs:  # absent otherwise, so that trace files recorded without knobs stay valid
         meta["knobs"] = knobs
     config = AutoConfig.from_pretrained(args.model)
@@ -217,7 +219,6 @@ def evaluate(args, heldout, config, policies: dict, out: Path) -> dict:
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else [str(a) for a in argv]
     args = parse_args(argv)
-    trace_knobs(args)  # bad knobs fail before any work
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(args.seed)
