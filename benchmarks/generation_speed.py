@@ -376,6 +376,10 @@ def main(argv=None) -> int:
     ap.add_argument("--batch-scorers", nargs="*", default=None,
                     help="KVpop scorers of the throughput rows (default: --scorers); each batch size compiles anew")
     ap.add_argument("--leak-caches", type=int, default=0)
+    ap.add_argument("--paired-repeats", type=int, default=0,
+                    help="after all contexts, time the compiled decode of every KVpop cache again, alternating "
+                         "between the contexts this many times (rows 'compiled-paired': the ratio between contexts "
+                         "measured side by side, free of drift between the context rows)")
     ap.add_argument("--profile-prefill", action="store_true", help="write a profiler table of one KVpop chunk")
     ap.add_argument("--prefill-repeats", type=int, default=1, help="timed prefills per row (median; fresh caches)")
     ap.add_argument("--prefill-only", action="store_true",
@@ -400,6 +404,10 @@ def main(argv=None) -> int:
     started = _dt.datetime.now().astimezone().isoformat(timespec="seconds")
     torch._dynamo.config.recompile_limit = 64  # one graph per cache kind; never fall back to eager silently
     torch._dynamo.config.accumulated_recompile_limit = 512
+    import torch._inductor.config as inductor_config
+
+    if hasattr(inductor_config.triton, "cudagraph_unexpected_rerecord_limit"):
+        inductor_config.triton.cudagraph_unexpected_rerecord_limit = 1024  # a graph is re-recorded per cache
 
     max_ctx = max(args.contexts + [args.batch_context if args.batches else 0])
     model = build_model(args.shape, device, dtype, max_ctx + args.steps + args.warmup + 64)
@@ -478,6 +486,32 @@ def main(argv=None) -> int:
         record(ctx, 1, name, "compiled", times_c, pre_s, max(peak_pre, peak(device) - base), resident, read_b,
                max_abs_dlogit=f"{dlogit:.3g}", logit_scale=f"{logits_e.abs().max().item():.3g}",
                same_argmax=f"{same_top:.3f}", warmup_s=round(compile_s, 1))
+        return snap
+
+    paired: dict[str, dict[int, tuple]] = {}  # cache name -> context -> (cache, post-prefill snapshot, token, bytes)
+
+    def paired_decode() -> None:
+        """Compiled decode of each kept KVpop cache, the contexts alternating ``--paired-repeats`` times; each
+        visit restores the post-prefill state and runs ``--warmup`` untimed steps first (the CUDA graph is
+        re-recorded for the other cache's buffers)."""
+        for name, per_ctx in paired.items():
+            times = {ctx: [] for ctx in per_ctx}
+            for _ in range(args.paired_repeats):
+                for ctx, (cache, snap, tok, _) in per_ctx.items():
+                    restore(cache, snap)
+                    decode(compiled_call, model, cache, tok, args.warmup, device)
+                    times[ctx] += decode(compiled_call, model, cache, tok, args.steps, device)[0]
+            medians = {}
+            for ctx, (_, _, _, read_b) in per_ctx.items():
+                record(ctx, 1, name, "compiled-paired", times[ctx], float("nan"), float("nan"), float("nan"), read_b,
+                       repeats=args.paired_repeats)
+                medians[ctx] = statistics.median(times[ctx])
+            lo, hi = min(medians), max(medians)
+            if hi != lo:
+                notes.append(f"paired decode, {name}: {medians[hi]:.2f} ms at {hi} vs {medians[lo]:.2f} ms at {lo} "
+                             f"(ratio {medians[hi] / medians[lo]:.3f}; medians of {args.paired_repeats} x "
+                             f"{args.steps} compiled steps per context, the contexts alternating)")
+                print("  " + notes[-1], flush=True)
 
     warmed: set[str] = set()
 
@@ -548,7 +582,10 @@ def main(argv=None) -> int:
                     if args.prefill_only:
                         prefill_row(ctx, f"kvpop-{scorer}", cache, pre_s, base, cache.memory_bytes())
                     else:
-                        eager_and_compiled(ctx, f"kvpop-{scorer}", cache, tok, pre_s, base, cache.memory_bytes())
+                        snap = eager_and_compiled(ctx, f"kvpop-{scorer}", cache, tok, pre_s, base,
+                                                  cache.memory_bytes())
+                        if args.paired_repeats:
+                            paired.setdefault(f"kvpop-{scorer}", {})[ctx] = (cache, snap, tok, cache.memory_bytes())
                     del cache
                     gc.collect()
             if "dms" in args.rows and not args.prefill_only:
@@ -570,6 +607,11 @@ def main(argv=None) -> int:
             if device.type == "cuda":
                 torch.cuda.empty_cache()
             write_outputs(prefix, rows, notes, head, command, commit, started, args, plot_too=False)
+
+        if args.paired_repeats:
+            paired_decode()
+            paired.clear()
+            gc.collect()
 
         # eviction share of compiled steps: the same attention length as StaticCache+compile at B tokens
         static_small = [r for r in rows if r["cache"] == "static" and r["mode"] == "compiled"
@@ -695,7 +737,8 @@ def plottable(rows) -> list:
     """The rows :func:`plot` draws: every row of a prefill-only run, else the decode rows of prefilled batch-1 caches."""
     if rows and all(r["mode"] == "prefill" for r in rows):
         return rows
-    return [r for r in rows if r["batch"] == 1 and r.get("filled") != "synthetic" and r["mode"] != "prefill"]
+    return [r for r in rows if r["batch"] == 1 and r.get("filled") != "synthetic"
+            and r["mode"] in ("eager", "compiled")]
 
 
 def plot(rows, path: Path, title: str) -> None:

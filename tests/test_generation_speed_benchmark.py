@@ -33,7 +33,7 @@ def test_generation_speed_runs_and_redraws(tmp_path):
     argv = ["--shape", "tiny", "--contexts", "64", "200", "--steps", "3", "--warmup", "2", "--budget", "4", "16", "44",
             "--prefill-chunk", "128", "--static-contexts", "64", "200", "--static-synthetic", "200", "--scorers",
             "knorm", "mlstm", "--batches", "2", "--batch-context", "200", "--leak-caches", "2",
-            "--compile-backend", "eager", "--out-prefix", str(prefix)]
+            "--paired-repeats", "2", "--compile-backend", "eager", "--out-prefix", str(prefix)]
     assert generation_speed.main(argv) == 0
     rows = read_rows(prefix.with_suffix(".csv"))
     kinds = {(r["context"], r["batch"], r["cache"], r["mode"]) for r in rows}
@@ -42,12 +42,16 @@ def test_generation_speed_runs_and_redraws(tmp_path):
                             ("kvpop-knorm", "eager"), ("kvpop-knorm", "compiled"), ("kvpop-mlstm", "compiled")]:
             assert (ctx, "1", cache, mode) in kinds
     assert ("200", "2", "kvpop-mlstm", "compiled") in kinds
+    paired = [r for r in rows if r["mode"] == "compiled-paired"]
+    assert {(r["context"], r["cache"]) for r in paired} == {(c, n) for c in ("64", "200")
+                                                            for n in ("kvpop-knorm", "kvpop-mlstm")}
+    assert all(r["repeats"] == "2" and float(r["decode_ms_median"]) > 0 for r in paired)
     for r in rows:
         if r["mode"] == "compiled" and r["batch"] == "1":
             # compiled and eager decoding fed the same tokens agree (float32 on CPU)
             assert float(r["max_abs_dlogit"]) < 1e-4 and float(r["same_argmax"]) == 1.0
     text = prefix.with_suffix(".md").read_text()
-    assert "KVpopCaches created, filled" in text and prefix.with_suffix(".png").exists()
+    assert "paired decode, kvpop-mlstm" in text and "KVpopCaches created, filled" in text and prefix.with_suffix(".png").exists()
     again = tmp_path / "again"
     assert generation_speed.main(["--from-csv", str(prefix.with_suffix(".csv")), "--out-prefix", str(again)]) == 0
     assert [normalised(r) for r in read_rows(again.with_suffix(".csv"))] == [normalised(r) for r in rows]
