@@ -23,7 +23,9 @@
 #
 # Usage: OUT=dir bash benchmarks/gpu/testbed_4k.sh                                   (STAGE=teacher, ~9 min)
 #        OUT=dir STAGE=retrofit TEACHER=checkpoints/teacher_4k bash benchmarks/gpu/testbed_4k.sh   (~9 min)
-# Knobs: TB (teacher training seconds, 240), RS (retrofit seconds, 200), EVAL_N (problems per evaluation, 40),
+# Knobs: TB (teacher training seconds, 240), RS (retrofit seconds, 200), VARIANTS (the retrofits to run, default
+# the eight above, e.g. "kvpop_cr88 kvpop_distill_cr88"; a policy is evaluated when its _cr88 run exists),
+# ORACLE=0 (skip the answer-query oracles), BASE_POLICIES (the untrained rows of the evaluation, dense,streaming), EVAL_N (problems per evaluation, 40),
 # DEADLINE (seconds after start by which the last evaluations are cut, 540); for a CPU smoke test of the script:
 # DEVICE=cpu LEN=768 LO=512 CLEN=640 TB=10 RS=5 EVAL_N=2 WORKERS=1 NEX=8.
 set -u
@@ -95,7 +97,7 @@ stage_retrofit() {
   local TEACHER=${TEACHER:?set TEACHER to the 4k teacher} RS=${RS:-200}
   local K88 K94 B="0.75,0.88,0.94"
   K88=$(topk 0.88); K94=$(topk 0.94)
-  for kind in max mean; do  # the oracle from the answer's queries only (the all-query one: STAGE=teacher)
+  for kind in $( [ "${ORACLE:-1}" = 1 ] && echo max mean ); do  # the oracle from the answer's queries only
     timeout $((RS + 200)) python3 benchmarks/oracle_eviction.py --model "$TEACHER" --out "$OUT/oracle_${kind}_target" \
       --kind $kind --queries target --length $L --n "$N" --budgets $B --window $W $KNOBS --device "$DEVICE" \
       > "$OUT/oracle_${kind}_target.log" 2>&1 && grep -E "^\| oracle" "$OUT/oracle_${kind}_target/table.md" &
@@ -113,25 +115,30 @@ stage_retrofit() {
   }
   local ONLY="--train_backbone False --learning_rate 1e-4"
   local LORA="--train_backbone True --lora_rank 8 --merge_lora True --distill_weight 1.0 --learning_rate 1e-3"
-  for s in mlstm:kvpop mlp:kvpop_mlp; do
-    local sc=${s%%:*} p=${s##*:}
-    retro "${p}_cr88" "$sc" "$K88" $ONLY --target_reduce max &
-    retro "${p}_cr94" "$sc" "$K94" $ONLY --target_reduce max &
-    retro "${p}_mean_cr88" "$sc" "$K88" $ONLY --target_reduce mean &
-    retro "${p}_distill_cr88" "$sc" "$K88" $LORA --target_reduce max &
+  # a variant's name says what it trains: kvpop (mLSTM) or kvpop_mlp, _mean (the mean target, else the max one),
+  # _distill (distillation + boundary loss with a LoRA backbone, else scorer only), _cr<NN> (its budget)
+  local v sc target mode
+  for v in ${VARIANTS:-kvpop_cr88 kvpop_cr94 kvpop_mean_cr88 kvpop_distill_cr88 kvpop_mlp_cr88 kvpop_mlp_cr94 \
+              kvpop_mlp_mean_cr88 kvpop_mlp_distill_cr88}; do
+    case "$v" in kvpop_mlp*) sc=mlp ;; kvpop*) sc=mlstm ;; *) echo "unknown variant $v" >&2; exit 2 ;; esac
+    case "$v" in *_mean_*) target=mean ;; *) target=max ;; esac
+    case "$v" in *_distill_*) mode=$LORA ;; *) mode=$ONLY ;; esac
+    # shellcheck disable=SC2086
+    retro "$v" "$sc" "$(topk "0.${v##*_cr}")" $mode --target_reduce $target &
   done
   wait
   for d in "$OUT"/ckpt/*; do  # scorer-only: the backbone copy is the unchanged teacher
     case "$d" in *distill*) ;; *) rm -f "$d/model.safetensors" "$d/training_args.bin" ;; esac
   done
-  local specs=()
+  local specs=() policies=${BASE_POLICIES:-dense,streaming} p
   for p in kvpop kvpop_mlp kvpop_mean kvpop_mlp_mean kvpop_distill kvpop_mlp_distill; do
-    [ -d "$OUT/ckpt/${p}_cr88" ] && specs+=(--scorer-checkpoint "$p@cr75=$OUT/ckpt/${p}_cr88")
-    [ -d "$OUT/ckpt/${p}_cr88" ] && [ ! -d "$OUT/ckpt/${p}_cr94" ] && specs+=(--scorer-checkpoint "$p@cr94=$OUT/ckpt/${p}_cr88")
+    [ -d "$OUT/ckpt/${p}_cr88" ] || continue
+    policies+=",$p"
+    specs+=(--scorer-checkpoint "$p@cr75=$OUT/ckpt/${p}_cr88")
+    [ ! -d "$OUT/ckpt/${p}_cr94" ] && specs+=(--scorer-checkpoint "$p@cr94=$OUT/ckpt/${p}_cr88")
   done
   evaluate "$OUT/eval_learned" "$(left)" --model "$TEACHER" --length $L --budgets $B \
-    --policies dense,streaming,kvpop_mlp,kvpop,kvpop_mlp_mean,kvpop_mean,kvpop_mlp_distill,kvpop_distill \
-    --checkpoints-dir "$OUT/ckpt" "${specs[@]}" --analysis --analysis-n 8 --oracle-kind max --oracle-queries target
+    --policies "$policies" --checkpoints-dir "$OUT/ckpt" "${specs[@]}" --analysis --analysis-n 8 --oracle-kind max --oracle-queries target
   stamp "stage retrofit done"
 }
 
