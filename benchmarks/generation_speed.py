@@ -573,6 +573,7 @@ def main(argv=None) -> int:
             if "kvpop" in args.rows:
                 model.set_attn_implementation("kvpop")
                 for scorer in args.scorers:
+                    base = allocated(device)  # caches kept for --paired-repeats are not this row's memory
                     cache = make_cache(f"kvpop-{scorer}")
                     if args.profile_prefill and ctx == profile_ctx:
                         profile_prefill_chunk(model, cache, prompt, args.prefill_chunk, device,
@@ -590,6 +591,7 @@ def main(argv=None) -> int:
                     gc.collect()
             if "dms" in args.rows and not args.prefill_only:
                 model.set_attn_implementation("kvpop")
+                base = allocated(device)
                 if args.dms_checkpoint:
                     cache = DMSCache.from_pretrained(args.dms_checkpoint, model.config)
                 else:
