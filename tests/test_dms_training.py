@@ -98,3 +98,45 @@ def test_training_arguments_refuse_bad_values(tmp_path, kwargs, match):
 
     with pytest.raises(ValueError, match=match):
         DMSTrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to="none", **kwargs)
+
+
+def test_time_ramp_follows_the_clock(monkeypatch):
+    from types import SimpleNamespace
+
+    from kvpop_hf.dms import trainer as dms_trainer
+
+    clock = [100.0]
+    monkeypatch.setattr(dms_trainer.time, "monotonic", lambda: clock[0])
+    fake = SimpleNamespace(args=SimpleNamespace(ramp_seconds=10.0, target_eviction=0.8), _ramp_start=None,
+                           schedule=CompressionSchedule(0.8, 1000), state=SimpleNamespace(global_step=5))
+    rates = []
+    for t in (100.0, 105.0, 110.0, 150.0):  # the ramp starts at the first call
+        clock[0] = t
+        rates.append(dms_trainer.DMSTrainer.target_rate(fake))
+    assert rates == pytest.approx([0.0, 0.4, 0.8, 0.8])
+    fake.args.ramp_seconds = None  # by step: 5 of 1000 ramp steps
+    assert dms_trainer.DMSTrainer.target_rate(fake) == pytest.approx(0.004)
+
+
+def test_train_dms_knobs_shape_the_data_and_the_time_budget_sets_the_ramp(tmp_path):
+    import sys
+    from pathlib import Path
+
+    from test_streaming_plus import _teacher
+
+    from kvpop_hf.testbed import build_tokenizer
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "training"))
+    import train_dms
+
+    teacher = _teacher(tmp_path)
+    common = ["--model", str(teacher), "--seq_len", "256", "--compression", "0.75", "--sinks", "4", "--window", "16",
+              "--output_dir", str(tmp_path / "ck"), "--report_to", "none", "--save_strategy", "no", "--use_cpu", "True",
+              "--disable_tqdm", "True", "--per_device_train_batch_size", "2"]
+    trainer = train_dms.main(common + ["--max_steps", "1", "--max_train_seconds", "60", "--ramp_fraction", "0.5",
+                                       "--knob", "reasoning.n_facts=3", "reasoning.steps=2"])
+    fact = build_tokenizer().convert_tokens_to_ids("fact")
+    assert [int((e["input_ids"] == fact).sum()) for e in trainer.train_dataset] == [3, 3]
+    assert trainer.args.ramp_seconds == pytest.approx(30.0)
+    with pytest.raises(ValueError, match="FAMILY.KEY=VALUE"):  # before the model is loaded
+        train_dms.main(["--model", str(tmp_path / "nothing")] + common[2:] + ["--knob", "steps=4"])

@@ -43,9 +43,14 @@ class ScriptArguments:
     seq_len: int = field(default=1024)
     num_examples: int | None = field(default=None)
     problem_seed: int = field(default=1234)
+    knob: list[str] = field(default_factory=list, metadata={
+        "help": "Generator knobs of the testbed problems, FAMILY.KEY=VALUE (several after one --knob), "
+                "as kvpop-eval's --knob: e.g. --knob reasoning.n_facts=10 reasoning.steps=4."})
     lora_rank: int = field(default=8, metadata={"help": ">0: LoRA student (teacher = adapters disabled); 0: full."})
     merge_lora: bool = field(default=True, metadata={"help": "Save the LoRA merged into the weights."})
-    max_train_seconds: float | None = field(default=None)
+    max_train_seconds: float | None = field(default=None, metadata={
+        "help": "Stop training (and save) after this many seconds; the target then ramps up over ramp_fraction of "
+                "this time (unless --ramp_seconds is given)."})
 
 
 def main(argv=None, callbacks=None):
@@ -55,6 +60,12 @@ def main(argv=None, callbacks=None):
         raise ValueError(f"--compression must be in (0, 1), got {script.compression}.")
     if not script.dataset.startswith("testbed:"):
         raise ValueError(f"--dataset must be testbed:<families>, got {script.dataset!r}.")
+    from kvpop_hf.testbed.evaluate import parse_knobs
+
+    families = script.dataset.split(":", 1)[1].split(",")
+    knobs = parse_knobs(script.knob, families)
+    if script.max_train_seconds and args.ramp_seconds is None:
+        args.ramp_seconds = args.ramp_fraction * script.max_train_seconds
     length = script.budget_length or script.seq_len
     budget = int(round((1.0 - script.compression) * length))
     args.target_eviction = target_eviction_rate(budget, length, args.sinks, args.window)
@@ -62,9 +73,8 @@ def main(argv=None, callbacks=None):
           f"{args.target_eviction:.4f} over tokens t >= {args.sinks}", file=sys.stderr)
     tokenizer = AutoTokenizer.from_pretrained(script.model)
     model = AutoModelForCausalLM.from_pretrained(script.model, dtype=torch.float32)
-    families = script.dataset.split(":", 1)[1].split(",")
     data = testbed_examples(families, tokenizer, script.seq_len, examples_needed(script.num_examples, args),
-                            script.problem_seed)
+                            script.problem_seed, knobs)
     return train_and_save(DMSTrainer, lora_student(model, script.lora_rank), args, data, tokenizer, script, callbacks)
 
 

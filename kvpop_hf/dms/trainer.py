@@ -5,7 +5,8 @@ Loss per batch: ``KL(teacher || student) + compression_weight * max(0, rate(step
 ``|rate(step) - mean alpha|`` with ``penalty="two_sided"``); the student
 runs the relaxed delayed-eviction attention (``"dms_train"``), the teacher is the same model with its LoRA
 adapters disabled (or a frozen copy). ``rate(step)`` ramps linearly from 0 to ``target_eviction`` over the first
-``ramp_fraction`` of the steps (:class:`~kvpop_hf.dms.compression.CompressionSchedule`). The gate reads detached
+``ramp_fraction`` of the steps (:class:`~kvpop_hf.dms.compression.CompressionSchedule`), or over the first
+``ramp_seconds`` of training when that is set (for runs bounded by time, not steps). The gate reads detached
 value states, so only the distillation trains the backbone.
 
 Checkpoints hold the model (``config.json`` + ``model.safetensors``) and the gate (``dms_config.json`` +
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import copy
 import math
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -43,6 +45,8 @@ class DMSTrainingArguments(TrainingArguments):
     target_eviction: float = field(default=0.0, metadata={
         "help": "Final eviction rate over tokens t >= sinks (train_dms.py derives it from --compression)."})
     ramp_fraction: float = field(default=0.5, metadata={"help": "Fraction of the steps over which the rate ramps up."})
+    ramp_seconds: float | None = field(default=None, metadata={
+        "help": "Ramp the rate up over this many seconds from the first step instead (runs bounded by time)."})
     compression_weight: float = field(default=10.0, metadata={"help": "Weight of the compression penalty."})
     penalty: str = field(default="one_sided", metadata={
         "help": "one_sided: max(0, rate - mean alpha) (DMS) | two_sided: |rate - mean alpha| (matched memory)."})
@@ -59,6 +63,8 @@ class DMSTrainingArguments(TrainingArguments):
             raise ValueError(f"target_eviction must be in [0, 1), got {self.target_eviction}.")
         if not 0.0 <= self.ramp_fraction <= 1.0:
             raise ValueError(f"ramp_fraction must be in [0, 1], got {self.ramp_fraction}.")
+        if self.ramp_seconds is not None and not self.ramp_seconds >= 0:
+            raise ValueError(f"ramp_seconds must be >= 0, got {self.ramp_seconds}.")
         if self.penalty not in ("one_sided", "two_sided"):
             raise ValueError(f"penalty must be 'one_sided' or 'two_sided', got {self.penalty!r}.")
         if self.compression_weight < 0 or self.gate_learning_rate <= 0:
@@ -97,6 +103,7 @@ class DMSTrainer(Trainer):
         self.model_accepts_loss_kwargs = False
         ramp = math.ceil(args.ramp_fraction * max(1, args.max_steps))
         self.schedule = CompressionSchedule(args.target_eviction, ramp)
+        self._ramp_start: float | None = None
         self._dms_logs: dict[str, list[float]] = {}
 
     @property
@@ -107,6 +114,17 @@ class DMSTrainer(Trainer):
         if self.optimizer is None:
             self.optimizer = two_group_optimizer(self, (GATE_ATTR,), self.args.gate_learning_rate)
         return self.optimizer
+
+    def target_rate(self) -> float:
+        """The compression target now: by step (``ramp_fraction``), or by the time since the first step
+        (``ramp_seconds``)."""
+        seconds = self.args.ramp_seconds
+        if seconds is None:
+            return self.schedule.rate(self.state.global_step)
+        now = time.monotonic()
+        self._ramp_start = self._ramp_start if self._ramp_start is not None else now
+        frac = 1.0 if seconds == 0 else min(1.0, (now - self._ramp_start) / seconds)
+        return self.args.target_eviction * frac
 
     def _teacher_logits(self, model, ids):
         with torch.no_grad():
@@ -129,7 +147,7 @@ class DMSTrainer(Trainer):
             token_mask = torch.zeros_like(labels, dtype=torch.bool)
             token_mask[:, :-1] = labels[:, 1:] != -100
         d_loss = distillation_loss(outputs.logits, teacher, args.distill_temperature, token_mask)
-        rate = self.schedule.rate(self.state.global_step)
+        rate = self.target_rate()
         alpha = mean_eviction(list(record.alpha.values()), args.sinks)
         c_loss = compression_loss(alpha, rate, two_sided=self.args.penalty == "two_sided")
         loss = d_loss + args.compression_weight * c_loss

@@ -1,0 +1,128 @@
+#!/usr/bin/env bash
+# The baseline rows of the 4k-token testbed (results/testbed_4k) on one GPU, everything side by side:
+#   * StreamingLLM+ at 75/88/94%: sinks + a window of B - 4 tokens (k = 0, scorer "streaming"), TEACHER's rank-8
+#     LoRA distilled at the budget for RS seconds and merged -> $OUT/ckpt/streaming_plus_cr<NN>;
+#   * DMS at 75/88/94%: eviction gates + rank-8 LoRA distilled for RS seconds (the compression target ramps up over
+#     the first half of them), merged -> $OUT/ckpt/dms_cr<NN>;
+#   * meanwhile, kvpop-eval of the policies that need no training, at the budgets the 4k table lacks: TOVA, H2O and
+#     SnapKV at 75% and 94%, LagKV at 94%, KVP (RL and supervised, KVP_CKPTS/{rl,supervised}) at 94%;
+#   * each trained checkpoint is evaluated as soon as it is saved (kvpop-eval, one folder per policy and budget);
+#     once the three DMS evaluations are done, their compression.json files are merged into $OUT/eval_dms/ and
+#     drawn as the per-head eviction-ratio heatmap (python -m kvpop_hf.dms.heatmap).
+# Every evaluation has its own folder $OUT/eval_<policy>_cr<NN> (log beside it: $OUT/eval_<...>.log; outputs.jsonl
+# is written problem by problem, so a run cut by DEADLINE keeps what it finished); training logs: $OUT/train_*.log.
+# All problems: reasoning, LEN tokens, the 4k knobs (10 facts, 4 steps), sinks 4, window 32, EVAL_N problems.
+#
+# Usage: OUT=dir bash benchmarks/gpu/testbed_4k_baselines.sh                                 (~9.5 min)
+# Knobs: TEACHER (checkpoints/teacher_4k), KVP_CKPTS (checkpoints/kvp_4k), RS (training seconds, 240), EVAL_N
+# (problems per evaluation, 40), EBS (evaluation batch size, 20; DEBS for DMS, whose prefill mask is dense, 10),
+# DBS (DMS training batch size, 2), NEX (training examples, 1200), TRAIN_SLACK (seconds a training may run past RS
+# for loading and saving, 150), THREADS (torch threads per process, 2), DEADLINE (seconds after start by which
+# everything is cut, 560); for a CPU smoke test of the script (python3 must be the environment's):
+# DEVICE=cpu LEN=768 RS=5 EVAL_N=2 EBS=2 DEBS=2 NEX=8 THREADS=1 TRAIN_SLACK=900 DEADLINE=1200.
+set -u
+: "${OUT:?set OUT to an output directory}"
+export PYTHONUNBUFFERED=1 PYTHONPATH=. TOKENIZERS_PARALLELISM=false
+L=${LEN:-4096}; W=32; N=${EVAL_N:-40}; EBS=${EBS:-20}; DEBS=${DEBS:-10}; DBS=${DBS:-2}; NEX=${NEX:-1200}; RS=${RS:-240}
+TEACHER=${TEACHER:-checkpoints/teacher_4k}; KVP_CKPTS=${KVP_CKPTS:-checkpoints/kvp_4k}
+DEADLINE=${DEADLINE:-560}; DEVICE=${DEVICE:-cuda}; TRAIN_SLACK=${TRAIN_SLACK:-150}; TH=${THREADS:-2}
+if [ "$DEVICE" = cpu ]; then TRAIN_DEV="--use_cpu True"; else TRAIN_DEV="--bf16"; fi
+KNOBS="--knob reasoning.n_facts=10 --knob reasoning.steps=4"
+T0=$(date +%s)
+stamp() { echo "[$(( $(date +%s) - T0 ))s] $*"; }
+left() { local s=$(( DEADLINE - ($(date +%s) - T0) )); echo $(( s > 1 ? s : 1 )); }
+tokens() {  # B of a budget ratio, from kvpop_hf's own parse_budgets
+  python3 -c "from kvpop_hf.testbed.policies import parse_budgets as p; print(p('$1', $L, 4, $W)[0].B)"; }
+mkdir -p "$OUT/ckpt"
+for d in "$TEACHER" "$KVP_CKPTS/rl" "$KVP_CKPTS/supervised"; do
+  [ -d "$d" ] || { echo "missing $d" >&2; exit 2; }
+done
+python3 -c "from kvpop_hf.testbed.policies import parse_budgets as p
+print('budgets:', ', '.join(f'{b.spec}: B = {b.B}, k = {b.topk}' for b in p('0.75,0.88,0.94', $L, 4, $W)))" \
+  || { echo "python3 cannot import kvpop_hf" >&2; exit 2; }
+
+evaluate() {  # out-dir seconds args...  (kvpop-eval of reasoning problems with the 4k knobs)
+  local d=$1 s=$2; shift 2
+  OMP_NUM_THREADS=$TH timeout "$s" python3 -m kvpop_hf.testbed.evaluate --out "$d" --n "$N" --families reasoning \
+    --in-domain reasoning --length $L --sinks 4 --window $W $KNOBS --batch-size "$EBS" --device "$DEVICE" \
+    --no-progress "$@" > "$d.log" 2>&1
+  local rc=$?; stamp "eval ${d##*/} exit $rc"; grep -E "^\| [a-z]" "$d/table1.md" 2>/dev/null
+}
+
+train_seconds() {  # the training limit: RS + TRAIN_SLACK, and at least a minute before DEADLINE for the evaluation
+  local s cap=$(( RS + TRAIN_SLACK )); s=$(( $(left) - 60 )); echo $(( s < cap ? (s > 1 ? s : 1) : cap ))
+}
+
+COMMON_TRAIN="--dataset testbed:reasoning --knob reasoning.n_facts=10 reasoning.steps=4 --seq_len $L --sinks 4
+  --lora_rank 8 --merge_lora True --max_steps 100000 --num_examples $NEX --max_train_seconds $RS --learning_rate 1e-3
+  --logging_steps 10 --report_to none --save_strategy no --disable_tqdm True --seed 0 $TRAIN_DEV"
+
+streaming_plus() {  # NN (75 / 88 / 94): train, then evaluate
+  local cr=0.$1 name=streaming_plus_cr$1 B
+  B=$(tokens "$cr")
+  OMP_NUM_THREADS=$TH timeout "$(train_seconds)" python3 training/retrofit.py --model "$TEACHER" $COMMON_TRAIN \
+    --window $((B - 4)) --topk 0 --scorer streaming --per_device_train_batch_size 4 --output_dir "$OUT/ckpt/$name" \
+    > "$OUT/train_$name.log" 2>&1
+  local rc=$?; stamp "train $name (B = $B, window $((B - 4))) exit $rc"
+  grep -o "{'loss'[^}]*}" "$OUT/train_$name.log" | sed -n '$p' | cut -c1-200
+  [ $rc = 0 ] || return
+  evaluate "$OUT/eval_$name" "$(left)" --model "$TEACHER" --budgets "$cr" --policies streaming_plus \
+    --scorer-checkpoint "streaming_plus@cr$1=$OUT/ckpt/$name"
+}
+
+dms() {  # NN: train, then evaluate (compression.json in the evaluation folder)
+  local cr=0.$1 name=dms_cr$1
+  OMP_NUM_THREADS=$TH timeout "$(train_seconds)" python3 training/train_dms.py --model "$TEACHER" $COMMON_TRAIN \
+    --compression "$cr" --window $W --penalty one_sided --compression_weight 10 --ramp_fraction 0.5 \
+    --per_device_train_batch_size "$DBS" --output_dir "$OUT/ckpt/$name" > "$OUT/train_$name.log" 2>&1
+  local rc=$?; stamp "train $name exit $rc"
+  grep -o "{'loss'[^}]*}" "$OUT/train_$name.log" | sed -n '$p' | cut -c1-240
+  [ $rc = 0 ] || return
+  EBS=$DEBS evaluate "$OUT/eval_$name" "$(left)" --model "$TEACHER" --budgets "$cr" --policies dms \
+    --scorer-checkpoint "dms@cr$1=$OUT/ckpt/$name"
+}
+
+DMS_JOBS=()
+for nn in 75 88 94; do
+  streaming_plus $nn &
+  dms $nn & DMS_JOBS+=($!)
+done
+for p in tova h2o snapkv; do
+  for nn in 75 94; do
+    evaluate "$OUT/eval_${p}_cr$nn" "$(left)" --model "$TEACHER" --budgets 0.$nn --policies $p &
+  done
+done
+evaluate "$OUT/eval_lagkv_cr94" "$(left)" --model "$TEACHER" --budgets 0.94 --policies lagkv &
+evaluate "$OUT/eval_kvp_cr94" "$(left)" --model "$TEACHER" --budgets 0.94 --policies kvp,kvp_supervised \
+  --scorer-checkpoint "kvp=$KVP_CKPTS/rl" --scorer-checkpoint "kvp_supervised=$KVP_CKPTS/supervised" &
+
+wait "${DMS_JOBS[@]}"
+mkdir -p "$OUT/eval_dms"
+python3 - "$OUT" > "$OUT/eval_dms/merge.log" 2>&1 <<'EOF'
+import json, sys
+from pathlib import Path
+out = Path(sys.argv[1])
+merged = {}
+for nn in ("75", "88", "94"):
+    f = out / f"eval_dms_cr{nn}" / "compression.json"
+    if f.is_file():
+        merged.update(json.loads(f.read_text()))
+        print(f"merged {f}")
+if merged:
+    (out / "eval_dms" / "compression.json").write_text(json.dumps(merged, indent=2) + "\n")
+EOF
+if [ -f "$OUT/eval_dms/compression.json" ]; then
+  timeout "$(left)" python3 -m kvpop_hf.dms.heatmap "$OUT/eval_dms/compression.json" \
+    "$OUT/eval_dms/eviction_ratio_heatmap.png" >> "$OUT/eval_dms/merge.log" 2>&1
+  stamp "DMS heatmap exit $?"
+else
+  stamp "DMS heatmap: no compression.json"
+fi
+wait
+
+stamp "summary"
+for f in "$OUT"/eval_*/table1.md; do
+  [ -f "$f" ] || continue
+  echo "== ${f%/table1.md}"; grep -E "^\| [a-z]" "$f"
+done
+stamp "done"
