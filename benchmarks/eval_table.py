@@ -6,7 +6,9 @@
 A folder's ``results.csv`` (kvpop-eval, benchmarks/oracle_eviction.py) is used when present; otherwise its
 ``outputs.jsonl`` (kvpop-eval writes it problem by problem, so a run cut by a time limit still has the rows it
 finished; token accuracy is then the mean over problems and the fact-lookup accuracy is not available).
-A (policy, budget) row seen in an earlier folder wins. EM standard error: ``sqrt(EM (1 - EM) / n)``.
+A (policy, budget) row seen in an earlier folder wins. ``FOLDER@SUFFIX`` appends SUFFIX to the names of that
+folder's policies (not to ``dense``), to list two runs of one policy side by side. EM standard error:
+``sqrt(EM (1 - EM) / n)``.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ def rows_of(folder: Path) -> list[dict]:
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("folders", nargs="+", type=Path)
+    ap.add_argument("folders", nargs="+", help="evaluation folders, each optionally FOLDER@SUFFIX")
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--plot", type=Path, default=None, help="quality-vs-budget plot (needs --length)")
     ap.add_argument("--length", type=int, default=None, help="problem length in tokens (compression = 1 - B / length)")
@@ -44,8 +46,11 @@ def main(argv=None) -> None:
     if args.plot is not None and (args.length is None or args.length < 1):
         raise SystemExit("--plot needs --length (the problems' length in tokens)")
     seen, table = set(), []
-    for folder in args.folders:
-        for r in rows_of(folder):
+    for spec in args.folders:
+        folder, _, suffix = spec.partition("@")
+        for r in rows_of(Path(folder)):
+            if suffix and r["policy"] != "dense":
+                r["policy"] += suffix
             key = (r["policy"], r["budget"])
             if key not in seen:
                 seen.add(key)

@@ -1,4 +1,4 @@
-"""The small result tools: benchmarks/merge_eval_runs.py and benchmarks/plot_probe_curves.py."""
+"""The small result tools: benchmarks/merge_eval_runs.py, eval_table.py and plot_probe_curves.py."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+import eval_table  # noqa: E402
 import merge_eval_runs  # noqa: E402
 import plot_probe_curves  # noqa: E402
 
@@ -72,3 +73,16 @@ def test_probe_curves_from_log_and_manifest(tmp_path):
         empty = tmp_path / "e.log"
         empty.write_text("nothing\n")
         plot_probe_curves.main(["--out", str(out), f"e={empty}"])
+
+
+def test_eval_table_first_folder_wins_and_suffix_keeps_both(tmp_path, capsys):
+    _run(tmp_path / "a", [_r("dense", "full", 0.0, 1.0), _r("kvpop", 492, 0.88, 0.5)])
+    _run(tmp_path / "b", [_r("dense", "full", 0.0, 0.5), _r("kvpop", 492, 0.88, 1.0), _r("tova", 492, 0.88, 0.0)])
+    out = tmp_path / "t.md"
+    eval_table.main([str(tmp_path / "a"), str(tmp_path / "b"), "--out", str(out)])
+    rows = [line.split(" | ") for line in out.read_text().splitlines()[2:]]
+    assert [(r[0].strip("| "), r[2]) for r in rows] == [("dense", "1.000"), ("kvpop", "0.500"), ("tova", "0.000")]
+    eval_table.main([str(tmp_path / "a"), f"{tmp_path / 'b'}@_long", "--out", str(out)])
+    rows = [line.split(" | ") for line in out.read_text().splitlines()[2:]]
+    assert [(r[0].strip("| "), r[2]) for r in rows] == [("dense", "1.000"), ("kvpop", "0.500"),
+                                                        ("kvpop_long", "1.000"), ("tova_long", "0.000")]
