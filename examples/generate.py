@@ -30,7 +30,7 @@ from tqdm.auto import tqdm
 from transformers import AutoModelForCausalLM, DynamicCache, Qwen3Config
 from transformers.generation.streamers import BaseStreamer
 
-from kvpop_hf import SCORERS, KVpopCache  # importing kvpop_hf registers attn_implementation="kvpop"
+from kvpop_hf import SCORERS, KVpopCache, prefill_in_chunks  # importing kvpop_hf registers attn_implementation="kvpop"
 from kvpop_hf.cache import kv_tensor_bytes
 from kvpop_hf.compat import with_cache
 
@@ -121,10 +121,12 @@ def run_generate(model, ids, cache, args, desc, eos_token_id, pad_token_id):
                eos_token_id=eos_token_id, streamer=streamer, attention_mask=torch.ones_like(ids))
     if eos_token_id is None:
         gen["min_new_tokens"] = args.max_new_tokens
-    if args.prefill_chunk_size:
-        gen["prefill_chunk_size"] = args.prefill_chunk_size
     t0 = time.perf_counter()
     with torch.inference_mode():
+        if args.prefill_chunk_size and ids.shape[1] > 1:
+            # the prompt in chunks outside generate's compiled call (kvpop_hf/prefill.py); generate continues
+            # from the filled cache and keeps its compiled decode steps on CUDA
+            prefill_in_chunks(model, cache, ids, args.prefill_chunk_size, attention_mask=gen["attention_mask"])
         out = model.generate(ids, **with_cache(model, cache, **gen))
     wall = time.perf_counter() - t0
     return out[0, ids.shape[1]:], streamer, wall
@@ -145,7 +147,7 @@ def main(argv=None) -> int:
     ap.add_argument("--prompt-len", type=int, default=None,
                     help="prompt tokens of random ids (default 128), or the testbed problem length with a "
                          "checkpoint (default 512; the reasoning family needs >= ~170)")
-    ap.add_argument("--prefill-chunk-size", type=int, default=0, help="0: prefill the prompt in one forward")
+    ap.add_argument("--prefill-chunk-size", type=int, default=0, help="feed the prompt in chunks of this many tokens (kvpop_hf.prefill_in_chunks) before generate; 0: one forward")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--checkpoint", default=str(DEFAULT_CHECKPOINT),
                     help="model dir with config.json + tokenizer; used only if it exists")

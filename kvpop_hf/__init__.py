@@ -6,6 +6,7 @@ Importing the package registers the ``"kvpop"`` attention implementation.
 from .attention import register as _register_attention
 from .cache import KVpopCache
 from .config import KVpopConfig
+from .prefill import prefill_in_chunks
 from .scorers import SCORERS, Scorer, build_scorer
 
 _register_attention()
@@ -23,5 +24,5 @@ def __getattr__(name):  # the training stack is imported on first use
     raise AttributeError(f"module 'kvpop_hf' has no attribute {name!r}")
 
 
-__all__ = ["KVpopCache", "KVpopConfig", "Scorer", "SCORERS", "build_scorer", "KVpopTrainer", "KVpopTrainingArguments"]
+__all__ = ["KVpopCache", "KVpopConfig", "prefill_in_chunks", "Scorer", "SCORERS", "build_scorer", "KVpopTrainer", "KVpopTrainingArguments"]
 __version__ = "0.1.0"

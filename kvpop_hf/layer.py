@@ -26,6 +26,28 @@ from .priority import decayed_priorities
 NEG_INF = float("-inf")
 
 
+CHUNK_IN_COMPILED_CALL = (
+    "KVpopCache got a prompt chunk inside a torch.compile'd forward on CUDA. transformers' generate compiles "
+    "the chunked prefill too (prefill_chunk_size with a compileable cache), and KVpop's eager chunk path breaks "
+    "under CUDA graphs. Fill the prompt first with kvpop_hf.prefill_in_chunks(model, cache, input_ids, "
+    "chunk_size, attention_mask) and then call generate without prefill_chunk_size (its decode steps stay "
+    "compiled), or pass disable_compile=True to generate."
+)
+
+
+def chunk_in_compiled_call_unsupported(key_states: torch.Tensor) -> bool:
+    """Whether a prompt chunk may not run inside a compiled forward: on CUDA, where transformers compiles with
+    CUDA graphs and the chunk path's graph breaks fail there (``kvpop_hf/prefill.py``). On other devices the
+    chunk path runs eagerly inside the compiled call (checked on CPU by the tests)."""
+    return key_states.is_cuda
+
+
+@torch.compiler.disable
+def _refuse_chunk_in_compiled_call() -> None:
+    """Raised at run time (a ``raise`` traced by dynamo would only make it fall back to eager)."""
+    raise RuntimeError(CHUNK_IN_COMPILED_CALL)
+
+
 @dataclass
 class ChunkPlan:
     """What a multi-token update leaves for the ``kvpop`` attention function (see attention.py).
@@ -198,11 +220,13 @@ class KVpopLayer(CacheLayerMixin):
 
     def update(self, key_states, value_states, *args, **kwargs):
         """A decode step (one token per row) is traceable and fixed-shape; everything else -- the first
-        allocation and prompt chunks -- runs eagerly even inside a compiled forward (``generate`` compiles
-        chunked prefill too when the cache is compileable): buffers allocated inside a CUDA graph would
-        live in its memory pool and be overwritten by the next replay."""
+        allocation and prompt chunks -- runs eagerly, even inside a compiled forward (graph breaks): buffers
+        allocated inside a CUDA graph would live in its memory pool and be overwritten by the next replay.
+        A prompt chunk inside a compiled forward on CUDA is refused (:func:`chunk_in_compiled_call_unsupported`)."""
         if key_states.shape[2] == 1 and self.is_initialized:
             return self._decode_update(key_states, value_states)
+        if torch.compiler.is_compiling() and chunk_in_compiled_call_unsupported(key_states):
+            _refuse_chunk_in_compiled_call()
         return self._update_eagerly(key_states, value_states, **kwargs)
 
     @torch.compiler.disable

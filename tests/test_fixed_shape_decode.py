@@ -244,3 +244,67 @@ def test_chunked_prefill_through_the_compiled_call_equals_eager():
     assert diff < 1e-4, diff
     # 37 tokens = 5 eager chunk updates; the 9 decode steps ran as compiled code (they count only when eager)
     assert all(layer.updates == 5 for layer in cache.layers)
+
+
+def test_chunk_in_a_compiled_call_where_unsupported_raises_a_clear_error(monkeypatch):
+    """On CUDA a prompt chunk inside a compiled forward is refused (CUDA graphs and the chunk path's graph
+    breaks do not mix); forced here on CPU, the error reaches the caller, names the fix, and nothing was
+    stored."""
+    import kvpop_hf.layer as layer_mod
+
+    monkeypatch.setattr(layer_mod, "chunk_in_compiled_call_unsupported", lambda key_states: True)
+    model = tiny_model("qwen3")
+    ids = distinct_ids(2, 37, seed=3)
+    cfg = CompileConfig(backend="eager", fullgraph=False, mode=None)
+    cfg._compile_all_devices = True
+    cache = KVpopCache(model.config, **KW)
+    torch._dynamo.reset()
+    with pytest.raises(RuntimeError, match="prefill_in_chunks"):
+        model.generate(ids, **with_cache(model, cache), compile_config=cfg, max_new_tokens=4, do_sample=False,
+                       pad_token_id=0, prefill_chunk_size=8)
+    assert int(cache.get_seq_length()) == 0
+
+
+@pytest.mark.parametrize("padded", [False, True])
+def test_prefill_in_chunks_then_compiled_generate_equals_chunked_generate(padded):
+    """The documented path for long prompts with compiled decoding: chunks fed eagerly, then generate (one
+    eager prompt token, every decode step through the compiled call, fullgraph) -- same tokens and logits as
+    generate's own chunked prefill run eagerly."""
+    from kvpop_hf import prefill_in_chunks
+
+    model = tiny_model("qwen3")
+    if padded:
+        ids, mask, _ = left_padded([distinct_ids(1, n, seed=20 + n)[0] for n in (37, 29)])
+    else:
+        ids, mask = distinct_ids(2, 37, seed=3), None
+    extra = {} if mask is None else {"attention_mask": mask}
+    gen = dict(max_new_tokens=10, do_sample=False, pad_token_id=0, output_logits=True, return_dict_in_generate=True)
+    eager = model.generate(ids, **with_cache(model, KVpopCache(model.config, **KW)), prefill_chunk_size=8,
+                           **extra, **gen)
+    torch._dynamo.reset()
+    before = graphs_compiled()
+    cache = KVpopCache(model.config, **KW)
+    prefill_in_chunks(model, cache, ids, 8, attention_mask=mask)
+    assert int(cache.get_seq_length()) == ids.shape[1] - 1
+    compiled = model.generate(ids, **with_cache(model, cache), compile_config=compile_config(), **extra, **gen)
+    assert graphs_compiled() - before == 1
+    assert torch.equal(compiled.sequences, eager.sequences)
+    diff = max((a - b).abs().max().item() for a, b in zip(compiled.logits, eager.logits))
+    assert diff < 1e-4, diff
+
+
+def test_prefill_in_chunks_rejects_bad_input():
+    from kvpop_hf import prefill_in_chunks
+
+    model = tiny_model("qwen3")
+    ids = distinct_ids(1, 12, seed=1)
+    with pytest.raises(ValueError, match="chunk_size"):
+        prefill_in_chunks(model, KVpopCache(model.config, **KW), ids, 0)
+    with pytest.raises(ValueError, match="n >= 2"):
+        prefill_in_chunks(model, KVpopCache(model.config, **KW), ids[:, :1], 4)
+    with pytest.raises(ValueError, match="attention_mask"):
+        prefill_in_chunks(model, KVpopCache(model.config, **KW), ids, 4, attention_mask=torch.ones(1, 5))
+    cache = KVpopCache(model.config, **KW)
+    prefill_in_chunks(model, cache, ids, 4)
+    with pytest.raises(ValueError, match="already holds 11 tokens"):
+        prefill_in_chunks(model, cache, ids, 4)
