@@ -272,6 +272,40 @@ def check_eviction_kernel(device, dtype, trials: int = 20) -> str:
     return f"eviction kernel check on {device}: {trials - bad}/{trials} random states equal to the torch reference"
 
 
+def check_mlstm_step_kernel(device, dtype, config, budget, trials: int = 8) -> str:
+    """The fused mLSTM decode step (Triton) against its torch reference on random states on ``device``."""
+    from kvpop_hf.scorers.mlstm import MLSTMScorer
+    from kvpop_hf.scorers.mlstm_decode_triton import mlstm_decode_priority_reference, mlstm_decode_priority_triton
+
+    if device.type != "cuda":
+        return "mLSTM step kernel check: skipped (CPU)"
+    s, w, k = budget
+    B = s + w + k
+    b, h, d = 2, config.num_key_value_heads, config.head_dim
+    g = torch.Generator(device=device).manual_seed(0)
+    worst = 0.0
+    for trial in range(trials):
+        scorer = MLSTMScorer(2, h, d, delayed=trial % 2 == 0, seed=trial).to(device)
+        keys = torch.randn(b, h, B, d, device=device, dtype=dtype, generator=g)
+        values = torch.randn(b, h, B, d, device=device, dtype=dtype, generator=g)
+        pos = torch.randint(-1, 4 * B, (b, h, B), device=device, generator=g)
+        seen = torch.randint(0, 4 * B, (b,), device=device, generator=g)
+        k_new = torch.randn(b, h, 1, d, device=device, dtype=dtype, generator=g)
+        v_new = torch.randn(b, h, 1, d, device=device, dtype=dtype, generator=g)
+        state = scorer.init_state(0, b, device)
+        gamma = -torch.rand(h, device=device, generator=g) if trial % 4 < 2 else None
+        args = (keys, values, pos, seen, k_new, v_new, s, w, gamma, 64, not scorer.delayed)
+        with torch.no_grad():
+            ref_state = tuple(x.clone() for x in state)
+            p_ref = mlstm_decode_priority_reference(scorer, trial % 2, ref_state, *args)
+            p = mlstm_decode_priority_triton(scorer, trial % 2, state, *args)
+        worst = max(worst, (p - p_ref).abs().max().item(), *((a - e).abs().max().item()
+                                                              for a, e in zip(state, ref_state)))
+    verdict = "agreed" if worst < 1e-3 else "disagreed"
+    return (f"mLSTM step kernel check on {device}: max |diff| {worst:.3g} to the torch reference over {trials} random "
+            f"states ({verdict})")
+
+
 def check_decode_attention(device, dtype, config, B, trials: int = 8) -> str:
     """The split-KV decode attention (Triton) against its SDPA reference on random inputs of the model's
     head shapes, and the time of one layer's call of each (median of 200 calls, batch 1, ``B`` slots)."""
@@ -424,8 +458,12 @@ def main(argv=None) -> int:
     print(head, flush=True)
     eviction_note = check_eviction_kernel(device, dtype)
     attention_note = check_decode_attention(device, dtype, model.config, B)
-    notes += [eviction_note, attention_note]
-    print(f"  {eviction_note}\n  {attention_note}", flush=True)
+    mlstm_note = check_mlstm_step_kernel(device, dtype, model.config, args.budget)
+    notes += [eviction_note, attention_note, mlstm_note]
+    print(f"  {eviction_note}\n  {attention_note}\n  {mlstm_note}", flush=True)
+    if "disagreed" in mlstm_note:
+        os.environ["KVPOP_MLSTM_STEP"] = "torch"
+        notes.append("the mLSTM step kernel disagreed: this run decodes with the torch scorer (KVPOP_MLSTM_STEP=torch)")
     if "20/20" not in eviction_note and device.type == "cuda":
         os.environ["KVPOP_DECODE_EVICTION"] = "torch"
         notes.append("the eviction kernel disagreed: this run decodes with the torch reference "

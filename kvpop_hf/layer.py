@@ -180,6 +180,7 @@ class KVpopLayer(CacheLayerMixin):
         self.scorer = scorer = self.cache.scorer_for(self.device)  # this layer's device: nothing moves per step
         self.state = scorer.init_state(self.layer_idx, b, self.device) if scorer.stateful else None
         self._evict = eviction_for(self.device)  # the fused kernel on CUDA, chosen once
+        self._scorer_step = scorer.decode_kernel(self.device)  # the scorer's fused decode step, or None
         self._mark_static()
         self.is_initialized = True
 
@@ -359,7 +360,14 @@ class KVpopLayer(CacheLayerMixin):
         b, h, _, d = k_new.shape
         t = self.seen  # [b] real position of the new token
         slot = ring_slot(t, s, w).view(b, 1, 1).expand(b, h, 1)
-        if self._reads_at_entry():
+        if self._scorer_step is not None:  # read, absorb, score and decay in one kernel; state updated in place
+            read_new = self._reads_at_entry()
+            p = self._scorer_step(self.scorer, self.layer_idx, self.state, self.keys, self.values, self.pos, t,
+                                  k_new, v_new, s, w, self.cache.log_gamma_for(self.layer_idx, self.device),
+                                  self.cache.kvpop_config.decay_step, read_new)
+            p_new = p if read_new else torch.full_like(p, NEG_INF)
+            p_leave = self.prio.gather(2, slot) if read_new else p
+        elif self._reads_at_entry():
             p_new = self._score(k_new, v_new, None, k_new, v_new, t.view(b, 1, 1).expand(b, h, 1))
             p_leave = self.prio.gather(2, slot)
         else:

@@ -35,6 +35,12 @@ class Scorer(nn.Module):
     def score(self, layer_idx: int, keys: torch.Tensor, values: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
+    def decode_kernel(self, device: torch.device):
+        """A fused function for this scorer's part of one decode step on ``device`` (read, absorb, score, decay;
+        the signature of :func:`kvpop_hf.scorers.mlstm_decode_triton.mlstm_decode_priority_triton`), or None:
+        the layer then runs the torch path (``absorb_and_read``/``score``). Asked once, when a layer allocates."""
+        return None
+
     # -- stateful ----------------------------------------------------------------------------
     def init_state(self, layer_idx: int, batch_size: int, device: torch.device) -> tuple[torch.Tensor, ...]:
         raise NotImplementedError

@@ -87,6 +87,16 @@ class MLSTMScorer(Scorer):
         return _headwise_dot(F.silu(h), self.a[layer_idx].float()) + self.b[layer_idx].float()[None, :, None]
 
     # -- Scorer interface --------------------------------------------------------------------
+    def decode_kernel(self, device):
+        """The fused Triton step on CUDA (``KVPOP_MLSTM_STEP=torch|triton`` overrides), else None."""
+        from ..kernels import kernel_wanted
+
+        if not kernel_wanted("KVPOP_MLSTM_STEP", device):
+            return None
+        from .mlstm_decode_triton import mlstm_decode_priority_triton
+
+        return mlstm_decode_priority_triton
+
     def init_state(self, layer_idx, batch_size, device):
         C = torch.zeros(batch_size, self.num_kv_heads, self.state_dim, self.state_dim, device=device)
         n = torch.zeros(batch_size, self.num_kv_heads, self.state_dim, device=device)
