@@ -421,6 +421,9 @@ def main(argv=None) -> int:
     ap.add_argument("--profile-decode", action="store_true",
                     help="write a kernel table of three compiled decode steps per cache (smallest context)")
     ap.add_argument("--compile-backend", default="inductor", help="torch.compile backend of the compiled rows")
+    ap.add_argument("--mlstm-step", choices=["torch", "triton"], default=None,
+                    help="the mLSTM scorer's decode step: its torch path or the fused kernel (sets KVPOP_MLSTM_STEP "
+                         "for the run; default: the library's choice)")
     ap.add_argument("--from-csv", default=None,
                     help="redraw the table and plot of an earlier run's CSV (its command and commit are kept)")
     ap.add_argument("--out-prefix", default=None)
@@ -428,6 +431,8 @@ def main(argv=None) -> int:
     if args.from_csv:
         return redraw(Path(args.from_csv), Path(args.out_prefix or Path(args.from_csv).with_suffix("")), args)
 
+    if args.mlstm_step:
+        os.environ["KVPOP_MLSTM_STEP"] = args.mlstm_step
     device = torch.device(args.device)
     dtype = getattr(torch, args.dtype or ("bfloat16" if device.type == "cuda" else "float32"))
     prefix = Path(args.out_prefix or REPO / "results" / "generation_speed" / device.type)
@@ -464,6 +469,9 @@ def main(argv=None) -> int:
     if "disagreed" in mlstm_note:
         os.environ["KVPOP_MLSTM_STEP"] = "torch"
         notes.append("the mLSTM step kernel disagreed: this run decodes with the torch scorer (KVPOP_MLSTM_STEP=torch)")
+    notes.append("mLSTM decode step: " + ("the fused kernel (KVPOP_MLSTM_STEP=triton)"
+                                          if os.environ.get("KVPOP_MLSTM_STEP", "").lower() == "triton"
+                                          else "the torch path"))
     if "20/20" not in eviction_note and device.type == "cuda":
         os.environ["KVPOP_DECODE_EVICTION"] = "torch"
         notes.append("the eviction kernel disagreed: this run decodes with the torch reference "

@@ -73,3 +73,16 @@ def test_cache_decode_with_every_kernel_matches_reference_mask(monkeypatch, dela
         out = torch.cat([forward(ids[:, i:i + 1]) for i in range(ids.shape[1])], 1)
     assert all(layer._scorer_step is not None for layer in cache.layers)
     torch.testing.assert_close(out, ref, atol=3e-5, rtol=0)
+
+
+def test_fused_step_is_opt_in(monkeypatch):
+    """Off by default even on CUDA (not yet timed in a compiled GPU step); KVPOP_MLSTM_STEP=triton turns it on."""
+    scorer = MLSTMScorer(1, 2, 8, state_dim=4)
+    monkeypatch.delenv("KVPOP_MLSTM_STEP", raising=False)
+    assert scorer.decode_kernel(torch.device("cuda")) is None
+    assert scorer.decode_kernel(torch.device("cpu")) is None
+    monkeypatch.setenv("KVPOP_MLSTM_STEP", "triton")
+    assert scorer.decode_kernel(torch.device("cpu")) is mlstm_decode_priority_triton
+    monkeypatch.setenv("KVPOP_MLSTM_STEP", "fast")
+    with pytest.raises(ValueError, match="KVPOP_MLSTM_STEP"):
+        scorer.decode_kernel(torch.device("cpu"))

@@ -88,10 +88,12 @@ class MLSTMScorer(Scorer):
 
     # -- Scorer interface --------------------------------------------------------------------
     def decode_kernel(self, device):
-        """The fused Triton step on CUDA (``KVPOP_MLSTM_STEP=torch|triton`` overrides), else None."""
+        """The fused Triton step with ``KVPOP_MLSTM_STEP=triton``, else None (the torch path). Not on by default
+        on CUDA until it has been timed inside a compiled decode step there (it is tested against the torch
+        reference and the reference mask on CPU, interpreted)."""
         from ..kernels import kernel_wanted
 
-        if not kernel_wanted("KVPOP_MLSTM_STEP", device):
+        if not kernel_wanted("KVPOP_MLSTM_STEP", device, on_cuda_by_default=False):
             return None
         from .mlstm_decode_triton import mlstm_decode_priority_triton
 
