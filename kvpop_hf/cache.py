@@ -27,6 +27,9 @@ class KVpopCache(Cache):
         cache = KVpopCache(model.config, sinks=4, window=256, topk=1788, scorer="knorm")
         out = model.generate(ids, past_key_values=cache, max_new_tokens=4096)
 
+    For a prompt too long for one forward, fill the cache in chunks first and let ``generate`` continue
+    (its decode steps stay compiled on CUDA): ``kvpop_hf.prefill_in_chunks(model, cache, ids, 16384)``.
+
     With ``attn_implementation="kvpop"`` every query of a multi-token chunk sees exactly its own
     fixed-budget set per head; with a stock implementation (sdpa, eager) single-token decoding is
     exact but a prompt chunk sees all of its own tokens plus the stored ones (a warning says so).
