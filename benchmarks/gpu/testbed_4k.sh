@@ -23,7 +23,8 @@
 #
 # Usage: OUT=dir bash benchmarks/gpu/testbed_4k.sh                                   (STAGE=teacher, ~9 min)
 #        OUT=dir STAGE=retrofit TEACHER=checkpoints/teacher_4k bash benchmarks/gpu/testbed_4k.sh   (~9 min)
-# Knobs: TB (teacher training seconds, 240), RS (retrofit seconds, 200), VARIANTS (the retrofits to run, default
+# Knobs: TB (teacher training seconds, 240), RS (retrofit seconds, 200), WINDOW (the protected window, 32;
+# 64 lets the answer-query oracle hold 0.95 at 88%, results/testbed_4k/oracle_window_cpu), VARIANTS (the retrofits to run, default
 # the eight above, e.g. "kvpop_cr88 kvpop_distill_cr88"; a policy is evaluated when its _cr88 run exists),
 # ORACLE=0 (skip the answer-query oracles), BASE_POLICIES (the untrained rows of the evaluation, dense,streaming), EVAL_N (problems per evaluation, 40),
 # DEADLINE (seconds after start by which the last evaluations are cut, 540); for a CPU smoke test of the script:
@@ -31,7 +32,7 @@
 set -u
 : "${OUT:?set OUT to an output directory}"
 export PYTHONUNBUFFERED=1 PYTHONPATH=. TOKENIZERS_PARALLELISM=false
-STAGE=${STAGE:-teacher}; L=${LEN:-4096}; LO=${LO:-1024}; CLEN=${CLEN:-2560}; W=32; N=${EVAL_N:-40}
+STAGE=${STAGE:-teacher}; L=${LEN:-4096}; LO=${LO:-1024}; CLEN=${CLEN:-2560}; W=${WINDOW:-32}; N=${EVAL_N:-40}
 DEADLINE=${DEADLINE:-540}; DEVICE=${DEVICE:-cuda}
 if [ "$DEVICE" = cpu ]; then TRAIN_DEV="--use_cpu True"; else TRAIN_DEV="--bf16"; fi
 KNOBS="--knob reasoning.n_facts=10 --knob reasoning.steps=4"
