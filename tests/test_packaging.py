@@ -1,4 +1,5 @@
-"""The wheel carries what an installed kvpop-hf needs at run time (the model card template)."""
+"""The wheel carries what an installed kvpop-hf needs at run time (the model card template); the GPU
+run scripts parse."""
 
 import subprocess
 import sys
@@ -30,3 +31,13 @@ def test_core_does_not_import_the_testbed_or_benchmark_helpers():
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert res.returncode == 0, res.stderr
     assert res.stdout.strip() == "[]", res.stdout
+
+
+def test_gpu_scripts_parse():
+    """The GPU run scripts (benchmarks/gpu/*.sh) are only run on a GPU machine: at least their syntax is checked
+    here, so a typo does not cost a device call."""
+    scripts = sorted((ROOT / "benchmarks").rglob("*.sh"))
+    assert len(scripts) >= 10
+    for script in scripts:
+        result = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)
+        assert result.returncode == 0, f"{script.name}: {result.stderr}"
