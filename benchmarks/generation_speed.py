@@ -629,10 +629,10 @@ def main(argv=None) -> int:
                     if args.prefill_only:
                         prefill_row(ctx, f"kvpop-{scorer}", cache, pre_s, base, cache.memory_bytes())
                     else:
-                        snap = eager_and_compiled(ctx, f"kvpop-{scorer}", cache, tok, pre_s, base,
-                                                  cache.memory_bytes())
+                        read_b = cache.memory_bytes()
+                        snap = eager_and_compiled(ctx, f"kvpop-{scorer}", cache, tok, pre_s, base, read_b)
                         if args.paired_repeats:
-                            paired.setdefault(f"kvpop-{scorer}", {})[ctx] = (cache, snap, tok, cache.memory_bytes())
+                            paired.setdefault(f"kvpop-{scorer}", {})[ctx] = (cache, snap, tok, read_b)
                     del cache
                     gc.collect()
             if "dms" in args.rows and not args.prefill_only:

@@ -28,7 +28,7 @@ import torch
 
 from .kernels import kernel_wanted, next_pow2, tl, triton
 
-__all__ = ["eviction_for", "evict_and_insert_reference", "evict_and_insert_triton", "ring_slot"]
+__all__ = ["eviction_for", "evict_and_insert_reference", "evict_and_insert_triton", "ring_slot", "slot_entry"]
 
 NEG_INF = float("-inf")
 
@@ -36,6 +36,14 @@ NEG_INF = float("-inf")
 def ring_slot(t: torch.Tensor, sinks: int, window: int) -> torch.Tensor:
     """The slot of the token at real position ``t`` while it is a sink or in the window."""
     return torch.where(t < sinks, t, sinks + torch.remainder(t - sinks, window))
+
+
+def slot_entry(keys: torch.Tensor, values: torch.Tensor, pos: torch.Tensor, slot: torch.Tensor):
+    """The entry stored at ``slot [b, h, 1]`` of each (row, KV head): (pos ``[b, h, 1]``, key ``[b, h, 1, d]``,
+    value ``[b, h, 1, dv]``)."""
+    b, h = slot.shape[:2]
+    return (pos.gather(2, slot), keys.gather(2, slot[..., None].expand(b, h, 1, keys.shape[-1])),
+            values.gather(2, slot[..., None].expand(b, h, 1, values.shape[-1])))
 
 
 def evict_and_insert_reference(keys, values, pos, prio, seen, k_new, v_new, p_leave, p_new,

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 from transformers.cache_utils import CacheLayerMixin
 
-from .decode_eviction import eviction_for, ring_slot
+from .decode_eviction import eviction_for, ring_slot, slot_entry
 from .priority import decayed_priorities
 
 NEG_INF = float("-inf")
@@ -357,25 +357,21 @@ class KVpopLayer(CacheLayerMixin):
         it and the weakest long-range slot (:mod:`kvpop_hf.decode_eviction`). Returns all ``B`` slots
         (``keys.kvpop_seen`` masks the empty ones). k_new/v_new ``[b, h, 1, d]``."""
         s, w = self.sinks, self.window
-        b, h, _, d = k_new.shape
+        b, h = k_new.shape[:2]
         t = self.seen  # [b] real position of the new token
         slot = ring_slot(t, s, w).view(b, 1, 1).expand(b, h, 1)
+        read_new = self._reads_at_entry()
         if self._scorer_step is not None:  # read, absorb, score and decay in one kernel; state updated in place
-            read_new = self._reads_at_entry()
             p = self._scorer_step(self.scorer, self.layer_idx, self.state, self.keys, self.values, self.pos, t,
                                   k_new, v_new, s, w, self.cache.log_gamma_for(self.layer_idx, self.device),
                                   self.cache.kvpop_config.decay_step, read_new)
-            p_new = p if read_new else torch.full_like(p, NEG_INF)
-            p_leave = self.prio.gather(2, slot) if read_new else p
-        elif self._reads_at_entry():
-            p_new = self._score(k_new, v_new, None, k_new, v_new, t.view(b, 1, 1).expand(b, h, 1))
-            p_leave = self.prio.gather(2, slot)
-        else:
-            leaving_pos = self.pos.gather(2, slot)  # the token in that slot, scored after absorbing t
-            k_leave = self.keys.gather(2, slot[..., None].expand(b, h, 1, d))
-            v_leave = self.values.gather(2, slot[..., None].expand(b, h, 1, self.values.shape[-1]))
-            p_leave = self._score(k_new, v_new, None, k_leave, v_leave, leaving_pos)
-            p_new = torch.full_like(p_leave, NEG_INF)
+        elif read_new:
+            p = self._score(k_new, v_new, None, k_new, v_new, t.view(b, 1, 1).expand(b, h, 1))
+        else:  # the token in that slot, scored after absorbing t
+            leaving_pos, k_leave, v_leave = slot_entry(self.keys, self.values, self.pos, slot)
+            p = self._score(k_new, v_new, None, k_leave, v_leave, leaving_pos)
+        # p scores the new token (read at entry) or the one leaving the window (delayed scoring)
+        p_new, p_leave = (p, self.prio.gather(2, slot)) if read_new else (torch.full_like(p, NEG_INF), p)
         self._evict(self.keys, self.values, self.pos, self.prio, t, k_new, v_new, p_leave, p_new,
                          s, w, self.topk)
         self.seen.add_(1)

@@ -26,7 +26,7 @@ import math
 
 import torch
 
-from ..decode_eviction import ring_slot
+from ..decode_eviction import ring_slot, slot_entry
 from ..kernels import next_pow2, tl, triton
 from ..priority import decayed_priorities
 
@@ -37,14 +37,11 @@ def mlstm_decode_priority_reference(scorer, layer_idx: int, state, keys, values,
                                     sinks: int, window: int, log_gamma: torch.Tensor | None, decay_step: int,
                                     read_new: bool) -> torch.Tensor:
     """The torch path (``MLSTMScorer.absorb_and_read`` + decay), state copied back in place; ``[b, h, 1]``."""
-    b, h, _, d = keys.shape
+    b, h = keys.shape[:2]
     if read_new:
         k_r, v_r, pos_r = k_new, v_new, seen.view(b, 1, 1).expand(b, h, 1)
     else:
-        slot = ring_slot(seen, sinks, window).view(b, 1, 1).expand(b, h, 1)
-        pos_r = pos.gather(2, slot)
-        k_r = keys.gather(2, slot[..., None].expand(b, h, 1, d))
-        v_r = values.gather(2, slot[..., None].expand(b, h, 1, values.shape[-1]))
+        pos_r, k_r, v_r = slot_entry(keys, values, pos, ring_slot(seen, sinks, window).view(b, 1, 1).expand(b, h, 1))
     new_state, r = scorer.absorb_and_read(layer_idx, state, k_new, v_new, None, k_r, v_r)
     for old, new in zip(state, new_state):
         old.copy_(new)
