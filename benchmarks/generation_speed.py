@@ -243,6 +243,24 @@ def profile_prefill_chunk(model, cache, prompt, chunk, device, path: Path) -> No
     path.write_text(prof.key_averages().table(sort_by=sort, row_limit=40))
 
 
+def cudagraph_counters() -> dict[str, int]:
+    """Inductor's CUDA-graph counters (``cudagraph_partitions``: graphs split around ops a CUDA graph cannot
+    hold; ``cudagraph_skips``: graphs run without one)."""
+    from torch._dynamo.utils import counters
+
+    return {k: v for k, v in counters["inductor"].items() if "cudagraph" in k}
+
+
+def host_launch_summary(events) -> str:
+    """Counts of CUDA-graph replays, kernel launches outside a graph and memory copies in a profiler's events."""
+    count = {e.key: e.count for e in events}
+    launches = sum(n for k, n in count.items() if k in ("cudaLaunchKernel", "cuLaunchKernel", "cuLaunchKernelEx",
+                                                          "cudaLaunchKernelExC"))
+    copies = sum(n for k, n in count.items() if k.startswith("cudaMemcpy"))
+    return (f"cudaGraphLaunch {count.get('cudaGraphLaunch', 0)}, kernel launches {launches}, memcpy {copies}, "
+            f"aten ops {sum(n for k, n in count.items() if k.startswith('aten::'))}")
+
+
 def check_eviction_kernel(device, dtype, trials: int = 20) -> str:
     """The fused decode eviction (Triton) against its torch reference on random states on ``device``."""
     from kvpop_hf.decode_eviction import evict_and_insert_reference, evict_and_insert_triton
@@ -419,7 +437,8 @@ def main(argv=None) -> int:
     ap.add_argument("--prefill-only", action="store_true",
                     help="measure prefill (seconds, peak memory) and skip the decode rows")
     ap.add_argument("--profile-decode", action="store_true",
-                    help="write a kernel table of three compiled decode steps per cache (smallest context)")
+                    help="write kernel and host-side tables of three compiled decode steps per cache (smallest "
+                         "context) and print their CUDA-graph replays and launches outside a graph")
     ap.add_argument("--compile-backend", default="inductor", help="torch.compile backend of the compiled rows")
     ap.add_argument("--mlstm-step", choices=["torch", "triton"], default=None,
                     help="the mLSTM scorer's decode step: its torch path or the fused kernel (sets KVPOP_MLSTM_STEP "
@@ -513,8 +532,10 @@ def main(argv=None) -> int:
         restore(cache, snap)
         reset_peak(device)
         t0 = time.perf_counter()
+        graphs_before = cudagraph_counters()
         _, warm_fed, _ = decode(compiled_call, model, cache, tok, args.warmup, device)
         compile_s = time.perf_counter() - t0
+        graphs = {k: v - graphs_before.get(k, 0) for k, v in cudagraph_counters().items()}
         times_c, _, logits_c = decode(compiled_call, model, cache, tok, args.steps, device, feed=fed)
         restore(cache, snap)
         _, _, logits_e = decode(model, model, cache, tok, args.warmup + args.steps, device,
@@ -525,13 +546,19 @@ def main(argv=None) -> int:
         if args.profile_decode and ctx == min(args.contexts) and device.type == "cuda":
             from torch.profiler import ProfilerActivity, profile
 
-            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
                 decode(compiled_call, model, cache, tok, 3, device)
+            events = prof.key_averages()
             Path(f"{prefix}_decode_profile_{name}_{ctx}.txt").write_text(
-                prof.key_averages().table(sort_by="cuda_time_total", row_limit=30))
+                events.table(sort_by="cuda_time_total", row_limit=30))
+            # host side of the same three steps: graph replays, kernels launched outside a graph, eager ops
+            Path(f"{prefix}_decode_profile_{name}_{ctx}_host.txt").write_text(
+                events.table(sort_by="self_cpu_time_total", row_limit=40))
+            print(f"  {name} host side of 3 compiled steps: {host_launch_summary(events)}")
         record(ctx, 1, name, "compiled", times_c, pre_s, max(peak_pre, peak(device) - base), resident, read_b,
                max_abs_dlogit=f"{dlogit:.3g}", logit_scale=f"{logits_e.abs().max().item():.3g}",
-               same_argmax=f"{same_top:.3f}", warmup_s=round(compile_s, 1))
+               same_argmax=f"{same_top:.3f}", warmup_s=round(compile_s, 1),
+               **{k: v for k, v in graphs.items() if v})
         return snap
 
     paired: dict[str, dict[int, tuple]] = {}  # cache name -> context -> (cache, post-prefill snapshot, token, bytes)
@@ -762,7 +789,7 @@ def write_outputs(prefix: Path, rows, notes, head, command, commit, started, arg
         wr.writerows(rows)
     cols = ["context", "batch", "cache", "mode", "prefill_s", "decode_ms_median", "decode_ms_p90", "tokens_per_s",
             "x_floor", "peak_gb", "resident_gb", "eviction_share", "max_abs_dlogit", "warmup_s"]
-    cols += [c for c in ("cache_mb", "kept_per_head") if any(c in r for r in rows)]
+    cols += [c for c in ("cache_mb", "kept_per_head", "cudagraph_partitions") if any(c in r for r in rows)]
 
     def fmt(v):
         return f"{v:.3g}" if isinstance(v, float) else ("" if v is None else str(v))
