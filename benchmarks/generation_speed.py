@@ -55,6 +55,7 @@ from kvpop_hf import KVpopCache
 from kvpop_hf.cache import kv_tensor_bytes
 from kvpop_hf.compat import with_cache
 from kvpop_hf.dms import DMSCache, DMSGate
+from kvpop_hf.kernels import kernel_wanted
 from kvpop_hf.provenance import git_commit
 from kvpop_hf.timing import quantiles, sync
 
@@ -442,7 +443,7 @@ def main(argv=None) -> int:
     ap.add_argument("--compile-backend", default="inductor", help="torch.compile backend of the compiled rows")
     ap.add_argument("--mlstm-step", choices=["torch", "triton"], default=None,
                     help="the mLSTM scorer's decode step: its torch path or the fused kernel (sets KVPOP_MLSTM_STEP "
-                         "for the run; default: the library's choice)")
+                         "for the run; default: the library's choice, the fused kernel on CUDA)")
     ap.add_argument("--from-csv", default=None,
                     help="redraw the table and plot of an earlier run's CSV (its command and commit are kept)")
     ap.add_argument("--out-prefix", default=None)
@@ -488,8 +489,7 @@ def main(argv=None) -> int:
     if "disagreed" in mlstm_note:
         os.environ["KVPOP_MLSTM_STEP"] = "torch"
         notes.append("the mLSTM step kernel disagreed: this run decodes with the torch scorer (KVPOP_MLSTM_STEP=torch)")
-    notes.append("mLSTM decode step: " + ("the fused kernel (KVPOP_MLSTM_STEP=triton)"
-                                          if os.environ.get("KVPOP_MLSTM_STEP", "").lower() == "triton"
+    notes.append("mLSTM decode step: " + ("the fused kernel" if kernel_wanted("KVPOP_MLSTM_STEP", device)
                                           else "the torch path"))
     if "20/20" not in eviction_note and device.type == "cuda":
         os.environ["KVPOP_DECODE_EVICTION"] = "torch"

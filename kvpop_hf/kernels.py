@@ -21,13 +21,12 @@ def next_pow2(n: int) -> int:
     return 1 << max(int(n) - 1, 0).bit_length()
 
 
-def kernel_wanted(env_var: str, device: torch.device, on_cuda_by_default: bool = True) -> bool:
-    """True for the Triton kernel: on CUDA unless ``env_var=torch`` (or, for a kernel not yet on by default,
-    only with ``env_var=triton``), anywhere with ``env_var=triton``."""
+def kernel_wanted(env_var: str, device: torch.device) -> bool:
+    """True for the Triton kernel: on CUDA unless ``env_var=torch``, anywhere with ``env_var=triton``."""
     mode = os.environ.get(env_var, "auto").lower()
     if mode not in MODES:
         raise ValueError(f"{env_var} must be one of {MODES}, got {mode!r}")
-    if mode == "triton" or (mode == "auto" and on_cuda_by_default and torch.device(device).type == "cuda"):
+    if mode == "triton" or (mode == "auto" and torch.device(device).type == "cuda"):
         if triton is None:
             raise RuntimeError(f"KVpopCache decoding on CUDA uses Triton kernels: `pip install triton`, or set "
                                f"{env_var}=torch to use the plain torch version.")

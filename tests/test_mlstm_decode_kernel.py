@@ -75,12 +75,14 @@ def test_cache_decode_with_every_kernel_matches_reference_mask(monkeypatch, dela
     torch.testing.assert_close(out, ref, atol=3e-5, rtol=0)
 
 
-def test_fused_step_is_opt_in(monkeypatch):
-    """Off by default even on CUDA (not yet timed in a compiled GPU step); KVPOP_MLSTM_STEP=triton turns it on."""
+def test_fused_step_is_the_cuda_default(monkeypatch):
+    """On by default on CUDA, off on CPU; KVPOP_MLSTM_STEP=torch turns it off, =triton on anywhere."""
     scorer = MLSTMScorer(1, 2, 8, state_dim=4)
     monkeypatch.delenv("KVPOP_MLSTM_STEP", raising=False)
-    assert scorer.decode_kernel(torch.device("cuda")) is None
+    assert scorer.decode_kernel(torch.device("cuda")) is mlstm_decode_priority_triton
     assert scorer.decode_kernel(torch.device("cpu")) is None
+    monkeypatch.setenv("KVPOP_MLSTM_STEP", "torch")
+    assert scorer.decode_kernel(torch.device("cuda")) is None
     monkeypatch.setenv("KVPOP_MLSTM_STEP", "triton")
     assert scorer.decode_kernel(torch.device("cpu")) is mlstm_decode_priority_triton
     monkeypatch.setenv("KVPOP_MLSTM_STEP", "fast")

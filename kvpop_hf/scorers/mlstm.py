@@ -88,12 +88,11 @@ class MLSTMScorer(Scorer):
 
     # -- Scorer interface --------------------------------------------------------------------
     def decode_kernel(self, device):
-        """The fused Triton step with ``KVPOP_MLSTM_STEP=triton``, else None (the torch path). Not on by default
-        on CUDA until it has been timed inside a compiled decode step there (it is tested against the torch
-        reference and the reference mask on CPU, interpreted)."""
+        """The fused Triton step on CUDA (or anywhere with ``KVPOP_MLSTM_STEP=triton``), else None: the torch
+        path (``KVPOP_MLSTM_STEP=torch``, and on CPU), which is its reference."""
         from ..kernels import kernel_wanted
 
-        if not kernel_wanted("KVPOP_MLSTM_STEP", device, on_cuda_by_default=False):
+        if not kernel_wanted("KVPOP_MLSTM_STEP", device):
             return None
         from .mlstm_decode_triton import mlstm_decode_priority_triton
 
