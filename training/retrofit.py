@@ -31,6 +31,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, HfArgumentParser, TrainerCallback
 
 from kvpop_hf.training import KVpopTrainer, KVpopTrainingArguments
+from kvpop_hf.training.merged_save import check_merged_dtype, merged_dtype
 
 
 @dataclass
@@ -48,6 +49,9 @@ class ScriptArguments:
     merge_lora: bool = field(default=False, metadata={
         "help": "Save the LoRA merged into the weights (a plain model directory) instead of the adapter."})
     dtype: str = field(default="float32", metadata={"help": "Model weights dtype: float32 | bfloat16."})
+    merged_dtype: str = field(default="source", metadata={
+        "help": "With --merge_lora, the dtype of the saved weights: source (the dtype the --model checkpoint "
+                "records; float32 if none), float32, bfloat16 or float16."})
     max_train_seconds: float | None = field(default=None, metadata={
         "help": "Stop training (and save) after this many seconds, whatever max_steps says."})
 
@@ -120,12 +124,13 @@ def examples_needed(num_examples, args) -> int:
 def train_and_save(trainer_cls, model, args, data, tokenizer, script, callbacks=None):
     """Build ``trainer_cls`` (with the ``--max_train_seconds`` budget among the callbacks), train (resuming if
     asked) and save: the LoRA merged into the weights with ``--merge_lora``, else the trainer's own save."""
+    save_dtype = merged_dtype(script.merged_dtype, script.model) if script.merge_lora else None
     callbacks = list(callbacks or []) + ([TimeBudget(script.max_train_seconds)] if script.max_train_seconds else [])
     trainer = trainer_cls(model=model, args=args, train_dataset=data, processing_class=tokenizer,
                           callbacks=callbacks or None)
     trainer.train(resume_from_checkpoint=args.resume_from_checkpoint)
     if script.merge_lora:
-        trainer.save_merged_model()
+        trainer.save_merged_model(dtype=save_dtype)
     else:
         trainer.save_model()
     return trainer
@@ -138,6 +143,9 @@ def main(argv=None, callbacks=None):
     if script.knob and not script.dataset.startswith("testbed:"):
         raise ValueError(f"--knob sets testbed generator knobs; --dataset {script.dataset!r} is not testbed:<families>.")
     tokenizer = AutoTokenizer.from_pretrained(script.model)
+    if script.dtype not in ("float32", "bfloat16"):
+        raise ValueError(f"--dtype must be float32 or bfloat16, got {script.dtype!r}.")
+    check_merged_dtype(script.merged_dtype)  # before any work
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[script.dtype]
     model = AutoModelForCausalLM.from_pretrained(script.model, dtype=dtype)
     n = examples_needed(script.num_examples, args)

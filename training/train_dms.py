@@ -31,6 +31,7 @@ from retrofit import examples_needed, lora_student, testbed_examples, train_and_
 
 from kvpop_hf.dms import target_eviction_rate  # noqa: E402
 from kvpop_hf.dms.trainer import DMSTrainer, DMSTrainingArguments  # noqa: E402
+from kvpop_hf.training.merged_save import check_merged_dtype  # noqa: E402
 
 
 @dataclass
@@ -48,6 +49,9 @@ class ScriptArguments:
                 "as kvpop-eval's --knob: e.g. --knob reasoning.n_facts=10 reasoning.steps=4."})
     lora_rank: int = field(default=8, metadata={"help": ">0: LoRA student (teacher = adapters disabled); 0: full."})
     merge_lora: bool = field(default=True, metadata={"help": "Save the LoRA merged into the weights."})
+    merged_dtype: str = field(default="source", metadata={
+        "help": "The dtype of the saved merged weights: source (the dtype the --model checkpoint records), "
+                "float32, bfloat16 or float16."})
     max_train_seconds: float | None = field(default=None, metadata={
         "help": "Stop training (and save) after this many seconds; the target then ramps up over ramp_fraction of "
                 "this time (unless --ramp_seconds is given)."})
@@ -60,6 +64,7 @@ def main(argv=None, callbacks=None):
         raise ValueError(f"--compression must be in (0, 1), got {script.compression}.")
     if not script.dataset.startswith("testbed:"):
         raise ValueError(f"--dataset must be testbed:<families>, got {script.dataset!r}.")
+    check_merged_dtype(script.merged_dtype)  # before any work
     from kvpop_hf.testbed.evaluate import parse_knobs
 
     families = script.dataset.split(":", 1)[1].split(",")

@@ -26,6 +26,7 @@ from transformers import Trainer, TrainingArguments
 
 from ..config import model_shape
 from ..training.losses import distillation_loss
+from ..training.merged_save import save_weights_as
 from ..training.trainer import two_group_optimizer
 from . import config as dms_files
 from .compression import CompressionSchedule, compression_loss, mean_eviction
@@ -179,8 +180,9 @@ class DMSTrainer(Trainer):
             base.add_module(GATE_ATTR, gate)
         dms_files.save(output_dir, self.dms_config, gate)
 
-    def save_merged_model(self, output_dir=None):
-        """A plain model directory (LoRA merged into the weights) with the tokenizer and the DMS gate files."""
+    def save_merged_model(self, output_dir=None, dtype: torch.dtype | None = None):
+        """A plain model directory (LoRA merged into the weights, cast to ``dtype`` if given) with the tokenizer
+        and the DMS gate files."""
         output_dir = output_dir if output_dir is not None else self.args.output_dir
         if not self.is_world_process_zero():
             return
@@ -192,7 +194,7 @@ class DMSTrainer(Trainer):
         gate = base._modules.pop(GATE_ATTR)
         attn, base.config._attn_implementation = base.config._attn_implementation, "sdpa"
         try:
-            base.save_pretrained(output_dir)
+            save_weights_as(base, output_dir, dtype)
         finally:
             base.config._attn_implementation = attn
             base.add_module(GATE_ATTR, gate)

@@ -30,6 +30,7 @@ from .. import hub
 from ..config import KVpopConfig, model_shape
 from ..scorers import build_scorer
 from .losses import distillation_loss
+from .merged_save import save_weights_as
 from .student import TRAIN_ATTN_NAME, StudentSettings, student_forward
 
 SCORER_ATTR = "kvpop_scorer"
@@ -280,10 +281,11 @@ class KVpopTrainer(Trainer):
                 base.register_parameter(LOG_GAMMA_ATTR, lg)
         hub.save(output_dir, self.kvpop_config, scorer, None if lg is None else lg.detach())
 
-    def save_merged_model(self, output_dir=None):
+    def save_merged_model(self, output_dir=None, dtype: torch.dtype | None = None):
         """Write a plain model directory: LoRA adapters merged into the weights (``merge_and_unload``, the
-        trainer's model is replaced by the merged one), ``config.json`` + ``model.safetensors``, the
-        tokenizer and the KVpop files, so ``AutoModelForCausalLM.from_pretrained(d)`` loads the student."""
+        trainer's model is replaced by the merged one), ``config.json`` + ``model.safetensors`` (weights cast
+        to ``dtype`` if given), the tokenizer and the KVpop files, so ``AutoModelForCausalLM.from_pretrained(d)``
+        loads the student."""
         output_dir = output_dir if output_dir is not None else self.args.output_dir
         if not self.is_world_process_zero():
             return
@@ -297,7 +299,7 @@ class KVpopTrainer(Trainer):
         attn = base.config._attn_implementation
         base.config._attn_implementation = "sdpa"
         try:
-            base.save_pretrained(output_dir)
+            save_weights_as(base, output_dir, dtype)
         finally:
             base.config._attn_implementation = attn
             base.add_module(SCORER_ATTR, scorer)
