@@ -253,3 +253,43 @@ def test_fact_lookup_mask_marks_exactly_the_copied_fact_values():
     n_trace = sum(1 for _, operands, _ in p.meta["rules"] for o in operands if o in p.meta["facts"])
     assert len(marked) == len(p.meta["facts"]) + n_trace
     assert _fact_lookup_mask(make_problem("vt", length=512, seed=3), ids, tok).sum() == 0
+
+
+def test_distilled_students_get_recall_rows_from_their_own_keys(run, tmp_path):
+    """A policy with its own weights ranks its own model's keys and values against --model's oracle: a student
+    identical to the model gives the model's recall; a student with other key projections gives other values."""
+    import copy
+    import types
+
+    out, _, _ = run
+    root = out.parent
+    tok = build_tokenizer()
+    model = AutoModelForCausalLM.from_pretrained(root / "model").eval()
+    scorer_ck = KVpopCache.from_pretrained(root / "ckpts" / "kvpop_mlp", model.config)
+    problems = [make_problem("reasoning", length=LENGTH, seed=2 ** 48)]
+    budget = types.SimpleNamespace(B=LENGTH // 2, cr=0.5)
+    cache = KVpopCache(model.config, sinks=SINKS, window=WINDOW, topk=LENGTH // 2 - SINKS - WINDOW, scorer="mlp")
+    cache.scorer.load_state_dict(scorer_ck.scorer.state_dict())
+    alone = analysis.oracle_recall_rows(model, tok, problems, [("p", budget, cache)], progress=False)
+    twin = analysis.oracle_recall_rows(model, tok, problems, [("p", budget, cache, copy.deepcopy(model))],
+                                       progress=False)
+    assert [r["oracle_recall"] for r in twin] == [r["oracle_recall"] for r in alone]
+
+    student = copy.deepcopy(model)
+    with torch.no_grad():
+        for layer in student.model.layers:
+            layer.self_attn.k_proj.weight.mul_(-1.0).add_(0.5 * torch.randn_like(layer.self_attn.k_proj.weight))
+    student.save_pretrained(tmp_path / "student")
+    tok.save_pretrained(tmp_path / "student")
+    scorer_ck.save_pretrained(tmp_path / "student")
+    argv = ["--model", str(root / "model"), "--out", str(tmp_path / "out"), "--n", "1", "--length", str(LENGTH),
+            "--sinks", str(SINKS), "--window", str(WINDOW), "--budgets", "0.5", "--families", "reasoning",
+            "--policies", "kvpop_mlp,kvpop_mlp_distill", "--checkpoints-dir", str(root / "ckpts"),
+            "--scorer-checkpoint", f"kvpop_mlp_distill={tmp_path / 'student'}", "--skip-em",
+            "--analysis", "--analysis-n", "1", "--no-progress"]
+    assert main(argv) == 0
+    with open(tmp_path / "out" / "recall_per_layer.csv") as fh:
+        rec = {(r["policy"], r["layer"], r["head"]): float(r["oracle_recall"]) for r in csv.DictReader(fh)}
+    keys = [(str(layer), str(h)) for layer in (0, 1) for h in (0, 1)]
+    assert all(0.0 <= rec[("kvpop_mlp_distill",) + k] <= 1.0 for k in keys)
+    assert any(rec[("kvpop_mlp_distill",) + k] != rec[("kvpop_mlp",) + k] for k in keys)

@@ -27,10 +27,12 @@ from typing import Any, Sequence
 
 import torch
 
+from ..cache import KVpopCache
 from ..compat import with_cache
 from ..dense_attention import causal_attention
 from ..topk import running_topk
 from ..training.priorities import sequence_priorities
+from .policies import POLICIES
 from .report import averages
 from .tasks import Problem, training_example
 
@@ -98,9 +100,11 @@ def oracle_recall_rows(model, tokenizer, problems: Sequence[Problem], scored: Se
     ``"max"`` future attention, from every later query (``queries="all"``) or only from those that generate
     the reference answer (``"target"``).
 
-    scored: ``(policy, budget, cache)`` triples; the cache supplies the scorer, ``log_gamma`` and the
-    budget (``sinks/window/topk`` of its ``kvpop_config``). Oracle priorities use the same window. Attention-based
-    policies (TOVA, H2O, SnapKV) have no static priority and get no rows.
+    scored: ``(policy, budget, cache)`` triples, or ``(policy, budget, cache, own_model)``; the cache supplies the
+    scorer, ``log_gamma`` and the budget (``sinks/window/topk`` of its ``kvpop_config``). Oracle priorities use the
+    same window. A policy with its own model (a distilled student) scores that model's keys and values, and is
+    compared with ``model``'s oracle: the tokens the dense model needs. Attention-based policies (TOVA, H2O,
+    SnapKV) have no static priority and get no rows.
     """
     device = next(model.parameters()).device
     acc: dict[tuple, list[torch.Tensor]] = {}
@@ -113,14 +117,16 @@ def oracle_recall_rows(model, tokenizer, problems: Sequence[Problem], scored: Se
 
     if queries not in ("all", "target"):
         raise ValueError(f"queries must be 'all' or 'target', got {queries!r}")
+    scored = [tuple(s) + (None,) * (4 - len(s)) for s in scored]
     for p in it:
         ex = training_example(p, tokenizer)
         ids = torch.tensor([ex["input_ids"]], device=device)
         qmask = target_queries(torch.tensor([ex["labels"]], device=device)) if queries == "target" else None
         qkv = record_qkv(model, ids)
+        own_qkv = {id(m): record_qkv(m, ids) for *_, m in scored if m is not None}  # each student's keys/values
         oracles: dict[int, torch.Tensor] = {}  # window -> [num_layers, Hkv, S]
-        for layer, (q, k, v, scale) in sorted(qkv.items()):
-            for policy, budget, cache in scored:
+        for layer in sorted(qkv):
+            for policy, budget, cache, own in scored:
                 if getattr(cache.scorer, "dynamic", False):
                     continue  # TOVA/H2O/SnapKV: no static priority to rank the sequence with
                 cfg = cache.kvpop_config
@@ -129,6 +135,7 @@ def oracle_recall_rows(model, tokenizer, problems: Sequence[Problem], scored: Se
                                                                 query_mask=qmask).to(device)
                 lg = cache.log_gamma[layer].to(device) if cache.log_gamma is not None else None
                 scorer = cache.scorer_for(device)
+                _, k, v, _ = (qkv if own is None else own_qkv[id(own)])[layer]
                 prio = sequence_priorities(scorer, layer, k, v, cfg.window, lg, cfg.decay_step)[0]
                 rec = oracle_topk_recall(prio, oracles[cfg.window][layer], cfg.sinks, cfg.window, cfg.topk)
                 acc.setdefault((policy, budget.B, round(budget.cr, 4), layer), []).append(rec.cpu())
@@ -296,19 +303,36 @@ _HEATMAP_PREFERENCE = ("kvpop", "kvpop_mlp", "kvpop_immediate", "knorm", "random
 
 def run_all(model, tokenizer, plan, out: Path, args, progress: bool = True) -> tuple[dict, list[dict]]:
     """Write ``recall_per_layer.csv/png`` and ``retention_heatmap.png`` on the first ``args.analysis_n``
-    reasoning problems; returns (summary for ``meta.json``, oracle recall rows). Policies with their own weights
-    (``streaming_plus``) are left out: ``model`` is not theirs."""
+    reasoning problems; returns (summary for ``meta.json``, oracle recall rows). Learned scorers with their own
+    weights (``kvpop_distill``, ``kvpop_mlp_distill``) get recall rows for the keys and values of their model against
+    ``model``'s oracle; the other policies with their own weights (``streaming_plus``: no long-range slots,
+    ``dms``: no ranking) get none, and the heatmap is drawn for a policy that uses ``model``."""
     problems = plan.problems["reasoning"][: args.analysis_n]
     evict = [r for r in plan.runs if r.budget is not None and not r.own_model]
+    students = [r for r in plan.runs if r.budget is not None and r.own_model and isinstance(r.prototype, KVpopCache)
+                and not POLICIES[r.policy].window_only]
     summary: dict = {"problems": [p.meta.get("n_tokens") for p in problems],
                      "seeds": plan.seeds["reasoning"][: args.analysis_n]}
-    if not evict:
+    if not evict and not students:
         summary["skipped"] = "no eviction policy in this run"
         return summary, []
     scored = [(r.policy, r.budget, r.factory()(model.config)) for r in evict]
+    loaded: dict[str, Any] = {}  # checkpoint -> its model, loaded once for all budgets
+    for r in students:
+        if r.checkpoint not in loaded:
+            from transformers import AutoModelForCausalLM
+
+            loaded[r.checkpoint] = AutoModelForCausalLM.from_pretrained(r.checkpoint, dtype=model.dtype).to(
+                next(model.parameters()).device).eval()
+        own = loaded[r.checkpoint]
+        scored.append((r.policy, r.budget, r.factory()(own.config), own))
     rec = oracle_recall_rows(model, tokenizer, problems, scored, progress=progress,
                              kind=getattr(args, "oracle_kind", "mean"), queries=getattr(args, "oracle_queries", "all"))
+    scored.clear()
+    loaded.clear()  # the students' weights
     write_oracle_recall(rec, out / "recall_per_layer.csv", out / "recall_per_layer.png")
+    if not evict:
+        return summary, rec
 
     order = {p: i for i, p in enumerate(_HEATMAP_PREFERENCE)}
     run = min(evict, key=lambda r: (order.get(r.policy, len(order)), -r.budget.cr))
