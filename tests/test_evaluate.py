@@ -293,3 +293,21 @@ def test_distilled_students_get_recall_rows_from_their_own_keys(run, tmp_path):
     keys = [(str(layer), str(h)) for layer in (0, 1) for h in (0, 1)]
     assert all(0.0 <= rec[("kvpop_mlp_distill",) + k] <= 1.0 for k in keys)
     assert any(rec[("kvpop_mlp_distill",) + k] != rec[("kvpop_mlp",) + k] for k in keys)
+    meta = json.loads((tmp_path / "out" / "meta.json").read_text())
+    assert meta["analysis"]["heatmap"]["policy"] == "kvpop_mlp_distill"  # no EM (--skip-em): by preference
+
+
+def test_heatmap_shows_the_best_policy_at_the_highest_compression():
+    import types
+
+    def run(policy, B, cr):
+        return types.SimpleNamespace(policy=policy, budget=types.SimpleNamespace(B=B, cr=cr))
+
+    runs = [run("kvpop", 100, 0.5), run("kvpop_mlp", 100, 0.5), run("streaming", 100, 0.5), run("kvpop", 150, 0.25)]
+    rows = [{"policy": "kvpop", "budget": 100, "family": "reasoning", "em": 0.2},
+            {"policy": "kvpop_mlp", "budget": 100, "family": "reasoning", "em": 0.6},
+            {"policy": "kvpop", "budget": 150, "family": "reasoning", "em": 0.9},
+            {"policy": "streaming", "budget": 100, "family": "mk_niah", "em": 1.0}]
+    assert analysis.heatmap_run(runs, rows).policy == "kvpop_mlp"
+    assert analysis.heatmap_run(runs, None).policy == "kvpop"  # preference order without rows
+    assert analysis.heatmap_run(runs, [dict(r, em=float("nan")) for r in rows]).policy == "kvpop"

@@ -37,7 +37,7 @@ from .report import averages
 from .tasks import Problem, training_example
 
 __all__ = ["record_qkv", "oracle_topk_recall", "oracle_recall_rows", "retention_map", "plot_retention",
-           "ablation_delay", "run_all"]
+           "ablation_delay", "heatmap_run", "run_all"]
 
 _REC_NAME = "kvpop_record"
 
@@ -298,15 +298,32 @@ def plot_ablation(rows: Sequence[dict], path: Path) -> None:
 
 
 # -- driver -----------------------------------------------------------------------------------------------
-_HEATMAP_PREFERENCE = ("kvpop", "kvpop_mlp", "kvpop_immediate", "knorm", "random", "streaming")
+_HEATMAP_PREFERENCE = ("kvpop_distill", "kvpop", "kvpop_mlp_distill", "kvpop_mlp", "kvpop_immediate", "knorm",
+                       "random", "streaming")
 
 
-def run_all(model, tokenizer, plan, out: Path, args, progress: bool = True) -> tuple[dict, list[dict]]:
+def heatmap_run(runs, rows: Sequence[dict] | None = None):
+    """The run whose retention map is drawn: at the highest compression among ``runs``, the policy with the best
+    exact match there (``rows`` of kvpop-eval, reasoning family), ties and missing rows by
+    :data:`_HEATMAP_PREFERENCE`."""
+    order = {p: i for i, p in enumerate(_HEATMAP_PREFERENCE)}
+    top_cr = max(r.budget.cr for r in runs)
+    em = {}
+    for row in rows or ():
+        if row.get("family") == "reasoning" and row.get("em") == row.get("em"):  # not NaN
+            em[(row["policy"], row["budget"])] = row["em"]
+    at_top = [r for r in runs if r.budget.cr == top_cr]
+    return max(at_top, key=lambda r: (em.get((r.policy, r.budget.B), -1.0), -order.get(r.policy, len(order))))
+
+
+def run_all(model, tokenizer, plan, out: Path, args, progress: bool = True,
+            rows: Sequence[dict] | None = None) -> tuple[dict, list[dict]]:
     """Write ``recall_per_layer.csv/png`` and ``retention_heatmap.png`` on the first ``args.analysis_n``
     reasoning problems; returns (summary for ``meta.json``, oracle recall rows). Learned scorers with their own
     weights (``kvpop_distill``, ``kvpop_mlp_distill``) get recall rows for the keys and values of their model against
-    ``model``'s oracle; the other policies with their own weights (``streaming_plus``: no long-range slots,
-    ``dms``: no ranking) get none, and the heatmap is drawn for a policy that uses ``model``."""
+    ``model``'s oracle, and generate with their own model for the heatmap; the other policies with their own weights
+    (``streaming_plus``: no long-range slots, ``dms``: no ranking) get neither. The heatmap shows the best policy
+    by exact match (``rows``) at the highest compression (:func:`heatmap_run`)."""
     problems = plan.problems["reasoning"][: args.analysis_n]
     evict = [r for r in plan.runs if r.budget is not None and not r.own_model]
     students = [r for r in plan.runs if r.budget is not None and r.own_model and isinstance(r.prototype, KVpopCache)
@@ -329,15 +346,14 @@ def run_all(model, tokenizer, plan, out: Path, args, progress: bool = True) -> t
     rec = oracle_recall_rows(model, tokenizer, problems, scored, progress=progress,
                              kind=getattr(args, "oracle_kind", "mean"), queries=getattr(args, "oracle_queries", "all"))
     scored.clear()
-    loaded.clear()  # the students' weights
     write_oracle_recall(rec, out / "recall_per_layer.csv", out / "recall_per_layer.png")
-    if not evict:
-        return summary, rec
 
-    order = {p: i for i, p in enumerate(_HEATMAP_PREFERENCE)}
-    run = min(evict, key=lambda r: (order.get(r.policy, len(order)), -r.budget.cr))
-    cache = run.factory()(model.config)
-    mat, n_seen, text = retention_after_generation(model, tokenizer, problems[0], cache)
+    run = heatmap_run(evict + students, rows)
+    run_model = loaded[run.checkpoint] if run.own_model else model
+    loaded.clear()  # the other students' weights
+    cache = run.factory()(run_model.config)
+    mat, n_seen, text = retention_after_generation(run_model, tokenizer, problems[0], cache)
+    del run_model
     meta = problems[0].meta
     start = len(tokenizer(problems[0].prompt)["input_ids"])  # <bos> + prompt under *this* tokenizer
     marks = {}

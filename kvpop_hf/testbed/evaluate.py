@@ -28,7 +28,8 @@ evaluated with that model, one at a time; ``--model`` serves every other policy 
 
 Outputs in ``--out``: ``results.csv``, ``outputs.jsonl`` (per problem and policy), ``table1.md`` (in-domain families, paper Table 1),
 ``table2.md`` (out-of-domain, paper Table 2), ``quality_vs_budget.png``, ``meta.json``; with
-``--analysis`` also ``recall_per_layer.csv/.png`` (oracle top-k recall, Fig. 7), ``retention_heatmap.png`` (Fig. 6) and,
+``--analysis`` also ``recall_per_layer.csv/.png`` (oracle top-k recall, Fig. 7), ``retention_heatmap.png`` (Fig. 6, of
+the policy with the best exact match at the highest compression) and,
 when both ``kvpop`` and ``kvpop_immediate`` ran, ``ablation_delay.md/.png`` (Fig. 5).
 """
 
@@ -452,7 +453,8 @@ def main(argv: list[str] | None = None) -> int:
 
     recall = None
     if args.analysis:
-        meta["analysis"], recall = analysis.run_all(model, tokenizer, plan, out, args, progress=progress)
+        meta["analysis"], recall = analysis.run_all(model, tokenizer, plan, out, args, progress=progress,
+                                                         rows=rows)
     md = analysis.ablation_delay(rows, recall)  # only when both kvpop and kvpop_immediate ran
     if md is not None:
         (out / "ablation_delay.md").write_text(header + md)
