@@ -32,6 +32,7 @@ from ..compat import with_cache
 from ..dense_attention import causal_attention
 from ..topk import running_topk
 from ..training.priorities import sequence_priorities
+from .models import load_model
 from .policies import POLICIES
 from .report import averages
 from .tasks import Problem, training_example
@@ -337,10 +338,7 @@ def run_all(model, tokenizer, plan, out: Path, args, progress: bool = True,
     loaded: dict[str, Any] = {}  # checkpoint -> its model, loaded once for all budgets
     for r in students:
         if r.checkpoint not in loaded:
-            from transformers import AutoModelForCausalLM
-
-            loaded[r.checkpoint] = AutoModelForCausalLM.from_pretrained(r.checkpoint, dtype=model.dtype).to(
-                next(model.parameters()).device).eval()
+            loaded[r.checkpoint] = load_model(r.checkpoint, model.dtype, next(model.parameters()).device)
         own = loaded[r.checkpoint]
         scored.append((r.policy, r.budget, r.factory()(own.config), own))
     rec = oracle_recall_rows(model, tokenizer, problems, scored, progress=progress,

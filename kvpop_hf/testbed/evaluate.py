@@ -49,6 +49,7 @@ import torch
 from ..compat import with_cache
 from . import analysis, report
 from . import policies as pol
+from .models import load_model
 from .tasks import ALL_FAMILIES, FAMILIES, Problem, make_problem, training_example
 
 __all__ = ["build_parser", "plan_from_args", "token_accuracy", "main", "EvalPlan", "DEFAULT_SEED_BASE"]
@@ -360,12 +361,6 @@ def _check_shapes(plan: EvalPlan, model_config, tokenizer=None) -> None:
             raise ValueError(f"The tokenizer has {len(tokenizer)} tokens but {where} only {vocab}.")
 
 
-def _load_model(path: str, dtype, device):
-    from transformers import AutoModelForCausalLM
-
-    return AutoModelForCausalLM.from_pretrained(path, attn_implementation="kvpop", dtype=dtype).to(device).eval()
-
-
 # -- main ----------------------------------------------------------------------------------------------
 def main(argv: list[str] | None = None) -> int:
     import kvpop_hf  # noqa: F401  (registers attn_implementation="kvpop")
@@ -387,7 +382,7 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     dtype = getattr(torch, args.dtype)
-    model = _load_model(args.model, dtype, device)
+    model = load_model(args.model, dtype, device)
     progress = not args.no_progress
     for note in plan.notes:
         print("note:", note, file=sys.stderr)
@@ -402,7 +397,7 @@ def main(argv: list[str] | None = None) -> int:
     for run in tqdm(plan.runs, desc="policies", disable=not progress):
         t0 = time.time()
         make = run.factory()
-        run_model = _load_model(run.checkpoint, dtype, device) if run.own_model else model
+        run_model = load_model(run.checkpoint, dtype, device) if run.own_model else model
         factory = None if run.budget is None else (lambda make=make, m=run_model: make(m.config))
         made: list = []  # this run's teacher-forced caches, for policies that report their own compression
         tf = token_accuracy(run_model, tokenizer, all_problems, factory if factory is None else
