@@ -65,3 +65,16 @@ def test_empty_input_keeps_the_memory():
     e = torch.zeros(1, 2, 0, 4)
     C, n, out = mlstm_chunkwise(C0, n0, e, torch.zeros(1, 2, 0, 3), torch.zeros(1, 2, 0), torch.zeros(1, 2, 0), e)
     assert out.shape == (1, 2, 0, 3) and torch.equal(C, C0) and torch.equal(n, n0)
+
+
+def test_forget_bias_sets_the_initial_gate_and_survives_a_save(tmp_path):
+    from helpers import tiny_config
+
+    from kvpop_hf import KVpopCache
+
+    cache = KVpopCache(tiny_config(), sinks=1, window=4, topk=3, scorer="mlstm", scorer_kwargs={"forget_bias": 4.5})
+    assert torch.all(cache.scorer.bf == 4.5) and cache.scorer.config_dict()["forget_bias"] == 4.5
+    assert torch.all(KVpopCache(tiny_config(), scorer="mlstm").scorer.bf == 3.0)  # the default
+    cache.save_pretrained(tmp_path)
+    loaded = KVpopCache.from_pretrained(tmp_path, tiny_config())
+    assert loaded.scorer.forget_bias == 4.5 and torch.equal(loaded.scorer.bf, cache.scorer.bf)

@@ -23,15 +23,16 @@ from __future__ import annotations
 import json
 import random
 import sys
-import time
+import types
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, HfArgumentParser, TrainerCallback
+from transformers import AutoModelForCausalLM, AutoTokenizer, HfArgumentParser
 
 from kvpop_hf.training import KVpopTrainer, KVpopTrainingArguments
 from kvpop_hf.training.merged_save import check_merged_dtype, merged_dtype
+from kvpop_hf.training.time_budget import TimeBudget, time_decay_schedule
 
 
 @dataclass
@@ -54,19 +55,17 @@ class ScriptArguments:
                 "records; float32 if none), float32, bfloat16 or float16."})
     max_train_seconds: float | None = field(default=None, metadata={
         "help": "Stop training (and save) after this many seconds, whatever max_steps says."})
+    lr_decay_by_time: bool = field(default=False, metadata={
+        "help": "With --max_train_seconds: after the warmup steps, decay the learning rate linearly to 0 over the "
+                "remaining seconds (kvpop_hf/training/time_budget.py) instead of using --lr_scheduler_type over "
+                "max_steps, which a time budget usually cuts short."})
 
 
-class TimeBudget(TrainerCallback):
-    """Ends training gracefully once `seconds` have passed since the first step."""
-
-    def __init__(self, seconds: float):
-        self.seconds, self.start = seconds, None
-
-    def on_step_end(self, args, state, control, **kwargs):
-        self.start = self.start or time.time()
-        if time.time() - self.start > self.seconds:
-            control.should_training_stop = True
-        return control
+def check_time_arguments(script) -> None:
+    """--lr_decay_by_time needs --max_train_seconds (checked before any work)."""
+    if getattr(script, "lr_decay_by_time", False) and not script.max_train_seconds:
+        raise ValueError("--lr_decay_by_time decays the learning rate over --max_train_seconds; "
+                         "set --max_train_seconds too (or drop --lr_decay_by_time).")
 
 
 def testbed_examples(families, tokenizer, seq_len, n, seed, knobs=None):
@@ -125,9 +124,19 @@ def train_and_save(trainer_cls, model, args, data, tokenizer, script, callbacks=
     """Build ``trainer_cls`` (with the ``--max_train_seconds`` budget among the callbacks), train (resuming if
     asked) and save: the LoRA merged into the weights with ``--merge_lora``, else the trainer's own save."""
     save_dtype = merged_dtype(script.merged_dtype, script.model) if script.merge_lora else None
-    callbacks = list(callbacks or []) + ([TimeBudget(script.max_train_seconds)] if script.max_train_seconds else [])
+    check_time_arguments(script)
+    budget = TimeBudget(script.max_train_seconds) if script.max_train_seconds else None
+    callbacks = list(callbacks or []) + ([budget] if budget else [])
     trainer = trainer_cls(model=model, args=args, train_dataset=data, processing_class=tokenizer,
                           callbacks=callbacks or None)
+    if getattr(script, "lr_decay_by_time", False):
+        def create_scheduler(self, num_training_steps, optimizer=None):
+            if self.lr_scheduler is None:
+                self.lr_scheduler = time_decay_schedule(optimizer or self.optimizer, budget,
+                                                        self.args.get_warmup_steps(num_training_steps))
+            return self.lr_scheduler
+
+        trainer.create_scheduler = types.MethodType(create_scheduler, trainer)
     trainer.train(resume_from_checkpoint=args.resume_from_checkpoint)
     if script.merge_lora:
         trainer.save_merged_model(dtype=save_dtype)
@@ -140,6 +149,7 @@ def main(argv=None, callbacks=None):
     """Parses `argv`, builds the data, trains and saves; `callbacks`: extra `TrainerCallback`s. Returns the trainer."""
     parser = HfArgumentParser((ScriptArguments, KVpopTrainingArguments))
     script, args = parser.parse_args_into_dataclasses(args=argv)
+    check_time_arguments(script)  # before any work
     if script.knob and not script.dataset.startswith("testbed:"):
         raise ValueError(f"--knob sets testbed generator knobs; --dataset {script.dataset!r} is not testbed:<families>.")
     tokenizer = AutoTokenizer.from_pretrained(script.model)

@@ -104,48 +104,67 @@ stage_retrofit() {
       --kind $kind --queries target --length $L --n "$N" --budgets $B --window $W $KNOBS --device "$DEVICE" \
       > "$OUT/oracle_${kind}_target.log" 2>&1 && grep -E "^\| oracle" "$OUT/oracle_${kind}_target/table.md" &
   done
-  retro() {  # name scorer topk args...
-    local name=$1 scorer=$2 k=$3; shift 3
+  retro() {  # ckpt-folder name scorer topk args...
+    local folder=$1 name=$2 scorer=$3 k=$4; shift 4
     OMP_NUM_THREADS=2 timeout $((RS + 150)) python3 training/retrofit.py --model "$TEACHER" \
       --dataset testbed:reasoning --knob reasoning.n_facts=10 reasoning.steps=4 --seq_len $L --sinks 4 --window $W \
-      --topk "$k" --scorer "$scorer" --output_dir "$OUT/ckpt/$name" --max_steps 100000 --num_examples "${NEX:-1200}" \
+      --topk "$k" --scorer "$scorer" --output_dir "$folder/$name" --max_steps 100000 --num_examples "${NEX:-1200}" \
       --max_train_seconds "$RS" --per_device_train_batch_size 4 --scorer_learning_rate 3e-3 $TRAIN_DEV \
       --target_queries labels --logging_steps 10 --report_to none --save_strategy no --disable_tqdm True --seed 0 \
-      "$@" > "$OUT/retrofit_$name.log" 2>&1
-    local rc=$?; stamp "retrofit $name exit $rc"
-    grep -o "{'loss'[^}]*}" "$OUT/retrofit_$name.log" | sed -n '$p' | cut -c1-240
+      "$@" > "$OUT/retrofit_${name}${folder##*/ckpt}.log" 2>&1
+    local rc=$?; stamp "retrofit $name${folder##*/ckpt} exit $rc"
+    grep -o "{'loss'[^}]*}" "$OUT/retrofit_${name}${folder##*/ckpt}.log" | sed -n '$p' | cut -c1-240
   }
   local ONLY="--train_backbone False --learning_rate 1e-4"
   local LORA="--train_backbone True --lora_rank 8 --merge_lora True --distill_weight 1.0 --learning_rate 1e-3"
+  local DECAY=""; [ "${LR_DECAY:-1}" = 1 ] && DECAY="--lr_decay_by_time True"
   # a variant's name says what it trains: kvpop (mLSTM) or kvpop_mlp, _mean (the mean target, else the max one),
-  # _distill (distillation + boundary loss with a LoRA backbone, else scorer only), _cr<NN> (its budget)
-  local v sc target mode
-  for v in ${VARIANTS:-kvpop_cr88 kvpop_cr94 kvpop_mean_cr88 kvpop_distill_cr88 kvpop_mlp_cr88 kvpop_mlp_cr94 \
+  # _distill (distillation + boundary loss with a LoRA backbone, else scorer only), _cr<NN> (its budget);
+  # a suffix @fb<x> starts the mLSTM forget gate's bias at x (default 3) and puts the checkpoint in ckpt_fb<x>/
+  local entry v fb sc target mode folder kw
+  for entry in ${VARIANTS:-kvpop_cr88 kvpop_cr94 kvpop_mean_cr88 kvpop_distill_cr88 kvpop_mlp_cr88 kvpop_mlp_cr94 \
               kvpop_mlp_mean_cr88 kvpop_mlp_distill_cr88}; do
+    v=${entry%%@*}; fb=""; [ "$v" != "$entry" ] && fb=${entry#*@fb}
     case "$v" in kvpop_mlp*) sc=mlp ;; kvpop*) sc=mlstm ;; *) echo "unknown variant $v" >&2; exit 2 ;; esac
     case "$v" in *_mean_*) target=mean ;; *) target=max ;; esac
     case "$v" in *_distill_*) mode=$LORA ;; *) mode=$ONLY ;; esac
+    folder="$OUT/ckpt"; kw="{}"
+    if [ -n "$fb" ]; then folder="$OUT/ckpt_fb$fb"; kw="{\"forget_bias\": $fb}"; fi
     # shellcheck disable=SC2086
-    retro "$v" "$sc" "$(topk "0.${v##*_cr}")" $mode --target_reduce $target &
+    retro "$folder" "$v" "$sc" "$(topk "0.${v##*_cr}")" $mode $DECAY --target_reduce $target --scorer_kwargs "$kw" &
   done
   wait
-  for d in "$OUT"/ckpt/*; do  # scorer-only: the backbone copy is the unchanged teacher
+  for d in "$OUT"/ckpt*/*; do  # scorer-only: the backbone copy is the unchanged teacher
     case "$d" in *distill*) ;; *) rm -f "$d/model.safetensors" "$d/training_args.bin" ;; esac
   done
-  local specs=() policies=${BASE_POLICIES:-dense,streaming} p
-  for p in kvpop kvpop_mlp kvpop_mean kvpop_mlp_mean kvpop_distill kvpop_mlp_distill; do
-    [ -d "$OUT/ckpt/${p}_cr88" ] || continue
-    policies+=",$p"
-    specs+=(--scorer-checkpoint "$p@cr75=$OUT/ckpt/${p}_cr88")
-    [ ! -d "$OUT/ckpt/${p}_cr94" ] && specs+=(--scorer-checkpoint "$p@cr94=$OUT/ckpt/${p}_cr88")
-  done
-  evaluate "$OUT/eval_learned" "$(left)" --model "$TEACHER" --length $L --budgets $B \
-    --policies "$policies" --checkpoints-dir "$OUT/ckpt" "${specs[@]}" --analysis --analysis-n 8 --oracle-kind max --oracle-queries target
+  [ "${EVAL:-1}" = 1 ] || { stamp "stage retrofit done (EVAL=0: no evaluation)"; return; }
+  for d in "$OUT"/ckpt*; do eval_checkpoints "$d" "$OUT/eval_learned${d##*/ckpt}" & done
+  wait
   stamp "stage retrofit done"
+}
+
+eval_checkpoints() {  # ckpt-folder out-dir: kvpop-eval of the learned policies found in the folder, with --analysis
+  local C=$1 B="0.75,0.88,0.94" specs=() policies=${BASE_POLICIES:-dense,streaming} p
+  for p in kvpop kvpop_mlp kvpop_mean kvpop_mlp_mean kvpop_distill kvpop_mlp_distill; do
+    [ -d "$C/${p}_cr88" ] || continue
+    policies+=",$p"
+    specs+=(--scorer-checkpoint "$p@cr75=$C/${p}_cr88")
+    [ ! -d "$C/${p}_cr94" ] && specs+=(--scorer-checkpoint "$p@cr94=$C/${p}_cr88")
+  done
+  evaluate "$2" "$(left)" --model "$TEACHER" --length $L --budgets $B \
+    --policies "$policies" --checkpoints-dir "$C" "${specs[@]}" --analysis --analysis-n 8 --oracle-kind max --oracle-queries target
+}
+
+stage_evaluate() {  # CKPT_DIRS: folders of <policy>_cr<NN> checkpoints (as ckpt*/ of a retrofit stage)
+  local TEACHER=${TEACHER:?set TEACHER to the 4k teacher} d
+  for d in ${CKPT_DIRS:?set CKPT_DIRS to checkpoint folders}; do eval_checkpoints "$d" "$OUT/eval_${d##*/}" & done
+  wait
+  stamp "stage evaluate done"
 }
 
 case "$STAGE" in
   teacher) stage_teacher ;;
   retrofit) stage_retrofit ;;
-  *) echo "STAGE must be teacher or retrofit, got $STAGE" >&2; exit 2 ;;
+  evaluate) stage_evaluate ;;
+  *) echo "STAGE must be teacher, retrofit or evaluate, got $STAGE" >&2; exit 2 ;;
 esac

@@ -10,7 +10,9 @@ so the scorer sees the ``w`` tokens that followed ``u`` before deciding. ``delay
 immediately after ``u`` itself was absorbed (the paper's ablation, Fig. 5).
 
 Choices not fixed by the paper (documented here): sigmoid input gate (bounded, no stabiliser
-needed), log-sigmoid forget gate with bias initialised to 3, feature size ``state_dim``.
+needed), log-sigmoid forget gate with bias initialised to ``forget_bias`` (default 3: f ~ 0.95, a memory
+half-life of ~14 tokens; with delayed scoring a token's own write has decayed by f^w when it is read, so a
+wider window wants a larger bias, e.g. 4.5 for a half-life of ~64 tokens), feature size ``state_dim``.
 """
 
 from __future__ import annotations
@@ -37,13 +39,17 @@ class MLSTMScorer(Scorer):
     stateful = True
 
     def __init__(self, num_layers, num_kv_heads, head_dim, state_dim: int = 32, delayed: bool = True,
-                 chunk_size: int = 128, seed: int = 0):
+                 chunk_size: int = 128, forget_bias: float = 3.0, seed: int = 0):
         super().__init__(num_layers, num_kv_heads, head_dim)
         self.state_dim = check_scorer_option("mlstm", "state_dim", state_dim, 1)
         if not isinstance(delayed, bool):
             raise ValueError(f"Scorer 'mlstm': `delayed` must be True or False, got {delayed!r}.")
         self.delayed = delayed
         self.chunk_size = check_scorer_option("mlstm", "chunk_size", chunk_size, 1)
+        if isinstance(forget_bias, bool) or not isinstance(forget_bias, (int, float)) or not math.isfinite(forget_bias):
+            raise ValueError(f"Scorer 'mlstm': `forget_bias` (the forget gate's initial bias) must be a finite "
+                             f"number, got {forget_bias!r}.")
+        self.forget_bias = float(forget_bias)
         gen = torch.Generator().manual_seed(seed)
         d_in = 2 * head_dim
         shape = (num_layers, num_kv_heads)
@@ -55,12 +61,13 @@ class MLSTMScorer(Scorer):
         self.wi = nn.Parameter(torch.randn(*shape, d_in, generator=gen) / math.sqrt(d_in))
         self.wf = nn.Parameter(torch.randn(*shape, d_in, generator=gen) / math.sqrt(d_in))
         self.bi = nn.Parameter(torch.zeros(*shape))
-        self.bf = nn.Parameter(torch.full(shape, 3.0))
+        self.bf = nn.Parameter(torch.full(shape, self.forget_bias))
         self.a = nn.Parameter(torch.randn(*shape, self.state_dim, generator=gen) / math.sqrt(self.state_dim))
         self.b = nn.Parameter(torch.zeros(*shape))
 
     def config_dict(self):
-        return {"state_dim": self.state_dim, "delayed": self.delayed, "chunk_size": self.chunk_size}
+        return {"state_dim": self.state_dim, "delayed": self.delayed, "chunk_size": self.chunk_size,
+                "forget_bias": self.forget_bias}
 
     # -- pieces ------------------------------------------------------------------------------
     def write_features(self, layer_idx, keys, values, valid=None):
