@@ -19,15 +19,19 @@
 #                  of the learned policies at 75/88/94% (a variant without its own 94% checkpoint uses the 88% one,
 #                  every 75% row the 88% one) with --analysis (oracle top-k recall against the max answer-query
 #                  oracle, retention heatmap).
+#                  Every retrofit's learning rates decay linearly to 0 over its RS seconds (--lr_decay_by_time;
+#                  LR_DECAY=0 keeps them constant, as the runs made before that flag). A variant written
+#                  <variant>@fb<x> starts the mLSTM forget gate's bias at x and is saved (and evaluated) apart.
 #                  -> $OUT/oracle_{max,mean}_target/, $OUT/ckpt/<policy>_cr<NN>/, $OUT/retrofit_*.log,
-#                     $OUT/eval_learned/
+#                     $OUT/eval_learned/ ($OUT/ckpt_fb<x>/, $OUT/eval_learned_fb<x>/ for @fb<x> variants)
+#   STAGE=evaluate the evaluation above of existing checkpoint folders: CKPT_DIRS="dir ..." -> $OUT/eval_<dir name>/
 #
 # Usage: OUT=dir bash benchmarks/gpu/testbed_4k.sh                                   (STAGE=teacher, ~9 min)
 #        OUT=dir STAGE=retrofit TEACHER=checkpoints/teacher_4k bash benchmarks/gpu/testbed_4k.sh   (~9 min)
 # Knobs: TB (teacher training seconds, 240), RS (retrofit seconds, 200), WINDOW (the protected window, 64;
 # WINDOW=32 reproduces the runs of results/testbed_4k made before the window was widened), VARIANTS (the retrofits to run, default
 # the eight above, e.g. "kvpop_cr88 kvpop_distill_cr88"; a policy is evaluated when its _cr88 run exists),
-# ORACLE=0 (skip the answer-query oracles), BASE_POLICIES (the untrained rows of the evaluation, dense,streaming), EVAL_N (problems per evaluation, 40),
+# ORACLE=0 (skip the answer-query oracles), EVAL=0 (retrofit only: no evaluation), BASE_POLICIES (the untrained rows of the evaluation, dense,streaming), EVAL_N (problems per evaluation, 40),
 # DEADLINE (seconds after start by which the last evaluations are cut, 540); for a CPU smoke test of the script:
 # DEVICE=cpu LEN=768 LO=512 CLEN=640 TB=10 RS=5 EVAL_N=2 WORKERS=1 NEX=8.
 set -u
