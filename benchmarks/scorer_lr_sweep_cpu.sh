@@ -7,7 +7,8 @@
 # Usage (torch installed, e.g. the README's venv active): OUT=results/scorer_lr_cpu bash benchmarks/scorer_lr_sweep_cpu.sh
 #        RUNS="mlstm:3e-3 mlstm:1e-2 mlstm:3e-2 mlp:3e-3" STEPS=150 EVAL_N=8 W=32 CR=0.88 (the defaults)
 # A run is scorer:lr[:option], option one of immediate (the mLSTM reads a token's score right after absorbing it,
-# the paper's no-delay ablation) or fb<x> (the mLSTM forget gate's initial bias, default 3).
+# the paper's no-delay ablation), fb<x> (the mLSTM forget gate's initial bias, default 3), tok (the mLSTM readout's
+# term of the read token's own features, token_readout) or ds<n> (the mLSTM state_dim, default 32).
 set -u
 : "${OUT:?set OUT to an output directory}"
 export PYTHONPATH=. TOKENIZERS_PARALLELISM=false
@@ -23,6 +24,8 @@ parse() {  # run -> SCORER LR NAME KW POL
     "") ;;
     immediate) KW='{"delayed": false}' ;;
     fb*) KW="{\"forget_bias\": ${opt#fb}}" ;;
+    tok) KW='{"token_readout": true}' ;;
+    ds*) KW="{\"state_dim\": ${opt#ds}}" ;;
     *) echo "unknown option $opt in $1" >&2; exit 2 ;;
   esac
   NAME="${SCORER}_lr${LR}${opt:+_$opt}"

@@ -96,6 +96,7 @@ def test_failed_forward_asks_for_reset():
     ("mlp", {"hidden": -1}, "hidden"), ("mlp", {"hidden": 2.5}, "hidden"), ("mlstm", {"state_dim": 0}, "state_dim"),
     ("mlstm", {"chunk_size": -4}, "chunk_size"), ("mlstm", {"delayed": "yes"}, "delayed"),
     ("mlstm", {"forget_bias": "4"}, "forget_bias"), ("mlstm", {"forget_bias": float("inf")}, "forget_bias"),
+    ("mlstm", {"token_readout": 1}, "token_readout"),
 ])
 def test_bad_scorer_options(scorer, kwargs, match):
     with pytest.raises(ValueError, match=match):

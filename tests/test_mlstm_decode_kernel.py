@@ -12,14 +12,15 @@ from kvpop_hf.scorers.mlstm_decode_triton import mlstm_decode_priority_reference
 @pytest.mark.parametrize("ds", [8, 6])
 @pytest.mark.parametrize("read_new", [False, True])
 @pytest.mark.parametrize("decay", [False, True])
-def test_fused_mlstm_step_matches_torch(ds, read_new, decay):
+@pytest.mark.parametrize("token", [False, True])
+def test_fused_mlstm_step_matches_torch(ds, read_new, decay, token):
     b, h, d, s, w, k, layers = 3, 2, 16, 2, 5, 7, 2
     B = s + w + k
     for seed in range(4):
         g = torch.Generator().manual_seed(seed)
-        scorer = MLSTMScorer(layers, h, d, state_dim=ds, delayed=not read_new, seed=seed)
-        with torch.no_grad():  # gate biases and readout bias away from their initial values
-            for p in (scorer.bi, scorer.bf, scorer.b):
+        scorer = MLSTMScorer(layers, h, d, state_dim=ds, delayed=not read_new, token_readout=token, seed=seed)
+        with torch.no_grad():  # gate biases and readout biases away from their initial values
+            for p in (scorer.bi, scorer.bf, scorer.b) + ((scorer.bt,) if token else ()):
                 p.add_(torch.randn(p.shape, generator=g))
         keys, values = torch.randn(b, h, B, d, generator=g), torch.randn(b, h, B, d, generator=g)
         seen = torch.randint(0, 4 * B, (b,), generator=g)
@@ -50,8 +51,8 @@ def test_fused_mlstm_step_rejects_a_non_float32_state():
                                      False)
 
 
-@pytest.mark.parametrize("delayed", [True, False])
-def test_cache_decode_with_every_kernel_matches_reference_mask(monkeypatch, delayed):
+@pytest.mark.parametrize("delayed,token", [(True, False), (False, False), (True, True)])
+def test_cache_decode_with_every_kernel_matches_reference_mask(monkeypatch, delayed, token):
     """Every token a decode step of a KVpopCache with the mLSTM scorer and recency decay, with the fused
     mLSTM step, the fused eviction and the split attention (all Triton, interpreted): logits equal the
     independent reference mask."""
@@ -65,7 +66,8 @@ def test_cache_decode_with_every_kernel_matches_reference_mask(monkeypatch, dela
     kw = dict(sinks=2, window=4, topk=6, log_gamma=-0.3, decay_step=5)
     model = tiny_model("qwen3")
     ids = distinct_ids(1, 30, seed=5)
-    cache = KVpopCache(model.config, scorer="mlstm", scorer_kwargs={"delayed": delayed}, **kw)
+    cache = KVpopCache(model.config, scorer="mlstm", scorer_kwargs={"delayed": delayed, "token_readout": token},
+                       **kw)
     ref, _ = reference_logits(model, ids, cache.scorer, kw["sinks"], kw["window"], kw["topk"],
                               cache.log_gamma, kw["decay_step"])
     forward = lambda x: model(x, **with_cache(model, cache)).logits  # noqa: E731

@@ -78,3 +78,34 @@ def test_forget_bias_sets_the_initial_gate_and_survives_a_save(tmp_path):
     cache.save_pretrained(tmp_path)
     loaded = KVpopCache.from_pretrained(tmp_path, tiny_config())
     assert loaded.scorer.forget_bias == 4.5 and torch.equal(loaded.scorer.bf, cache.scorer.bf)
+
+
+def test_token_readout_adds_the_read_tokens_term_and_survives_a_save(tmp_path):
+    """token_readout=True: r = (the plain readout) + at . SiLU(x_u Wt + bt) of the read token, with x_u = [k; v];
+    with at = 0 it scores as the plain scorer of the same seed; it is saved and restored."""
+    from helpers import tiny_config
+
+    from kvpop_hf import KVpopCache
+    from kvpop_hf.scorers.mlstm import MLSTMScorer
+
+    b, h, d, n, ds = 2, 2, 8, 9, 4
+    g = torch.Generator().manual_seed(0)
+    plain, tok = MLSTMScorer(1, h, d, state_dim=ds), MLSTMScorer(1, h, d, state_dim=ds, token_readout=True)
+    keys, values = torch.randn(b, h, n, d, generator=g), torch.randn(b, h, n, d, generator=g)
+    rk, rv = torch.randn(b, h, n, d, generator=g), torch.randn(b, h, n, d, generator=g)
+    valid = torch.ones(b, n, dtype=torch.bool)
+    with torch.no_grad():
+        _, r_plain = plain.absorb_and_read(0, plain.init_state(0, b, "cpu"), keys, values, valid, rk, rv)
+        _, r_tok = tok.absorb_and_read(0, tok.init_state(0, b, "cpu"), keys, values, valid, rk, rv)
+        x = torch.cat([rk, rv], -1)
+        term = (torch.nn.functional.silu(torch.einsum("bhni,hio->bhno", x, tok.wt[0]) + tok.bt[0][None, :, None])
+                * tok.at[0][None, :, None]).sum(-1)
+        torch.testing.assert_close(r_tok, r_plain + term)
+        tok.at.zero_()
+        _, r_zero = tok.absorb_and_read(0, tok.init_state(0, b, "cpu"), keys, values, valid, rk, rv)
+    torch.testing.assert_close(r_zero, r_plain)
+    assert not hasattr(plain, "wt")  # the default scorer has no token weights (older checkpoints load unchanged)
+    cache = KVpopCache(tiny_config(), sinks=1, window=4, topk=3, scorer="mlstm", scorer_kwargs={"token_readout": True})
+    cache.save_pretrained(tmp_path)
+    loaded = KVpopCache.from_pretrained(tmp_path, tiny_config())
+    assert loaded.scorer.token_readout and torch.equal(loaded.scorer.wt, cache.scorer.wt)

@@ -21,9 +21,11 @@
 #                  oracle, retention heatmap).
 #                  Every retrofit's learning rates decay linearly to 0 over its RS seconds (--lr_decay_by_time;
 #                  LR_DECAY=0 keeps them constant, as the runs made before that flag). A variant written
-#                  <variant>@fb<x> starts the mLSTM forget gate's bias at x and is saved (and evaluated) apart.
+#                  <variant>@<option> sets an mLSTM option and is saved (and evaluated) apart: @fb<x> (the forget
+#                  gate's initial bias x), @tok (token_readout: the read token's own term in the readout), @ds<n>
+#                  (state_dim n).
 #                  -> $OUT/oracle_{max,mean}_target/, $OUT/ckpt/<policy>_cr<NN>/, $OUT/retrofit_*.log,
-#                     $OUT/eval_learned/ ($OUT/ckpt_fb<x>/, $OUT/eval_learned_fb<x>/ for @fb<x> variants)
+#                     $OUT/eval_learned/ ($OUT/ckpt_<option>/, $OUT/eval_learned_<option>/ for @<option> variants)
 #   STAGE=evaluate the evaluation above of existing checkpoint folders: CKPT_DIRS="dir ..." -> $OUT/eval_<dir name>/
 #
 # Usage: OUT=dir bash benchmarks/gpu/testbed_4k.sh                                   (STAGE=teacher, ~9 min)
@@ -124,16 +126,24 @@ stage_retrofit() {
   local DECAY=""; [ "${LR_DECAY:-1}" = 1 ] && DECAY="--lr_decay_by_time True"
   # a variant's name says what it trains: kvpop (mLSTM) or kvpop_mlp, _mean (the mean target, else the max one),
   # _distill (distillation + boundary loss with a LoRA backbone, else scorer only), _cr<NN> (its budget);
-  # a suffix @fb<x> starts the mLSTM forget gate's bias at x (default 3) and puts the checkpoint in ckpt_fb<x>/
-  local entry v fb sc target mode folder kw
+  # a suffix @<option> sets an mLSTM option and puts the checkpoint in ckpt_<option>/: @fb<x> the forget gate's
+  # initial bias (default 3), @tok the readout's term of the read token's own features, @ds<n> the state_dim
+  local entry v opt sc target mode folder kw
   for entry in ${VARIANTS:-kvpop_cr88 kvpop_cr94 kvpop_mean_cr88 kvpop_distill_cr88 kvpop_mlp_cr88 kvpop_mlp_cr94 \
               kvpop_mlp_mean_cr88 kvpop_mlp_distill_cr88}; do
-    v=${entry%%@*}; fb=""; [ "$v" != "$entry" ] && fb=${entry#*@fb}
+    v=${entry%%@*}; opt=""; [ "$v" != "$entry" ] && opt=${entry#*@}
     case "$v" in kvpop_mlp*) sc=mlp ;; kvpop*) sc=mlstm ;; *) echo "unknown variant $v" >&2; exit 2 ;; esac
     case "$v" in *_mean_*) target=mean ;; *) target=max ;; esac
     case "$v" in *_distill_*) mode=$LORA ;; *) mode=$ONLY ;; esac
     folder="$OUT/ckpt"; kw="{}"
-    if [ -n "$fb" ]; then folder="$OUT/ckpt_fb$fb"; kw="{\"forget_bias\": $fb}"; fi
+    case "$opt" in
+      "") ;;
+      fb*) kw="{\"forget_bias\": ${opt#fb}}" ;;
+      tok) kw='{"token_readout": true}' ;;
+      ds*) kw="{\"state_dim\": ${opt#ds}}" ;;
+      *) echo "unknown option @$opt in $entry (fb<x>, tok or ds<n>)" >&2; exit 2 ;;
+    esac
+    [ -n "$opt" ] && folder="$OUT/ckpt_$opt"
     # shellcheck disable=SC2086
     retro "$folder" "$v" "$sc" "$(topk "0.${v##*_cr}")" $mode $DECAY --target_reduce $target --scorer_kwargs "$kw" &
   done

@@ -12,7 +12,14 @@ immediately after ``u`` itself was absorbed (the paper's ablation, Fig. 5).
 Choices not fixed by the paper (documented here): sigmoid input gate (bounded, no stabiliser
 needed), log-sigmoid forget gate with bias initialised to ``forget_bias`` (default 3: f ~ 0.95, a memory
 half-life of ~14 tokens; with delayed scoring a token's own write has decayed by f^w when it is read, so a
-wider window wants a larger bias, e.g. 4.5 for a half-life of ~64 tokens), feature size ``state_dim``.
+wider window wants a larger bias, e.g. 4.5 for a half-life of ~64 tokens), feature size ``state_dim``, and the
+RMSNorm before the SiLU of Eq. 11.
+
+``token_readout=True`` (an option beyond the paper, off by default) adds a term of the read token's own features,
+``r_u = a^T SiLU(RMSNorm(h_{u|q})) + at^T SiLU(x_u Wt + bt) + b`` with ``x_u = [k_u; v_u]``: Eq. 11 sees the token
+only through its query into the memory, ``h`` being a mix of the memory's values, so a token that is important
+for what it is (not for what followed it) has to be recognised through that mix; the term gives the readout the
+stateless scorer's view of the token beside the memory's.
 """
 
 from __future__ import annotations
@@ -39,7 +46,7 @@ class MLSTMScorer(Scorer):
     stateful = True
 
     def __init__(self, num_layers, num_kv_heads, head_dim, state_dim: int = 32, delayed: bool = True,
-                 chunk_size: int = 128, forget_bias: float = 3.0, seed: int = 0):
+                 chunk_size: int = 128, forget_bias: float = 3.0, token_readout: bool = False, seed: int = 0):
         super().__init__(num_layers, num_kv_heads, head_dim)
         self.state_dim = check_scorer_option("mlstm", "state_dim", state_dim, 1)
         if not isinstance(delayed, bool):
@@ -50,6 +57,9 @@ class MLSTMScorer(Scorer):
             raise ValueError(f"Scorer 'mlstm': `forget_bias` (the forget gate's initial bias) must be a finite "
                              f"number, got {forget_bias!r}.")
         self.forget_bias = float(forget_bias)
+        if not isinstance(token_readout, bool):
+            raise ValueError(f"Scorer 'mlstm': `token_readout` must be True or False, got {token_readout!r}.")
+        self.token_readout = token_readout
         gen = torch.Generator().manual_seed(seed)
         d_in = 2 * head_dim
         shape = (num_layers, num_kv_heads)
@@ -64,10 +74,14 @@ class MLSTMScorer(Scorer):
         self.bf = nn.Parameter(torch.full(shape, self.forget_bias))
         self.a = nn.Parameter(torch.randn(*shape, self.state_dim, generator=gen) / math.sqrt(self.state_dim))
         self.b = nn.Parameter(torch.zeros(*shape))
+        if token_readout:  # the read token's own term: wt [h, 2d, ds], bt [h, ds], at [h, ds] per layer
+            self.wt = proj(self.state_dim)
+            self.bt = nn.Parameter(torch.zeros(*shape, self.state_dim))
+            self.at = nn.Parameter(torch.randn(*shape, self.state_dim, generator=gen) / math.sqrt(self.state_dim))
 
     def config_dict(self):
         return {"state_dim": self.state_dim, "delayed": self.delayed, "chunk_size": self.chunk_size,
-                "forget_bias": self.forget_bias}
+                "forget_bias": self.forget_bias, "token_readout": self.token_readout}
 
     # -- pieces ------------------------------------------------------------------------------
     def write_features(self, layer_idx, keys, values, valid=None):
@@ -88,10 +102,16 @@ class MLSTMScorer(Scorer):
         x = scorer_input(keys, values)
         return headwise_linear(x, self.wq[layer_idx].float()) / math.sqrt(self.state_dim)
 
-    def readout(self, layer_idx, h):
-        """``r = a^T SiLU(RMSNorm(h)) + b``; h ``[b,h,n,ds]`` -> ``[b,h,n]``."""
+    def readout(self, layer_idx, h, read_keys=None, read_values=None):
+        """``r = a^T SiLU(RMSNorm(h)) + b`` (+ ``at^T SiLU(x_u Wt + bt)`` of the read tokens ``[b,h,n,d]`` with
+        ``token_readout``); h ``[b,h,n,ds]`` -> ``[b,h,n]``."""
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)
-        return _headwise_dot(F.silu(h), self.a[layer_idx].float()) + self.b[layer_idx].float()[None, :, None]
+        r = _headwise_dot(F.silu(h), self.a[layer_idx].float()) + self.b[layer_idx].float()[None, :, None]
+        if self.token_readout:
+            x = scorer_input(read_keys, read_values)
+            t = F.silu(headwise_linear(x, self.wt[layer_idx].float(), self.bt[layer_idx].float()))
+            r = r + _headwise_dot(t, self.at[layer_idx].float())
+        return r
 
     # -- Scorer interface --------------------------------------------------------------------
     def decode_kernel(self, device):
@@ -120,4 +140,4 @@ class MLSTMScorer(Scorer):
         else:
             # all sub-chunks at once: a fixed number of ops per call, O(L * chunk_size) memory
             C, n, h = mlstm_chunkwise(C, n, k, v, log_f, i_gate, q, self.chunk_size)
-        return (C, n), self.readout(layer_idx, h)
+        return (C, n), self.readout(layer_idx, h, read_keys, read_values)

@@ -9,7 +9,7 @@ called by ``KVpopLayer.decode_step``):
 2. ``x = [k; v]`` of the new token gives ``k~ = x Wk``, ``v~ = x Wv``, ``i = sigmoid(x wi + bi)``,
    ``log f = logsigmoid(x wf + bf)``; the read token gives ``q~ = x_r Wq / sqrt(ds)``;
 3. ``C <- f C + i k~ v~^T``, ``n <- f n + i k~`` (in place), ``h = q~^T C / max(|q~^T n|, 1)``;
-4. ``r = a^T SiLU(RMSNorm(h)) + b`` and the priority ``p = r - floor(max(pos_r, 0) / n_decay) * log_gamma_h``.
+4. ``r = a^T SiLU(RMSNorm(h)) + b`` (+ ``at^T SiLU(x_r Wt + bt)`` with ``token_readout``) and the priority ``p = r - floor(max(pos_r, 0) / n_decay) * log_gamma_h``.
 
 :func:`mlstm_decode_priority_reference` is that torch path written out (the same signature).
 One program per (row, KV head) replaces the dozen small kernels (gathers, three projections, gates, state
@@ -65,9 +65,9 @@ if triton is not None:
 
     @triton.jit
     def mlstm_decode_kernel(keys, values, pos, seen, k_new, v_new, C, n, wq, wk, wv, wi, wf, bi, bf, a, b,
-                            log_gamma, p_out, H, B, decay_step, q_scale,
+                            w_tok, b_tok, a_tok, log_gamma, p_out, H, B, decay_step, q_scale,
                             D: tl.constexpr, DV: tl.constexpr, DS: tl.constexpr, S: tl.constexpr,
-                            W: tl.constexpr, READ_NEW: tl.constexpr, HAS_DECAY: tl.constexpr,
+                            W: tl.constexpr, READ_NEW: tl.constexpr, HAS_DECAY: tl.constexpr, TOKEN: tl.constexpr,
                             BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_DS: tl.constexpr):
         row = tl.program_id(0)  # row = batch * H + head
         head = row % H
@@ -110,6 +110,11 @@ if triton is not None:
         silu = h / (1.0 + tl.exp(-h))
         r = tl.sum(tl.where(mds, silu * tl.load(a + head.to(tl.int64) * DS + ods, mask=mds, other=0.0), 0.0),
                    axis=0) + tl.load(b + head)
+        if TOKEN:  # the read token's own term
+            to = head.to(tl.int64) * DS + ods
+            tf = _project(rk, rv, w_tok + wo, od, odv, ods, md, mdv, mds, D, DV, DS)
+            tf += tl.load(b_tok + to, mask=mds, other=0.0)
+            r += tl.sum(tl.where(mds, tf / (1.0 + tl.exp(-tf)) * tl.load(a_tok + to, mask=mds, other=0.0), 0.0), axis=0)
         if HAS_DECAY:
             blocks = (tl.maximum(pos_r, 0) // decay_step).to(tl.float32)
             r = r - blocks * tl.load(log_gamma + head).to(tl.float32)
@@ -132,12 +137,17 @@ def mlstm_decode_priority_triton(scorer, layer_idx: int, state, keys, values, po
     p = torch.empty(b * h, dtype=torch.float32, device=keys.device)
     weights = [getattr(scorer, w)[layer_idx].float().contiguous() for w in ("wq", "wk", "wv", "wi", "wf", "bi",
                                                                             "bf", "a", "b")]
-    # a separate placeholder when there is no decay (unread then): never the output itself, so no two kernel
-    # arguments alias a buffer the kernel writes
+    # a separate placeholder when there is no decay or no token term (unread then): never the output itself, so
+    # no two kernel arguments alias a buffer the kernel writes
     gamma = log_gamma.float().contiguous() if log_gamma is not None else torch.empty(1, device=keys.device)
+    if scorer.token_readout:
+        token = [getattr(scorer, w)[layer_idx].float().contiguous() for w in ("wt", "bt", "at")]
+    else:
+        token = [torch.empty(1, device=keys.device)] * 3
     mlstm_decode_kernel[(b * h,)](
         keys, values, pos, seen, k_new.reshape(b, h, d).contiguous(), v_new.reshape(b, h, dv).contiguous(), C, n,
-        *weights, gamma, p, h, B, decay_step, 1.0 / math.sqrt(ds),
+        *weights, *token, gamma, p, h, B, decay_step, 1.0 / math.sqrt(ds),
         D=d, DV=dv, DS=ds, S=sinks, W=window, READ_NEW=read_new, HAS_DECAY=log_gamma is not None,
+        TOKEN=scorer.token_readout,
         BLOCK_D=next_pow2(d), BLOCK_DV=next_pow2(dv), BLOCK_DS=next_pow2(ds))
     return p.view(b, h, 1)
