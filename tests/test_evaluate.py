@@ -227,6 +227,35 @@ def test_oracle_topk_recall_bounds():
     assert torch.isnan(analysis.oracle_topk_recall(oracle, oracle, 2, 4, 64)).all()  # never evicts
 
 
+def _recall_by_hand(prio, oracle, sinks, window, topk, m, mass):
+    """Per query: the eligible tokens (sinks <= t <= q - window), each side's best by value; mean over the
+    queries with more than topk eligible."""
+    H, S = oracle.shape
+    out = []
+    for h in range(H):
+        vals = []
+        for q in range(S):
+            elig = list(range(sinks, q - window + 1))
+            if len(elig) <= topk:
+                continue
+            kept = set(sorted(elig, key=lambda t: -prio[h, t].item())[:topk])
+            best = sorted(elig, key=lambda t: -oracle[h, t].item())[:m]
+            w = {t: (oracle[h, t].exp().item() if mass else 1.0) for t in best}
+            vals.append(sum(w[t] for t in best if t in kept) / sum(w.values()))
+        out.append(sum(vals) / len(vals))
+    return torch.tensor(out, dtype=torch.float64)
+
+
+@pytest.mark.parametrize("m,mass", [(None, False), (3, False), (None, True)])
+def test_oracle_topk_recall_matches_a_count_by_hand(m, mass):
+    """The running-top-k recall == recounting every query's kept sets from scratch (random priorities)."""
+    g = torch.Generator().manual_seed(1)
+    for _ in range(3):
+        prio, oracle = torch.randn(2, 40, generator=g), torch.randn(2, 40, generator=g)
+        got = analysis.oracle_topk_recall(prio, oracle, 2, 4, 8, chunk=16, oracle_k=m, mass=mass)
+        torch.testing.assert_close(got, _recall_by_hand(prio, oracle, 2, 4, 8, 8 if m is None else m, mass))
+
+
 def test_ablation_table():
     rows = [{"policy": p, "budget": 100, "cr": 0.5, "family": f, "em": em, "token_acc": acc}
             for p, em, acc in (("kvpop", 0.5, 0.8), ("kvpop_immediate", 0.25, 0.6)) for f in ("reasoning", "vt")]

@@ -69,12 +69,18 @@ def record_qkv(model, ids: torch.Tensor) -> dict[int, tuple[torch.Tensor, torch.
 
 # -- oracle top-k recall -------------------------------------------------------------------------------------
 def oracle_topk_recall(prio: torch.Tensor, oracle: torch.Tensor, sinks: int, window: int, topk: int,
-                chunk: int = 256) -> torch.Tensor:
+                       chunk: int = 256, oracle_k: int | None = None, mass: bool = False) -> torch.Tensor:
     """prio/oracle ``[H, S]`` -> oracle top-k recall per head ``[H]`` (NaN if eviction never happens in
-    ``S`` tokens)."""
+    ``S`` tokens).
+
+    ``oracle_k`` (default ``topk``): recall of the oracle's ``oracle_k`` best eligible tokens at each query (its
+    running top-``oracle_k``) within the ``topk`` that ``prio`` keeps, e.g. of the few tokens the future attends to
+    most. ``mass=True``: instead of counting tokens, weigh each by ``exp(oracle)`` (the oracle is a log future
+    attention), i.e. the share of the oracle's kept attention that ``prio``'s kept set holds."""
     H, S = oracle.shape
     rs = running_topk(prio.float(), sinks, window, topk)
-    ro = running_topk(oracle.float(), sinks, window, topk)
+    ro = running_topk(oracle.float(), sinks, window, topk if oracle_k is None else oracle_k)
+    weight = (oracle.double() - oracle.double().amax(-1, keepdim=True)).exp()[:, None, :] if mass else None
     t = torch.arange(S, device=oracle.device)
     num = torch.zeros(H, dtype=torch.float64, device=oracle.device)
     cnt = torch.zeros(H, dtype=torch.float64, device=oracle.device)
@@ -84,8 +90,12 @@ def oracle_topk_recall(prio: torch.Tensor, oracle: torch.Tensor, sinks: int, win
         ko = elig & (ro.rank[:, None, :] <= ro.cutoff[:, q, None])  # [H, c, S]
         ks = elig & (rs.rank[:, None, :] <= rs.cutoff[:, q, None])
         active = (elig.sum(-1) > topk)[None, :].expand(H, -1)  # eviction happens at these queries
-        denom = ko.sum(-1).double()
-        ratio = (ko & ks).sum(-1).double() / denom.clamp_min(1)
+        if mass:
+            denom = (ko * weight).sum(-1)
+            ratio = ((ko & ks) * weight).sum(-1) / denom.clamp_min(1e-300)
+        else:
+            denom = ko.sum(-1).double()
+            ratio = (ko & ks).sum(-1).double() / denom.clamp_min(1)
         use = active & (denom > 0)
         num += torch.where(use, ratio, torch.zeros_like(ratio)).sum(-1)
         cnt += use.sum(-1).double()
@@ -94,8 +104,13 @@ def oracle_topk_recall(prio: torch.Tensor, oracle: torch.Tensor, sinks: int, win
 
 @torch.no_grad()
 def oracle_recall_rows(model, tokenizer, problems: Sequence[Problem], scored: Sequence[tuple[str, Any, Any]],
-                progress: bool = True, kind: str = "mean", queries: str = "all") -> list[dict]:
+                progress: bool = True, kind: str = "mean", queries: str = "all", oracle_ks: Sequence[int] = (),
+                mass: bool = False) -> list[dict]:
     """Oracle top-k recall per (policy, budget, layer, KV head), averaged over ``problems``.
+
+    ``oracle_ks``: also the recall of the oracle's best ``m`` eligible tokens for each ``m`` (columns
+    ``oracle_recall_top<m>``); ``mass``: also the share of the oracle's kept attention (column ``oracle_mass``);
+    see :func:`oracle_topk_recall`.
 
     The oracle is :func:`kvpop_hf.testbed.oracle.oracle_table`: ``kind`` ``"mean"`` (the paper's target) or
     ``"max"`` future attention, from every later query (``queries="all"``) or only from those that generate
@@ -138,20 +153,28 @@ def oracle_recall_rows(model, tokenizer, problems: Sequence[Problem], scored: Se
                 scorer = cache.scorer_for(device)
                 _, k, v, _ = (qkv if own is None else own_qkv[id(own)])[layer]
                 prio = sequence_priorities(scorer, layer, k, v, cfg.window, lg, cfg.decay_step)[0]
-                rec = oracle_topk_recall(prio, oracles[cfg.window][layer], cfg.sinks, cfg.window, cfg.topk)
-                acc.setdefault((policy, budget.B, round(budget.cr, 4), layer), []).append(rec.cpu())
+                ora = oracles[cfg.window][layer]
+                recs = [oracle_topk_recall(prio, ora, cfg.sinks, cfg.window, cfg.topk)]
+                recs += [oracle_topk_recall(prio, ora, cfg.sinks, cfg.window, cfg.topk, oracle_k=m) for m in oracle_ks]
+                if mass:
+                    recs.append(oracle_topk_recall(prio, ora, cfg.sinks, cfg.window, cfg.topk, mass=True))
+                acc.setdefault((policy, budget.B, round(budget.cr, 4), layer), []).append(torch.stack(recs).cpu())
+    names = ["oracle_recall"] + [f"oracle_recall_top{m}" for m in oracle_ks] + (["oracle_mass"] if mass else [])
     rows = []
     for (policy, B, cr, layer), recs in acc.items():
-        r = torch.stack(recs).nanmean(0)
-        for h, x in enumerate(r.tolist()):
-            rows.append({"policy": policy, "budget": B, "cr": cr, "layer": layer, "head": h, "oracle_recall": x,
-                         "n_problems": len(recs)})
+        r = torch.stack(recs).nanmean(0)  # [metrics, H]
+        for h in range(r.shape[1]):
+            row = {"policy": policy, "budget": B, "cr": cr, "layer": layer, "head": h}
+            row.update({name: r[i, h].item() for i, name in enumerate(names)})
+            row["n_problems"] = len(recs)
+            rows.append(row)
     return rows
 
 
 def write_oracle_recall(rows: Sequence[dict], csv_path: Path, png_path: Path) -> None:
     with open(csv_path, "w", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=["policy", "budget", "cr", "layer", "head", "oracle_recall", "n_problems"])
+        fields = list(rows[0]) if rows else ["policy", "budget", "cr", "layer", "head", "oracle_recall", "n_problems"]
+        w = csv.DictWriter(fh, fieldnames=fields)
         w.writeheader()
         w.writerows(rows)
     import matplotlib

@@ -1,0 +1,152 @@
+"""Where a scorer's oracle top-k recall is lost: recall of the oracle's best m tokens, for several m, and the
+share of the oracle's kept attention (KVpop arXiv:2607.05061, Fig. 7's metric taken apart).
+
+The oracle top-k recall of ``kvpop-eval --analysis`` counts every one of the ``k`` tokens the oracle keeps. On
+problems where a few tokens carry the answer, most of those ``k`` are tokens the future barely attends to, and
+their order is close to arbitrary. This script reports, per policy and budget (means over layers, KV heads and
+problems; :func:`kvpop_hf.testbed.analysis.oracle_topk_recall`):
+
+* ``oracle_recall``: the usual recall of the oracle's top-k;
+* ``oracle_recall_top<m>``: the share of the oracle's best ``m`` eligible tokens (at each query) that the
+  policy keeps within its ``k``;
+* ``oracle_mass``: the oracle's kept tokens weighted by their future attention: the share of that attention the
+  policy's kept set holds.
+
+Usage (the 4k testbed, the committed distilled student and scorers; CPU, ~2 min a problem):
+    python benchmarks/oracle_recall_profile.py --model checkpoints/teacher_4k --out results/recall_profile_4k \\
+        --length 4096 --n 4 --window 64 --budgets 0.88 --knob reasoning.n_facts=10 --knob reasoning.steps=4 \\
+        --student kvpop_distill=checkpoints/students_4k/kvpop_distill_cr88 --baselines streaming \\
+        --oracle-ks 16,32,64,128
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from kvpop_hf.provenance import git_commit
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", required=True, help="the dense model whose future attention is the oracle")
+    ap.add_argument("--out", required=True, type=Path)
+    ap.add_argument("--length", type=int, default=4096)
+    ap.add_argument("--n", type=int, default=4, help="problems (reasoning family, seeds 2**48 + i)")
+    ap.add_argument("--sinks", type=int, default=4)
+    ap.add_argument("--window", type=int, default=64)
+    ap.add_argument("--budgets", default="0.88")
+    ap.add_argument("--knob", action="append", default=[], help="reasoning.<name>=<int>, as in kvpop-eval")
+    ap.add_argument("--student", action="append", default=[],
+                    help="NAME=DIR: a distilled student (model and cache in DIR); its scorer reads its own keys")
+    ap.add_argument("--scorer", action="append", default=[],
+                    help="NAME=DIR: a scorer checkpoint on --model's keys (scorer-only retrofit)")
+    ap.add_argument("--baselines", default="streaming", help="static heuristics to compare, comma-separated")
+    ap.add_argument("--oracle-ks", default="16,32,64,128", help="the m of oracle_recall_top<m>")
+    ap.add_argument("--oracle-kind", choices=("max", "mean"), default="max")
+    ap.add_argument("--oracle-queries", choices=("target", "all"), default="target")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    args = ap.parse_args(argv)
+    for spec in args.student + args.scorer:
+        if "=" not in spec:
+            ap.error(f"--student/--scorer take NAME=DIR, got {spec!r}")
+        if not Path(spec.split("=", 1)[1]).is_dir():
+            ap.error(f"{spec!r}: no such checkpoint folder")
+    try:
+        args.oracle_ks = [int(m) for m in args.oracle_ks.split(",") if m]
+    except ValueError:
+        ap.error(f"--oracle-ks takes integers like 16,32,64, got {args.oracle_ks!r}")
+    if any(m < 1 for m in args.oracle_ks):
+        ap.error("--oracle-ks must be positive")
+    return args
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    from transformers import AutoTokenizer
+
+    from kvpop_hf import KVpopCache
+    from kvpop_hf.testbed import make_problem
+    from kvpop_hf.testbed.analysis import oracle_recall_rows
+    from kvpop_hf.testbed.evaluate import parse_knobs
+    from kvpop_hf.testbed.models import load_model
+    from kvpop_hf.testbed.policies import parse_budgets
+
+    budgets = parse_budgets(args.budgets, args.length, args.sinks, args.window)
+    knobs = parse_knobs(args.knob, ["reasoning"]).get("reasoning", {})  # bad knobs fail here
+    dev = torch.device(args.device)
+    model = load_model(args.model, torch.float32, dev)
+    tok = AutoTokenizer.from_pretrained(args.model)
+    problems = [make_problem("reasoning", length=args.length, seed=2 ** 48 + i, **knobs)
+                for i in range(args.n)]
+    scored = []
+    for b in budgets:
+        over = dict(sinks=args.sinks, window=args.window, topk=b.topk)
+        for name in [n for n in args.baselines.split(",") if n]:
+            scored.append((name, b, KVpopCache(model.config, scorer=name, **over)))
+        for spec in args.scorer:
+            name, path = spec.split("=", 1)
+            scored.append((name, b, KVpopCache.from_pretrained(path, model.config, **over)))
+        for spec in args.student:
+            name, path = spec.split("=", 1)
+            student = load_model(path, torch.float32, dev)
+            scored.append((name, b, KVpopCache.from_pretrained(path, student.config, **over), student))
+    t0 = time.time()
+    rows = oracle_recall_rows(model, tok, problems, scored, kind=args.oracle_kind, queries=args.oracle_queries,
+                              oracle_ks=args.oracle_ks, mass=True)
+    metrics = ["oracle_recall"] + [f"oracle_recall_top{m}" for m in args.oracle_ks] + ["oracle_mass"]
+    summary = []
+    for (policy, B, cr) in dict.fromkeys((r["policy"], r["budget"], r["cr"]) for r in rows):
+        sel = [r for r in rows if (r["policy"], r["budget"], r["cr"]) == (policy, B, cr)]
+        summary.append({"policy": policy, "budget": B, "cr": cr, "topk": B - args.sinks - args.window,
+                        **{m: torch.tensor([r[m] for r in sel]).nanmean().item() for m in metrics}})
+    args.out.mkdir(parents=True, exist_ok=True)
+    with open(args.out / "recall_per_head.csv", "w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    command = "python benchmarks/oracle_recall_profile.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    lines = [f"<!-- {command} -->", f"<!-- commit {git_commit()} | {time.strftime('%Y-%m-%d')} | device {dev} | "
+             f"{args.n} problems, oracle {args.oracle_kind} of {args.oracle_queries} queries, {time.time() - t0:.0f} s -->",
+             "", "| policy | B | cr | " + " | ".join(metrics) + " |", "|---" * (3 + len(metrics)) + "|"]
+    for s in summary:
+        lines.append(f"| {s['policy']} | {s['budget']} | {s['cr']:.2f} | "
+                     + " | ".join(f"{s[m]:.3f}" for m in metrics) + " |")
+    table = "\n".join(lines) + "\n"
+    (args.out / "table.md").write_text(table)
+    (args.out / "meta.json").write_text(json.dumps({"command": command, "commit": git_commit(),
+                                                     "date": time.strftime("%Y-%m-%d"), "summary": summary}, indent=1))
+    _plot(summary, args.oracle_ks, args.out / "recall_vs_m.png")
+    print(table)
+
+
+def _plot(summary, ks, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for s in summary:  # x: m, ending with the policy's own k (the usual oracle top-k recall)
+        xs = [m for m in ks if m < s["topk"]] + [s["topk"]]
+        ys = [s[f"oracle_recall_top{m}"] for m in xs[:-1]] + [s["oracle_recall"]]
+        ax.plot(xs, ys, marker="o", label=f"{s['policy']} B={s['budget']} (attention kept {s['oracle_mass']:.2f})")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("m: the oracle's best m eligible tokens")
+    ax.set_ylabel("share kept by the policy")
+    ax.set_ylim(-0.02, 1.02)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    main()
