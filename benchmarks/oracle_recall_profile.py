@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -49,6 +50,10 @@ def parse_args(argv=None):
                     help="NAME=DIR: a scorer checkpoint on --model's keys (scorer-only retrofit)")
     ap.add_argument("--baselines", default="streaming", help="static heuristics to compare, comma-separated")
     ap.add_argument("--oracle-ks", default="16,32,64,128", help="the m of oracle_recall_top<m>")
+    ap.add_argument("--log-gammas", default="",
+                    help="also each --scorer/--student with these recency decays (negative floats, comma-separated; "
+                         "policy name <name>_lg<x>; write --log-gammas=-0.02,-0.1), to see whether recency "
+                         "explains the oracle's order")
     ap.add_argument("--oracle-kind", choices=("max", "mean"), default="max")
     ap.add_argument("--oracle-queries", choices=("target", "all"), default="target")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -64,6 +69,12 @@ def parse_args(argv=None):
         ap.error(f"--oracle-ks takes integers like 16,32,64, got {args.oracle_ks!r}")
     if any(m < 1 for m in args.oracle_ks):
         ap.error("--oracle-ks must be positive")
+    try:
+        args.log_gammas = [float(x) for x in args.log_gammas.split(",") if x]
+    except ValueError:
+        ap.error(f"--log-gammas takes negative floats like -0.02,-0.1, got {args.log_gammas!r}")
+    if any(not x < 0 for x in args.log_gammas):
+        ap.error("--log-gammas must be negative (the log of a decay factor in (0, 1))")
     return args
 
 
@@ -85,18 +96,21 @@ def main(argv=None):
     tok = AutoTokenizer.from_pretrained(args.model)
     problems = [make_problem("reasoning", length=args.length, seed=2 ** 48 + i, **knobs)
                 for i in range(args.n)]
-    scored = []
+    scored, students = [], {}
     for b in budgets:
         over = dict(sinks=args.sinks, window=args.window, topk=b.topk)
         for name in [n for n in args.baselines.split(",") if n]:
             scored.append((name, b, KVpopCache(model.config, scorer=name, **over)))
-        for spec in args.scorer:
-            name, path = spec.split("=", 1)
-            scored.append((name, b, KVpopCache.from_pretrained(path, model.config, **over)))
-        for spec in args.student:
-            name, path = spec.split("=", 1)
-            student = load_model(path, torch.float32, dev)
-            scored.append((name, b, KVpopCache.from_pretrained(path, student.config, **over), student))
+        for lg in [None] + args.log_gammas:
+            tag = "" if lg is None else f"_lg{lg:g}"
+            for spec in args.scorer:
+                name, path = spec.split("=", 1)
+                scored.append((name + tag, b, KVpopCache.from_pretrained(path, model.config, log_gamma=lg, **over)))
+            for spec in args.student:
+                name, path = spec.split("=", 1)
+                student = students.setdefault(path, load_model(path, torch.float32, dev))
+                cache = KVpopCache.from_pretrained(path, student.config, log_gamma=lg, **over)
+                scored.append((name + tag, b, cache, student))
     t0 = time.time()
     rows = oracle_recall_rows(model, tok, problems, scored, kind=args.oracle_kind, queries=args.oracle_queries,
                               oracle_ks=args.oracle_ks, mass=True)
@@ -111,9 +125,10 @@ def main(argv=None):
         w = csv.DictWriter(fh, fieldnames=list(rows[0]))
         w.writeheader()
         w.writerows(rows)
-    command = "python benchmarks/oracle_recall_profile.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    command = "python benchmarks/oracle_recall_profile.py " + shlex.join(sys.argv[1:] if argv is None else argv)
     lines = [f"<!-- {command} -->", f"<!-- commit {git_commit()} | {time.strftime('%Y-%m-%d')} | device {dev} | "
-             f"{args.n} problems, oracle {args.oracle_kind} of {args.oracle_queries} queries, {time.time() - t0:.0f} s -->",
+             f"{args.n} problems, oracle {args.oracle_kind} of {args.oracle_queries} queries, "
+             f"{time.time() - t0:.0f} s -->",
              "", "| policy | B | cr | " + " | ".join(metrics) + " |", "|---" * (3 + len(metrics)) + "|"]
     for s in summary:
         lines.append(f"| {s['policy']} | {s['budget']} | {s['cr']:.2f} | "

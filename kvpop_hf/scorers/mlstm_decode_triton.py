@@ -9,7 +9,8 @@ called by ``KVpopLayer.decode_step``):
 2. ``x = [k; v]`` of the new token gives ``k~ = x Wk``, ``v~ = x Wv``, ``i = sigmoid(x wi + bi)``,
    ``log f = logsigmoid(x wf + bf)``; the read token gives ``q~ = x_r Wq / sqrt(ds)``;
 3. ``C <- f C + i k~ v~^T``, ``n <- f n + i k~`` (in place), ``h = q~^T C / max(|q~^T n|, 1)``;
-4. ``r = a^T SiLU(RMSNorm(h)) + b`` (+ ``at^T SiLU(x_r Wt + bt)`` with ``token_readout``) and the priority ``p = r - floor(max(pos_r, 0) / n_decay) * log_gamma_h``.
+4. ``r = a^T SiLU(RMSNorm(h)) + b`` (+ ``at^T SiLU(x_r Wt + bt)`` with ``token_readout``) and the priority
+   ``p = r - floor(max(pos_r, 0) / n_decay) * log_gamma_h``.
 
 :func:`mlstm_decode_priority_reference` is that torch path written out (the same signature).
 One program per (row, KV head) replaces the dozen small kernels (gathers, three projections, gates, state
