@@ -108,7 +108,9 @@ def main(argv=None):
                 scored.append((name + tag, b, KVpopCache.from_pretrained(path, model.config, log_gamma=lg, **over)))
             for spec in args.student:
                 name, path = spec.split("=", 1)
-                student = students.setdefault(path, load_model(path, torch.float32, dev))
+                if path not in students:  # one model per student, shared by its budgets and decays
+                    students[path] = load_model(path, torch.float32, dev)
+                student = students[path]
                 cache = KVpopCache.from_pretrained(path, student.config, log_gamma=lg, **over)
                 scored.append((name + tag, b, cache, student))
     t0 = time.time()

@@ -256,6 +256,16 @@ def test_oracle_topk_recall_matches_a_count_by_hand(m, mass):
         torch.testing.assert_close(got, _recall_by_hand(prio, oracle, 2, 4, 8, 8 if m is None else m, mass))
 
 
+def test_oracle_recall_shares_in_one_pass_equal_the_single_measures():
+    g = torch.Generator().manual_seed(2)
+    prio, oracle = torch.randn(3, 60, generator=g), torch.randn(3, 60, generator=g)
+    shares = [(8, False), (3, False), (16, False), (8, True), (3, True)]
+    got = analysis.oracle_recall_shares(prio, oracle, 2, 4, 8, shares, chunk=16)
+    assert got.shape == (5, 3)
+    for row, (k, mass) in zip(got, shares):
+        torch.testing.assert_close(row, analysis.oracle_topk_recall(prio, oracle, 2, 4, 8, oracle_k=k, mass=mass))
+
+
 def test_ablation_table():
     rows = [{"policy": p, "budget": 100, "cr": 0.5, "family": f, "em": em, "token_acc": acc}
             for p, em, acc in (("kvpop", 0.5, 0.8), ("kvpop_immediate", 0.25, 0.6)) for f in ("reasoning", "vt")]

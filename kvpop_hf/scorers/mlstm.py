@@ -102,7 +102,7 @@ class MLSTMScorer(Scorer):
         x = scorer_input(keys, values)
         return headwise_linear(x, self.wq[layer_idx].float()) / math.sqrt(self.state_dim)
 
-    def readout(self, layer_idx, h, read_keys=None, read_values=None):
+    def readout(self, layer_idx, h, read_keys, read_values):
         """``r = a^T SiLU(RMSNorm(h)) + b`` (+ ``at^T SiLU(x_u Wt + bt)`` of the read tokens ``[b,h,n,d]`` with
         ``token_readout``); h ``[b,h,n,ds]`` -> ``[b,h,n]``."""
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)

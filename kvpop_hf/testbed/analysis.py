@@ -37,8 +37,8 @@ from .policies import POLICIES
 from .report import averages
 from .tasks import Problem, training_example
 
-__all__ = ["record_qkv", "oracle_topk_recall", "oracle_recall_rows", "retention_map", "plot_retention",
-           "ablation_delay", "heatmap_run", "run_all"]
+__all__ = ["record_qkv", "oracle_topk_recall", "oracle_recall_shares", "oracle_recall_rows", "retention_map",
+           "plot_retention", "ablation_delay", "heatmap_run", "run_all"]
 
 _REC_NAME = "kvpop_record"
 
@@ -77,28 +77,40 @@ def oracle_topk_recall(prio: torch.Tensor, oracle: torch.Tensor, sinks: int, win
     running top-``oracle_k``) within the ``topk`` that ``prio`` keeps, e.g. of the few tokens the future attends to
     most. ``mass=True``: instead of counting tokens, weigh each by ``exp(oracle)`` (the oracle is a log future
     attention), i.e. the share of the oracle's kept attention that ``prio``'s kept set holds."""
+    return oracle_recall_shares(prio, oracle, sinks, window, topk, [(topk if oracle_k is None else oracle_k, mass)],
+                                chunk)[0]
+
+
+def oracle_recall_shares(prio: torch.Tensor, oracle: torch.Tensor, sinks: int, window: int, topk: int,
+                         shares: Sequence[tuple[int, bool]], chunk: int = 256) -> torch.Tensor:
+    """Several :func:`oracle_topk_recall` measures in one pass: ``shares`` lists ``(oracle_k, mass)`` pairs;
+    returns ``[len(shares), H]``. The running top-k of ``prio``, and of the oracle once per distinct ``oracle_k``,
+    are computed once for all of them."""
     H, S = oracle.shape
     rs = running_topk(prio.float(), sinks, window, topk)
-    ro = running_topk(oracle.float(), sinks, window, topk if oracle_k is None else oracle_k)
-    weight = (oracle.double() - oracle.double().amax(-1, keepdim=True)).exp()[:, None, :] if mass else None
+    ro = {k: running_topk(oracle.float(), sinks, window, k) for k in dict.fromkeys(k for k, _ in shares)}
+    weight = None
+    if any(m for _, m in shares):
+        weight = (oracle.double() - oracle.double().amax(-1, keepdim=True)).exp()[:, None, :]
     t = torch.arange(S, device=oracle.device)
-    num = torch.zeros(H, dtype=torch.float64, device=oracle.device)
-    cnt = torch.zeros(H, dtype=torch.float64, device=oracle.device)
+    num = torch.zeros(len(shares), H, dtype=torch.float64, device=oracle.device)
+    cnt = torch.zeros(len(shares), H, dtype=torch.float64, device=oracle.device)
     for q0 in range(0, S, chunk):
         q = torch.arange(q0, min(S, q0 + chunk), device=oracle.device)
         elig = (t[None, :] >= sinks) & (t[None, :] <= q[:, None] - window)  # [c, S]
-        ko = elig & (ro.rank[:, None, :] <= ro.cutoff[:, q, None])  # [H, c, S]
-        ks = elig & (rs.rank[:, None, :] <= rs.cutoff[:, q, None])
+        ks = elig & (rs.rank[:, None, :] <= rs.cutoff[:, q, None])  # [H, c, S]
         active = (elig.sum(-1) > topk)[None, :].expand(H, -1)  # eviction happens at these queries
-        if mass:
-            denom = (ko * weight).sum(-1)
-            ratio = ((ko & ks) * weight).sum(-1) / denom.clamp_min(1e-300)
-        else:
-            denom = ko.sum(-1).double()
-            ratio = (ko & ks).sum(-1).double() / denom.clamp_min(1)
-        use = active & (denom > 0)
-        num += torch.where(use, ratio, torch.zeros_like(ratio)).sum(-1)
-        cnt += use.sum(-1).double()
+        for i, (k, mass) in enumerate(shares):
+            ko = elig & (ro[k].rank[:, None, :] <= ro[k].cutoff[:, q, None])
+            if mass:
+                denom = (ko * weight).sum(-1)
+                ratio = ((ko & ks) * weight).sum(-1) / denom.clamp_min(1e-300)
+            else:
+                denom = ko.sum(-1).double()
+                ratio = (ko & ks).sum(-1).double() / denom.clamp_min(1)
+            use = active & (denom > 0)
+            num[i] += torch.where(use, ratio, torch.zeros_like(ratio)).sum(-1)
+            cnt[i] += use.sum(-1).double()
     return torch.where(cnt > 0, num / cnt.clamp_min(1), torch.full_like(num, float("nan")))
 
 
@@ -153,12 +165,9 @@ def oracle_recall_rows(model, tokenizer, problems: Sequence[Problem], scored: Se
                 scorer = cache.scorer_for(device)
                 _, k, v, _ = (qkv if own is None else own_qkv[id(own)])[layer]
                 prio = sequence_priorities(scorer, layer, k, v, cfg.window, lg, cfg.decay_step)[0]
-                ora = oracles[cfg.window][layer]
-                recs = [oracle_topk_recall(prio, ora, cfg.sinks, cfg.window, cfg.topk)]
-                recs += [oracle_topk_recall(prio, ora, cfg.sinks, cfg.window, cfg.topk, oracle_k=m) for m in oracle_ks]
-                if mass:
-                    recs.append(oracle_topk_recall(prio, ora, cfg.sinks, cfg.window, cfg.topk, mass=True))
-                acc.setdefault((policy, budget.B, round(budget.cr, 4), layer), []).append(torch.stack(recs).cpu())
+                shares = [(cfg.topk, False)] + [(m, False) for m in oracle_ks] + ([(cfg.topk, True)] if mass else [])
+                recs = oracle_recall_shares(prio, oracles[cfg.window][layer], cfg.sinks, cfg.window, cfg.topk, shares)
+                acc.setdefault((policy, budget.B, round(budget.cr, 4), layer), []).append(recs.cpu())
     names = ["oracle_recall"] + [f"oracle_recall_top{m}" for m in oracle_ks] + (["oracle_mass"] if mass else [])
     rows = []
     for (policy, B, cr, layer), recs in acc.items():
