@@ -8,10 +8,13 @@
 #        RUNS="mlstm:3e-3 mlstm:1e-2 mlstm:3e-2 mlp:3e-3" STEPS=150 EVAL_N=8 W=32 CR=0.88 (the defaults)
 # A run is scorer:lr[:option], option one of immediate (the mLSTM reads a token's score right after absorbing it,
 # the paper's no-delay ablation), fb<x> (the mLSTM forget gate's initial bias, default 3), tok (the mLSTM readout's
-# term of the read token's own features, token_readout) or ds<n> (the mLSTM state_dim, default 32).
+# term of the read token's own features, token_readout) or ds<n> (the mLSTM state_dim, default 32):
+# mlstm_kwargs of benchmarks/mlstm_options.sh.
 set -u
 : "${OUT:?set OUT to an output directory}"
 export PYTHONPATH=. TOKENIZERS_PARALLELISM=false
+# shellcheck source=benchmarks/mlstm_options.sh
+source "$(dirname "$0")/mlstm_options.sh"
 STEPS=${STEPS:-150}; N=${EVAL_N:-8}; L=1024; W=${W:-32}; CR=${CR:-0.88}
 B=$(python3 -c "print(round((1 - $CR) * $L))"); K=$((B - 4 - W))
 RUNS=${RUNS:-mlstm:3e-3 mlstm:1e-2 mlstm:3e-2 mlp:3e-3}
@@ -19,15 +22,7 @@ mkdir -p "$OUT"
 parse() {  # run -> SCORER LR NAME KW POL
   local opt=""
   IFS=: read -r SCORER LR opt <<< "$1"
-  KW="{}"
-  case "$opt" in
-    "") ;;
-    immediate) KW='{"delayed": false}' ;;
-    fb*) KW="{\"forget_bias\": ${opt#fb}}" ;;
-    tok) KW='{"token_readout": true}' ;;
-    ds*) KW="{\"state_dim\": ${opt#ds}}" ;;
-    *) echo "unknown option $opt in $1" >&2; exit 2 ;;
-  esac
+  KW=$(mlstm_kwargs "$opt") || { echo "unknown option $opt in $1" >&2; exit 2; }
   NAME="${SCORER}_lr${LR}${opt:+_$opt}"
   POL=kvpop; [ "$opt" = immediate ] && POL=kvpop_immediate; [ "$SCORER" = mlp ] && POL=kvpop_mlp
 }

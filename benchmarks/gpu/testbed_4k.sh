@@ -23,7 +23,7 @@
 #                  LR_DECAY=0 keeps them constant, as the runs made before that flag). A variant written
 #                  <variant>@<option> sets an mLSTM option and is saved (and evaluated) apart: @fb<x> (the forget
 #                  gate's initial bias x), @tok (token_readout: the read token's own term in the readout), @ds<n>
-#                  (state_dim n).
+#                  (state_dim n), @immediate (no delayed readout); benchmarks/mlstm_options.sh.
 #                  -> $OUT/oracle_{max,mean}_target/, $OUT/ckpt/<policy>_cr<NN>/, $OUT/retrofit_*.log,
 #                     $OUT/eval_learned/ ($OUT/ckpt_<option>/, $OUT/eval_learned_<option>/ for @<option> variants)
 #   STAGE=evaluate the evaluation above of existing checkpoint folders: CKPT_DIRS="dir ..." -> $OUT/eval_<dir name>/
@@ -35,10 +35,13 @@
 # the eight above, e.g. "kvpop_cr88 kvpop_distill_cr88"; a policy is evaluated when its _cr88 run exists),
 # ORACLE=0 (skip the answer-query oracles), EVAL=0 (retrofit only: no evaluation), BASE_POLICIES (the untrained rows of the evaluation, dense,streaming), EVAL_N (problems per evaluation, 40),
 # DEADLINE (seconds after start by which the last evaluations are cut, 540); for a CPU smoke test of the script:
-# DEVICE=cpu LEN=768 LO=512 CLEN=640 TB=10 RS=5 EVAL_N=2 WORKERS=1 NEX=8.
+# DEVICE=cpu LEN=768 LO=512 CLEN=640 TB=10 RS=5 EVAL_N=2 WORKERS=1 NEX=8 WINDOW=32 (at 768 tokens a 64-token window
+# leaves no long-range slot at 94%).
 set -u
 : "${OUT:?set OUT to an output directory}"
 export PYTHONUNBUFFERED=1 PYTHONPATH=. TOKENIZERS_PARALLELISM=false
+# shellcheck source=benchmarks/mlstm_options.sh
+source "$(dirname "$0")/../mlstm_options.sh"
 STAGE=${STAGE:-teacher}; L=${LEN:-4096}; LO=${LO:-1024}; CLEN=${CLEN:-2560}; W=${WINDOW:-64}; N=${EVAL_N:-40}
 DEADLINE=${DEADLINE:-540}; DEVICE=${DEVICE:-cuda}
 if [ "$DEVICE" = cpu ]; then TRAIN_DEV="--use_cpu True"; else TRAIN_DEV="--bf16"; fi
@@ -127,7 +130,8 @@ stage_retrofit() {
   # a variant's name says what it trains: kvpop (mLSTM) or kvpop_mlp, _mean (the mean target, else the max one),
   # _distill (distillation + boundary loss with a LoRA backbone, else scorer only), _cr<NN> (its budget);
   # a suffix @<option> sets an mLSTM option and puts the checkpoint in ckpt_<option>/: @fb<x> the forget gate's
-  # initial bias (default 3), @tok the readout's term of the read token's own features, @ds<n> the state_dim
+  # initial bias (default 3), @tok the readout's term of the read token's own features, @ds<n> the state_dim,
+  # @immediate no delayed readout (mlstm_kwargs, benchmarks/mlstm_options.sh)
   local entry v opt sc target mode folder kw
   for entry in ${VARIANTS:-kvpop_cr88 kvpop_cr94 kvpop_mean_cr88 kvpop_distill_cr88 kvpop_mlp_cr88 kvpop_mlp_cr94 \
               kvpop_mlp_mean_cr88 kvpop_mlp_distill_cr88}; do
@@ -135,15 +139,8 @@ stage_retrofit() {
     case "$v" in kvpop_mlp*) sc=mlp ;; kvpop*) sc=mlstm ;; *) echo "unknown variant $v" >&2; exit 2 ;; esac
     case "$v" in *_mean_*) target=mean ;; *) target=max ;; esac
     case "$v" in *_distill_*) mode=$LORA ;; *) mode=$ONLY ;; esac
-    folder="$OUT/ckpt"; kw="{}"
-    case "$opt" in
-      "") ;;
-      fb*) kw="{\"forget_bias\": ${opt#fb}}" ;;
-      tok) kw='{"token_readout": true}' ;;
-      ds*) kw="{\"state_dim\": ${opt#ds}}" ;;
-      *) echo "unknown option @$opt in $entry (fb<x>, tok or ds<n>)" >&2; exit 2 ;;
-    esac
-    [ -n "$opt" ] && folder="$OUT/ckpt_$opt"
+    kw=$(mlstm_kwargs "$opt") || { echo "unknown option @$opt in $entry (fb<x>, tok, ds<n>, immediate)" >&2; exit 2; }
+    folder="$OUT/ckpt"; [ -n "$opt" ] && folder="$OUT/ckpt_$opt"
     # shellcheck disable=SC2086
     retro "$folder" "$v" "$sc" "$(topk "0.${v##*_cr}")" $mode $DECAY --target_reduce $target --scorer_kwargs "$kw" &
   done
