@@ -21,7 +21,8 @@ CPU (torch 2.13, transformers 5.24): 0.990 / 0.800, StreamingLLM 0.874 / 0.100.
 
 The distilled student ``checkpoints/students_4k/kvpop_distill_cr88`` (the mLSTM scorer with ``token_readout``,
 64-token window, LoRA-distilled model; ``results/testbed_4k/token_readout``) on the same eight problems, with its
-scorer at B = 492 (88%, 424 slots) and at B = 246 (94%, the same scorer with 178 slots), measured on CPU; the
+scorer at B = 492 (88%, 424 slots) and at B = 246 (94%, the same scorer with 178 slots), measured on CPU with this
+module's ``answered`` (float32, torch 2.13, transformers 5.24, 2026-12-01; StreamingLLM at 94% likewise); the
 student's answers are the same per problem as in the GPU run (where it answers 37 and 30 of 40); StreamingLLM's at
 88% are not (the GPU run answers none of these eight: a greedy trace flips on float noise when it is borderline):
 
