@@ -26,7 +26,7 @@ from kvpop_hf.provenance import git_commit
 from kvpop_hf.testbed import make_problem, training_example
 from kvpop_hf.testbed.dense_eval import exact_match
 from kvpop_hf.testbed.evaluate import DEFAULT_SEED_BASE, parse_knobs, token_accuracy
-from kvpop_hf.testbed.oracle import OracleScorer, oracle_table, target_queries
+from kvpop_hf.testbed.oracle import OracleScorer, oracle_kind_arg, oracle_table, target_queries
 from kvpop_hf.testbed.policies import parse_budgets
 from kvpop_hf.testbed.report import quality_table, write_results_csv
 
@@ -47,14 +47,15 @@ def main(argv=None) -> None:
     ap.add_argument("--window", type=int, default=32)
     ap.add_argument("--seed-base", type=int, default=DEFAULT_SEED_BASE)
     ap.add_argument("--device", default="cpu")
-    ap.add_argument("--kind", choices=["mean", "max"], default="mean",
+    ap.add_argument("--kind", type=oracle_kind_arg, default="mean",
                     help="mean: the paper's future-attention target (mean over later queries); max: the largest "
-                         "attention weight any later query gives the token")
+                         "attention weight any later query gives the token; p<x> (e.g. p4): their power mean of "
+                         "order x > 1, between the two")
     ap.add_argument("--queries", choices=["all", "target"], default="all",
                     help="all: every later query counts (the paper's target); target: only the queries that generate "
                          "the reference answer (trace and answer tokens)")
     args = ap.parse_args(argv)
-    policy = ("oracle" if args.kind == "mean" else "oracle_max") + ("_target" if args.queries == "target" else "")
+    policy = ("oracle" if args.kind == "mean" else f"oracle_{args.kind}") + ("_target" if args.queries == "target" else "")
     budgets = parse_budgets(args.budgets, args.length, args.sinks, args.window)  # bad budgets fail here
     knobs = parse_knobs(args.knob, [args.family]).get(args.family, {})  # bad knobs fail here
     if not (Path(args.model) / "config.json").is_file():

@@ -32,6 +32,7 @@ from pathlib import Path
 import torch
 
 from kvpop_hf.provenance import git_commit
+from kvpop_hf.testbed.oracle import oracle_kind_arg
 
 
 def parse_args(argv=None):
@@ -54,7 +55,8 @@ def parse_args(argv=None):
                     help="also each --scorer/--student with these recency decays (negative floats, comma-separated; "
                          "policy name <name>_lg<x>; write --log-gammas=-0.02,-0.1), to see whether recency "
                          "explains the oracle's order")
-    ap.add_argument("--oracle-kind", choices=("max", "mean"), default="max")
+    ap.add_argument("--oracle-kind", type=oracle_kind_arg, default="max",
+                    help="max, mean or p<x> (power mean of order x > 1, e.g. p4) future attention")
     ap.add_argument("--oracle-queries", choices=("target", "all"), default="target")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = ap.parse_args(argv)

@@ -17,3 +17,18 @@ def test_teacher_topk_recall_row():
 def test_older_log_key_is_read_under_the_new_name():
     card = _card([{"topk_recall": 0.625}])
     assert "| teacher_topk_recall | 0.625 |" in card and "| topk_recall |" not in card
+
+
+def test_card_names_the_scorer_target():
+    from types import SimpleNamespace
+
+    from kvpop_hf.training.model_card import _target_text
+    assert _target_text(SimpleNamespace(target_reduce="p4", target_queries="labels")) == \
+        "future attention, power mean of order 4 (p4) over the answer's queries (labels)"
+    assert _target_text(SimpleNamespace(target_reduce="mean", target_queries="all")) == \
+        "future attention, mean (the paper's) over every later query"
+    assert _target_text(SimpleNamespace()) is None
+    card = render_model_card(KVpopConfig(sinks=4, window=8, topk=4), model_name="m", repo="org/m", dataset="d",
+                             steps=3, history=[], target="future attention, max over every later query")
+    assert "| Scorer target | future attention, max over every later query |" in card
+    assert "| Scorer target | n/a |" in _card([])

@@ -79,5 +79,21 @@ def test_oracle_table_kinds():
     m = _model()
     ids = torch.randint(0, 100, (1, 30), generator=torch.Generator().manual_seed(4))
     assert oracle_table(m, ids, 4, kind="max").shape == oracle_table(m, ids, 4).shape == (2, 2, 30)
-    with pytest.raises(ValueError, match="mean' or 'max"):
+    with pytest.raises(ValueError, match="mean', 'max' or 'p<x>'"):
         oracle_table(m, ids, 4, kind="sum")
+    with pytest.raises(ValueError, match="mean', 'max' or 'p<x>'"):
+        oracle_table(m, ids, 4, kind="p1")
+
+
+def test_power_mean_table_is_the_training_target_of_each_layer():
+    """kind="p<x>": per layer, the power-mean target the trainer uses (mean over the query heads of a KV head)."""
+    from kvpop_hf.testbed.analysis import record_qkv
+    from kvpop_hf.training.targets import dense_causal_lse, future_attention_target_reference
+    m = _model()
+    ids = torch.randint(0, 100, (1, 20), generator=torch.Generator().manual_seed(5))
+    got = oracle_table(m, ids, 3, kind="p4")
+    for layer, (q, k, _, scale) in record_qkv(m, ids).items():
+        want = future_attention_target_reference(q, k, dense_causal_lse(q, k, scale), 3, scale=scale, reduce="p4")[0]
+        torch.testing.assert_close(got[layer], want, atol=1e-5, rtol=1e-5)
+    mx, mean = oracle_table(m, ids, 3, kind="max"), oracle_table(m, ids, 3)
+    assert bool((got <= mx + 1e-5).all() and (got >= mean - 1e-5).all())

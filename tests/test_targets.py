@@ -231,7 +231,55 @@ def test_max_never_below_mean_and_bad_reduce():
     assert bool((mx >= mean - 1e-5).all())
     with pytest.raises(ValueError, match="backend='chunked' only"):
         future_attention_target(q, k, lse, 3, backend="flex", reduce="max")
-    with pytest.raises(ValueError, match="reduce must be one of"):
-        future_attention_target(q, k, lse, 3, backend="chunked", reduce="sum")
-    with pytest.raises(ValueError, match="reduce must be one of"):
-        future_attention_target_reference(q, k, lse, 3, reduce="sum")
+    for bad in ("sum", "p1", "p0.5", "p", "pinf", "pnan", "p-3", 4):
+        with pytest.raises(ValueError, match="reduce must be 'mean', 'max' or 'p<x>'"):
+            future_attention_target(q, k, lse, 3, backend="chunked", reduce=bad)
+        with pytest.raises(ValueError, match="reduce must be 'mean', 'max' or 'p<x>'"):
+            future_attention_target_reference(q, k, lse, 3, reduce=bad)
+
+
+# --- reduce="p<x>": the power mean of order x of the future attention weights -------------------------------
+def _power_mean_brute_force(q, k, lse, window, x, query_mask=None, eps=1e-6):
+    """Loop over every (batch, query head, key): ((1/N) sum_d A[d,t]^x)^(1/x), then log(eps + mean over the group)."""
+    B, Hq, S, D = q.shape
+    Hkv = k.shape[1]
+    G = Hq // Hkv
+    out = torch.zeros(B, Hkv, S)
+    for b in range(B):
+        for h in range(Hkv):
+            for t in range(S):
+                ms = []
+                for j in range(h * G, (h + 1) * G):
+                    ds = [d for d in range(t + window, S) if query_mask is None or bool(query_mask[b, d])]
+                    total = 0.0
+                    for d in ds:
+                        a = math.exp(float(q[b, j, d] @ k[b, h, t]) / math.sqrt(D) - float(lse[b, j, d]))
+                        total += a ** x
+                    ms.append((total / max(1, len(ds))) ** (1 / x))
+                out[b, h, t] = math.log(eps + sum(ms) / G)
+    return out
+
+
+@pytest.mark.parametrize("x", [1.5, 4.0])
+@pytest.mark.parametrize("masked", [False, True])
+def test_power_mean_matches_a_loop_in_both_backends(x, masked):
+    q, k = _inputs(13, seed=11, B=2, Hq=4, Hkv=2, D=8)
+    lse = dense_causal_lse(q, k)
+    mask = (torch.rand(2, 13, generator=torch.Generator().manual_seed(1)) > 0.4) if masked else None
+    want = _power_mean_brute_force(q, k, lse, 2, x, mask)
+    ref = future_attention_target_reference(q, k, lse, 2, reduce=f"p{x:g}", query_mask=mask)
+    got = future_attention_target(q, k, lse, 2, backend="chunked", chunk=5, reduce=f"p{x:g}", query_mask=mask)
+    torch.testing.assert_close(ref, want, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+def test_power_mean_lies_between_mean_and_max_and_grows_with_its_order():
+    q, k = _inputs(40, seed=12)
+    lse = dense_causal_lse(q, k)
+    t = {r: future_attention_target(q, k, lse, 3, backend="chunked", reduce=r, agg="mean_log")
+         for r in ("mean", "p2", "p8", "max")}
+    assert bool((t["mean"] <= t["p2"] + 1e-5).all() and (t["p2"] <= t["p8"] + 1e-5).all())
+    assert bool((t["p8"] <= t["max"] + 1e-5).all())
+    assert not torch.allclose(t["p2"], t["mean"]) and not torch.allclose(t["p8"], t["max"])
+    with pytest.raises(ValueError, match="backend='chunked' only"):
+        future_attention_target(q, k, lse, 3, backend="flex", reduce="p2")

@@ -141,8 +141,10 @@ def test_learned_decay_is_trained_and_saved(tmp_path):
 
 
 def test_max_target_trains_and_bad_combinations(tmp_path):
-    with pytest.raises(ValueError, match="target_reduce must be"):
+    with pytest.raises(ValueError, match="target_reduce: reduce must be 'mean', 'max' or 'p<x>'"):
         args(tmp_path, target_reduce="sum")
+    with pytest.raises(ValueError, match="chunked target pass"):
+        args(tmp_path, target_reduce="p4", target_backend="flex")
     with pytest.raises(ValueError, match="chunked target pass"):
         args(tmp_path, target_reduce="max", target_backend="flex")
     model = tiny_model("qwen3", attn="sdpa")
@@ -175,7 +177,7 @@ def test_student_forward_uses_the_max_target(monkeypatch):
 
     monkeypatch.setattr(student, "future_attention_target", spy)
     losses = {}
-    for reduce in ("mean", "max"):
+    for reduce in ("mean", "max", "p4"):
         calls.clear()
         st = StudentSettings(attention_backend="reference", target_reduce=reduce, **BUDGET)
         with torch.no_grad():
@@ -187,3 +189,4 @@ def test_student_forward_uses_the_max_target(monkeypatch):
                 mean_target = real(*args, **{**kwargs, "reduce": "mean"})
                 assert bool((out[0] >= mean_target[0] - 1e-5).all())
     assert not torch.allclose(losses["mean"], losses["max"])  # a different target, a different loss
+    assert not torch.allclose(losses["p4"], losses["max"]) and not torch.allclose(losses["p4"], losses["mean"])

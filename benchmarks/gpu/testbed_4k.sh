@@ -23,7 +23,9 @@
 #                  LR_DECAY=0 keeps them constant, as the runs made before that flag). A variant written
 #                  <variant>@<option> sets an mLSTM option and is saved (and evaluated) apart: @fb<x> (the forget
 #                  gate's initial bias x), @tok (token_readout: the read token's own term in the readout), @ds<n>
-#                  (state_dim n), @immediate (no delayed readout); benchmarks/mlstm_options.sh.
+#                  (state_dim n), @immediate (no delayed readout); benchmarks/mlstm_options.sh. A name part _p<x>_
+#                  (kvpop_p4_distill_cr88) trains on the power mean of order x of the future attention instead of
+#                  the max, saved to ckpt[_<option>]_p<x>/ under the name without it.
 #                  -> $OUT/oracle_{max,mean}_target/, $OUT/ckpt/<policy>_cr<NN>/, $OUT/retrofit_*.log,
 #                     $OUT/eval_learned/ ($OUT/ckpt_<option>/, $OUT/eval_learned_<option>/ for @<option> variants)
 #   STAGE=evaluate the evaluation above of existing checkpoint folders: CKPT_DIRS="dir ..." -> $OUT/eval_<dir name>/
@@ -132,15 +134,19 @@ stage_retrofit() {
   # a suffix @<option> sets an mLSTM option and puts the checkpoint in ckpt_<option>/: @fb<x> the forget gate's
   # initial bias (default 3), @tok the readout's term of the read token's own features, @ds<n> the state_dim,
   # @immediate no delayed readout (mlstm_kwargs, benchmarks/mlstm_options.sh)
-  local entry v opt sc target mode folder kw
+  # A name part _p<x>_ (e.g. kvpop_p4_distill_cr88) trains on the power mean of order x of the future attention
+  # (--target_reduce p<x>); it is dropped from the checkpoint's name, which goes to ckpt[_<option>]_p<x>/.
+  local entry v opt sc target mode folder kw ptag
   for entry in ${VARIANTS:-kvpop_cr88 kvpop_cr94 kvpop_mean_cr88 kvpop_distill_cr88 kvpop_mlp_cr88 kvpop_mlp_cr94 \
               kvpop_mlp_mean_cr88 kvpop_mlp_distill_cr88}; do
     v=${entry%%@*}; opt=""; [ "$v" != "$entry" ] && opt=${entry#*@}
     case "$v" in kvpop_mlp*) sc=mlp ;; kvpop*) sc=mlstm ;; *) echo "unknown variant $v" >&2; exit 2 ;; esac
-    case "$v" in *_mean_*) target=mean ;; *) target=max ;; esac
+    ptag=$(echo "$v" | grep -oE '_p[0-9]+(\.[0-9]+)?_' | tr -d _)
+    [ -n "$ptag" ] && v=${v/_${ptag}_/_}
+    case "$v" in *_mean_*) target=mean ;; *) target=${ptag:-max} ;; esac
     case "$v" in *_distill_*) mode=$LORA ;; *) mode=$ONLY ;; esac
     kw=$(mlstm_kwargs "$opt") || { echo "unknown option @$opt in $entry (fb<x>, tok, ds<n>, immediate)" >&2; exit 2; }
-    folder="$OUT/ckpt"; [ -n "$opt" ] && folder="$OUT/ckpt_$opt"
+    folder="$OUT/ckpt${opt:+_$opt}${ptag:+_$ptag}"
     # shellcheck disable=SC2086
     retro "$folder" "$v" "$sc" "$(topk "0.${v##*_cr}")" $mode $DECAY --target_reduce $target --scorer_kwargs "$kw" &
   done

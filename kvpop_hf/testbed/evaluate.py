@@ -50,6 +50,7 @@ from ..compat import with_cache
 from . import analysis, report
 from . import policies as pol
 from .models import load_model
+from .oracle import oracle_kind_arg
 from .tasks import ALL_FAMILIES, FAMILIES, Problem, make_problem, training_example
 
 __all__ = ["build_parser", "plan_from_args", "token_accuracy", "main", "EvalPlan", "DEFAULT_SEED_BASE"]
@@ -90,8 +91,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--skip-em", action="store_true", help="only the teacher-forced token accuracy")
     ap.add_argument("--analysis", action="store_true", help="oracle top-k recall per layer, retention heatmap, delay ablation")
     ap.add_argument("--analysis-n", type=int, default=2, help="reasoning problems used by --analysis")
-    ap.add_argument("--oracle-kind", choices=["mean", "max"], default="mean",
-                    help="--analysis: the oracle of the top-k recall, mean (paper) or max future attention")
+    ap.add_argument("--oracle-kind", type=oracle_kind_arg, default="mean",
+                    help="--analysis: the oracle of the top-k recall, mean (paper), max or p<x> (power mean of "
+                         "order x > 1, e.g. p4) future attention")
     ap.add_argument("--oracle-queries", choices=["all", "target"], default="all",
                     help="--analysis: the later queries the oracle counts, all (paper) or those of the answer")
     ap.add_argument("--no-progress", action="store_true")

@@ -17,10 +17,10 @@ import torch
 
 from ..dense_attention import expand_kv
 from ..scorers.base import Scorer
-from ..training.targets import dense_causal_lse, future_attention_target
+from ..training.targets import dense_causal_lse, future_attention_target, reduce_power
 from .analysis import record_qkv
 
-__all__ = ["OracleScorer", "oracle_table", "oracle_table_from_qkv", "target_queries"]
+__all__ = ["OracleScorer", "check_kind", "oracle_kind_arg", "oracle_table", "oracle_table_from_qkv", "target_queries"]
 
 #: priority of positions the table does not cover (beyond the reference sequence): below every real score
 OUTSIDE = -1e9
@@ -63,24 +63,25 @@ def oracle_table(model, ids: torch.Tensor, window: int, backend: str = "chunked"
     ``kind="max"``: the *largest* such attention weight over later queries and over the query heads of the KV
     head (``future_attention_target(..., reduce="max")`` per query head, chunked pass, then the max over the
     group: ``log`` is monotonic), which ranks a token read by a single later query as high as one read by many.
+    ``kind="p<x>"`` (e.g. ``"p4"``): the power mean of order ``x > 1`` of those weights, averaged over the
+    group as in training (``future_attention_target(..., reduce="p<x>")``), between the two.
     ``query_mask [1, S]`` (bool): only the marked later queries count (e.g. those that generate the answer,
     :func:`target_queries`)."""
-    if kind not in ("mean", "max"):
-        raise ValueError(f"kind must be 'mean' or 'max', got {kind!r}")
+    check_kind(kind)
     return oracle_table_from_qkv(record_qkv(model, ids), window, backend, kind, query_mask)
 
 
 def oracle_table_from_qkv(qkv: dict, window: int, backend: str = "chunked", kind: str = "mean",
                           query_mask: torch.Tensor | None = None) -> torch.Tensor:
     """:func:`oracle_table` from an already recorded dense pass (``analysis.record_qkv``)."""
-    if kind not in ("mean", "max"):
-        raise ValueError(f"kind must be 'mean' or 'max', got {kind!r}")
+    check_kind(kind)
     rows = []
     for layer in sorted(qkv):
         q, k, _, scale = qkv[layer]
         lse = dense_causal_lse(q, k, scale)
-        if kind == "mean":
-            rows.append(future_attention_target(q, k, lse, window, scale=scale, backend=backend,
+        if kind != "max":
+            rows.append(future_attention_target(q, k, lse, window, scale=scale,
+                                                backend=backend if kind == "mean" else "chunked", reduce=kind,
                                                 query_mask=_on(query_mask, q))[0].cpu())
             continue
         hq, hkv = q.shape[1], k.shape[1]
@@ -88,6 +89,25 @@ def oracle_table_from_qkv(qkv: dict, window: int, backend: str = "chunked", kind
                                            backend="chunked", reduce="max", query_mask=_on(query_mask, q))[0]
         rows.append(per_head.view(hkv, hq // hkv, -1).amax(dim=1).cpu())
     return torch.stack(rows)
+
+
+def check_kind(kind) -> None:
+    """An oracle kind is a ``reduce`` of :func:`future_attention_target`: ``mean``, ``max`` or ``p<x>``."""
+    try:
+        reduce_power(kind)
+    except ValueError:
+        raise ValueError(f"oracle kind must be 'mean', 'max' or 'p<x>' with a number x > 1 (e.g. 'p4'), "
+                         f"got {kind!r}") from None
+
+
+def oracle_kind_arg(text: str) -> str:
+    """argparse ``type`` of an oracle kind option: the kind, or an argparse error that names the accepted ones."""
+    import argparse
+    try:
+        check_kind(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+    return text
 
 
 def _on(mask, like):

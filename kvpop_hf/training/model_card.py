@@ -20,7 +20,8 @@ def _last_logged(history: list[dict], key: str):
 
 
 def render_model_card(config, *, model_name: str, repo: str, dataset: str, steps: int, history: list[dict],
-                      ref_len: int | None = None, quality: dict | None = None) -> str:
+                      ref_len: int | None = None, quality: dict | None = None, target: str | None = None) -> str:
+    """``target``: what the scorer was trained to rank by (e.g. the future-attention statistic), shown as is."""
     if not TEMPLATE.is_file():
         raise FileNotFoundError(f"Model card template {TEMPLATE} is missing: the kvpop-hf installation is "
                                 "incomplete; reinstall it (pip install --force-reinstall kvpop-hf).")
@@ -40,8 +41,18 @@ def render_model_card(config, *, model_name: str, repo: str, dataset: str, steps
                      f"the fixed **{config.scorer}** scorer (backbone distilled at this budget)"),
         scorer_kwargs=json.dumps(config.scorer_kwargs) if config.scorer_kwargs else "",
         decay="none" if config.log_gamma is None else f"log gamma = {config.log_gamma}, step {config.decay_step}",
-        ref_len=ref_len or "n/a", compression=compression, dataset=dataset, steps=steps,
+        ref_len=ref_len or "n/a", compression=compression, dataset=dataset, steps=steps, target=target or "n/a",
         quality=quality_md if rows else "No quality metrics were recorded.")
+
+
+def _target_text(args) -> str | None:
+    """The future-attention target of a KVpopTrainingArguments run, in words (None for other arguments)."""
+    reduce, queries = getattr(args, "target_reduce", None), getattr(args, "target_queries", None)
+    if reduce is None:
+        return None
+    stat = {"mean": "mean (the paper's)", "max": "max"}.get(reduce, f"power mean of order {reduce[1:]} ({reduce})")
+    who = "the answer's queries (labels)" if queries == "labels" else "every later query"
+    return f"future attention, {stat} over {who}"
 
 
 def write_model_card(trainer, model_name=None, dataset=None, kvpop_quality=None, reference_length=None, **_):
@@ -54,5 +65,5 @@ def write_model_card(trainer, model_name=None, dataset=None, kvpop_quality=None,
         dataset = ", ".join(map(str, dataset))
     text = render_model_card(trainer.kvpop_config, model_name=name, repo=repo, dataset=dataset or "unspecified",
                              steps=trainer.state.global_step, history=trainer.state.log_history, ref_len=ref_len,
-                             quality=kvpop_quality)
+                             quality=kvpop_quality, target=_target_text(trainer.args))
     Path(out, "README.md").write_text(text)

@@ -45,7 +45,7 @@ class StudentSettings:
     omega: str = "none"  # none | margin | balance | margin+balance
     target_lse: str = "sparse"  # sparse (paper) | dense (exact)
     target_agg: str = "log_mean"
-    target_reduce: str = "mean"  # mean (paper) | max (chunked target pass only)
+    target_reduce: str = "mean"  # mean (paper) | max | p<x> power mean (max and p<x>: chunked target pass only)
     target_queries: str = "all"  # all (paper) | labels: only queries whose next token is supervised count
     target_eps: float = 1e-6
     topk_backend: str = "auto"

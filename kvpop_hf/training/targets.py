@@ -35,6 +35,11 @@ future queries by the largest weight, ``m_t = max_{d >= t + w} A[d, t]``: a toke
 reads sharply then ranks as high as one that many queries read (on the testbed the mean undervalues
 facts that a single lookup reads; see ``benchmarks/oracle_eviction.py``).
 
+``reduce="p<x>"`` (not in the paper; ``chunked`` backend and the reference only), e.g. ``"p4"``: the power mean
+of order ``x > 1`` over future queries, ``m_t = ((1 / N_t) sum_{d >= t + w} A[d, t]^x)^(1 / x)``, which lies
+between the mean (``x = 1``) and the max (``x -> inf``): one sharp read counts more than in the mean, yet the
+many weak reads still order the tokens that no query reads sharply.
+
 Backends of :func:`future_attention_target`
 -------------------------------------------
 * ``"flex"``: a *transposed* FlexAttention pass.  Flex queries are the keys
@@ -66,7 +71,25 @@ __all__ = [
 ]
 
 _AGGS = ("log_mean", "mean_log")
-_REDUCES = ("mean", "max")
+_REDUCES = ("mean", "max", "p<x> (x > 1, e.g. p4)")
+
+
+def reduce_power(reduce) -> float:
+    """The order of the power mean a ``reduce`` names: ``"mean"`` 1, ``"max"`` inf, ``"p<x>"`` x (> 1).
+    Raises a ValueError naming the accepted values for anything else."""
+    if reduce == "mean":
+        return 1.0
+    if reduce == "max":
+        return math.inf
+    if isinstance(reduce, str) and reduce.startswith("p"):
+        try:
+            x = float(reduce[1:])
+        except ValueError:
+            x = None
+        if x is not None and math.isfinite(x) and x > 1:
+            return x
+    raise ValueError(f"reduce must be 'mean', 'max' or 'p<x>' with a number x > 1 (a power mean, e.g. 'p4'), "
+                     f"got {reduce!r}")
 _BACKENDS = ("flex", "chunked")
 
 
@@ -156,15 +179,17 @@ def _mask_lse(lse_f: torch.Tensor, query_mask: Optional[torch.Tensor]) -> torch.
 
 
 def _aggregate(log_sum: torch.Tensor, Hkv: int, window: int, eps: float, agg: str,
-               normalise: bool = True, query_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """log_sum [B, Hq, S] = log sum_{d>=t+w} A[d,t] (-inf if empty) -> r [B, Hkv, S]; ``normalise=False``:
-    the input is already the per-key statistic (``log max``), not divided by the query count."""
+               power: float = 1.0, query_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """log_sum [B, Hq, S] = log sum_{d>=t+w} A[d,t] (-inf if empty) -> r [B, Hkv, S]. ``power`` x: the input is
+    ``(1/x) log sum A^x`` and is divided by ``N_t^(1/x)``; ``inf``: it is already the per-key statistic
+    (``log max``), not divided by the query count."""
     B, Hq, S = log_sum.shape
     G = Hq // Hkv
     log_sum = log_sum.float()
     # Guard: anything that is not a finite number or -inf (NaN) is treated as empty.
     log_sum = torch.where(torch.isnan(log_sum), torch.full_like(log_sum, -math.inf), log_sum)
-    log_m = log_sum - torch.log(_counts(S, window, log_sum.device, query_mask)) if normalise else log_sum  # [B,Hq,S]
+    log_m = log_sum - torch.log(_counts(S, window, log_sum.device, query_mask)) / power if math.isfinite(power) \
+        else log_sum  # [B, Hq, S]
     log_m = log_m.view(B, Hkv, G, S)
     log_eps = torch.full((), math.log(eps), dtype=torch.float32, device=log_m.device)
     if agg == "log_mean":
@@ -231,8 +256,7 @@ def future_attention_target_reference(q, k, lse, window, eps=1e-6, agg="log_mean
     P = torch.where(d_idx >= t_idx + window, P, torch.zeros_like(P))
     if query_mask is not None:
         P = P * query_mask[:, None, :, None].to(P.dtype)
-    if reduce not in _REDUCES:
-        raise ValueError(f"reduce must be one of {_REDUCES}, got {reduce!r}")
+    power = reduce_power(reduce)
     if reduce == "max":
         m = P.amax(dim=2)  # [B, Hq, S(t)]
     else:
@@ -241,7 +265,7 @@ def future_attention_target_reference(q, k, lse, window, eps=1e-6, agg="log_mean
         else:  # marked queries at d >= t + window, counted one by one
             n = torch.stack([torch.stack([query_mask[b, t + window:].sum() for t in range(S)])
                              for b in range(B)]).clamp(min=1).float()[:, None, :]
-        m = P.sum(dim=2) / n  # [B, Hq, S(t)]
+        m = (P.pow(power).sum(dim=2) / n).pow(1.0 / power)  # [B, Hq, S(t)]
     G = Hq // Hkv
     m = m.view(B, Hkv, G, S)
     if agg == "log_mean":
@@ -317,7 +341,9 @@ def _flex_log_sum(qf, kf_exp, lse_f, window: int, sc: float, block_mask=None, ke
 
 def _chunked_log_sum(qf, kf_exp, lse_f, window: int, sc: float, chunk: int, reduce: str = "mean") -> torch.Tensor:
     """Plain-torch transposed pass over key chunks: ``[B, Hq, chunk, S]`` at a time. Returns
-    ``log sum_{d >= t+w} A[d, t]`` (``reduce="max"``: ``log max``) ``[B, Hq, S]``."""
+    ``log sum_{d >= t+w} A[d, t]`` (``reduce="max"``: ``log max``; ``"p<x>"``: ``(1/x) log sum A^x``)
+    ``[B, Hq, S]``."""
+    power = reduce_power(reduce)
     B, Hq, S, D = qf.shape
     device = qf.device
     out = torch.full((B, Hq, S), -math.inf, dtype=torch.float32, device=device)
@@ -332,7 +358,10 @@ def _chunked_log_sum(qf, kf_exp, lse_f, window: int, sc: float, chunk: int, redu
         t_idx = torch.arange(t0, t1, device=device)[:, None]
         d_idx = torch.arange(d0, S, device=device)[None, :]
         s = s.masked_fill(d_idx < t_idx + window, -math.inf)
-        out[:, :, t0:t1] = s.amax(dim=-1) if reduce == "max" else torch.logsumexp(s, dim=-1)
+        if reduce == "max":
+            out[:, :, t0:t1] = s.amax(dim=-1)
+        else:  # log (sum A^x)^(1/x); x = 1 for the mean
+            out[:, :, t0:t1] = torch.logsumexp(s * power, dim=-1) / power if power != 1 else torch.logsumexp(s, -1)
     return out
 
 
@@ -350,11 +379,11 @@ def future_attention_target(q, k, lse, window, eps=1e-6, agg="log_mean", scale=N
     _check_query_mask(query_mask, B, S)
     if backend not in _BACKENDS:
         raise ValueError(f"backend must be one of {_BACKENDS}, got {backend!r}")
-    if reduce not in _REDUCES:
-        raise ValueError(f"reduce must be one of {_REDUCES}, got {reduce!r}")
-    if reduce == "max" and backend != "chunked":
-        raise ValueError("reduce='max' is implemented by backend='chunked' only (FlexAttention's transposed pass "
-                         "yields a log-sum-exp, not a max); pass backend='chunked'")
+    power = reduce_power(reduce)
+    if reduce != "mean" and backend != "chunked":
+        raise ValueError(f"reduce={reduce!r} is implemented by backend='chunked' only (FlexAttention's transposed "
+                         "pass yields the log-sum-exp of the weights, not their max or power mean); pass "
+                         "backend='chunked'")
     if backend == "chunked" and (not isinstance(chunk, int) or chunk < 1):
         raise ValueError(f"chunk must be an int >= 1, got {chunk!r}")
     sc = _scale(scale, D)
@@ -370,4 +399,4 @@ def future_attention_target(q, k, lse, window, eps=1e-6, agg="log_mean", scale=N
             log_sum = _flex_log_sum(qf, kf_exp, lse_f, window, sc)
         else:
             log_sum = _chunked_log_sum(qf, kf_exp, lse_f, window, sc, chunk, reduce)
-        return _aggregate(log_sum, Hkv, window, eps, agg, normalise=reduce == "mean", query_mask=query_mask)
+        return _aggregate(log_sum, Hkv, window, eps, agg, power=power, query_mask=query_mask)

@@ -32,6 +32,7 @@ from ..scorers import build_scorer
 from .losses import distillation_loss
 from .merged_save import save_weights_as
 from .student import TRAIN_ATTN_NAME, StudentSettings, student_forward
+from .targets import reduce_power
 
 SCORER_ATTR = "kvpop_scorer"
 LEARNED_SCORERS = ("mlp", "mlstm")
@@ -60,7 +61,9 @@ class KVpopTrainingArguments(TrainingArguments):
     target_lse: str = field(default="sparse", metadata={"help": "sparse (paper's approximation) | dense (exact)."})
     target_agg: str = field(default="log_mean", metadata={"help": "log_mean | mean_log (over query heads)."})
     target_reduce: str = field(default="mean", metadata={
-        "help": "mean (paper: mean future attention) | max (largest future attention weight; chunked target pass)."})
+        "help": "mean (paper: mean future attention) | max (largest future attention weight) | p<x>, e.g. p4 (power "
+                "mean of order x > 1 of the future attention weights, between the two); max and p<x> run the "
+                "chunked target pass."})
     target_queries: str = field(default="all", metadata={
         "help": "all (paper: every later query counts in the target) | labels (only the queries whose next token "
                 "has a label, i.e. those that produce the supervised answer; needs labels)."})
@@ -92,13 +95,16 @@ class KVpopTrainingArguments(TrainingArguments):
             raise ValueError(f"omega must be none | margin | balance | margin+balance, got {self.omega!r}.")
         if self.target_lse not in ("sparse", "dense"):
             raise ValueError(f"target_lse must be 'sparse' or 'dense', got {self.target_lse!r}.")
-        if self.target_reduce not in ("mean", "max"):
-            raise ValueError(f"target_reduce must be 'mean' or 'max', got {self.target_reduce!r}.")
+        try:
+            reduce_power(self.target_reduce)
+        except ValueError as err:
+            raise ValueError(f"target_reduce: {err}.") from None
         if self.target_queries not in ("all", "labels"):
             raise ValueError(f"target_queries must be 'all' or 'labels', got {self.target_queries!r}.")
-        if self.target_reduce == "max" and self.target_backend == "flex":
-            raise ValueError("target_reduce='max' runs on the chunked target pass; use target_backend='auto' or "
-                             "'chunked' (FlexAttention's transposed pass yields a log-sum-exp, not a max).")
+        if self.target_reduce != "mean" and self.target_backend == "flex":
+            raise ValueError(f"target_reduce={self.target_reduce!r} runs on the chunked target pass; use "
+                             "target_backend='auto' or 'chunked' (FlexAttention's transposed pass yields a "
+                             "log-sum-exp, not a max or a power mean).")
         if self.learn_decay and self.log_gamma is None:
             raise ValueError("learn_decay=True needs an initial log_gamma (< 0).")
         try:
