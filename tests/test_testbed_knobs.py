@@ -52,11 +52,14 @@ def test_oracle_eviction_rejects_bad_knobs_before_loading(tmp_path):
 
 
 def test_variant_policies_resolve_their_checkpoint_folders(tmp_path):
-    for name in ("kvpop_distill_cr88", "kvpop_mlp_mean_cr88", "kvpop_cr94", "kvpop_mlp_distill_cr94"):
+    for name in ("kvpop_distill_cr88", "kvpop_mlp_mean_cr88", "kvpop_cr94", "kvpop_mlp_distill_cr94",
+                 "kvpop_mean_distill_cr88", "kvpop_mlp_mean_distill_cr94"):
         (tmp_path / name).mkdir()
         (tmp_path / name / "kvpop_config.json").write_text("{}")
     found = scan_checkpoints_dir(tmp_path)
     assert set(found) == {("kvpop_distill", "cr88"), ("kvpop_mlp_mean", "cr88"), ("kvpop", "cr94"),
-                          ("kvpop_mlp_distill", "cr94")}
+                          ("kvpop_mlp_distill", "cr94"), ("kvpop_mean_distill", "cr88"),
+                          ("kvpop_mlp_mean_distill", "cr94")}
+    assert POLICIES["kvpop_mean_distill"].own_model and POLICIES["kvpop_mlp_mean_distill"].own_model
     assert POLICIES["kvpop_distill"].own_model and POLICIES["kvpop_mlp_distill"].own_model
     assert not POLICIES["kvpop_mean"].own_model

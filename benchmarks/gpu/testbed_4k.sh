@@ -162,7 +162,8 @@ stage_retrofit() {
 
 eval_checkpoints() {  # ckpt-folder out-dir: kvpop-eval of the learned policies found in the folder, with --analysis
   local C=$1 B="0.75,0.88,0.94" specs=() policies=${BASE_POLICIES:-dense,streaming} p
-  for p in kvpop kvpop_mlp kvpop_mean kvpop_mlp_mean kvpop_distill kvpop_mlp_distill; do
+  for p in kvpop kvpop_mlp kvpop_mean kvpop_mlp_mean kvpop_distill kvpop_mlp_distill kvpop_mean_distill \
+           kvpop_mlp_mean_distill; do
     [ -d "$C/${p}_cr88" ] || continue
     policies+=",$p"
     specs+=(--scorer-checkpoint "$p@cr75=$C/${p}_cr88")

@@ -189,6 +189,11 @@ register_policy("kvpop_mlp_mean", _learned, needs_checkpoint=True, expect={"scor
                 description="KVpop_mlp trained on the mean (paper's) future-attention target")
 register_policy("kvpop_mean", _learned, needs_checkpoint=True, expect={"scorer": "mlstm", "delayed": True},
                 description="KVpop trained on the mean (paper's) future-attention target")
+register_policy("kvpop_mlp_mean_distill", _learned, needs_checkpoint=True, expect={"scorer": "mlp"}, own_model=True,
+                description="KVpop_mlp on the mean future-attention target, model LoRA-distilled at the budget")
+register_policy("kvpop_mean_distill", _learned, needs_checkpoint=True, expect={"scorer": "mlstm", "delayed": True},
+                own_model=True,
+                description="KVpop on the mean future-attention target, model LoRA-distilled at the budget")
 register_policy("kvp", _learned, needs_checkpoint=True, expect={"scorer": "kvp", "trained_with": "rl"},
                 description="KVP: per-head MLP agent on key/value/position trained offline by RL (training/train_kvp.py)")
 register_policy("kvp_supervised", _learned, needs_checkpoint=True,
