@@ -28,7 +28,8 @@ import torch
 
 from .kernels import kernel_wanted, next_pow2, tl, triton
 
-__all__ = ["eviction_for", "evict_and_insert_reference", "evict_and_insert_triton", "ring_slot", "slot_entry"]
+__all__ = ["eviction_for", "evict_and_insert_reference", "evict_and_insert_triton", "read_entry", "ring_slot",
+           "slot_entry"]
 
 NEG_INF = float("-inf")
 
@@ -44,6 +45,17 @@ def slot_entry(keys: torch.Tensor, values: torch.Tensor, pos: torch.Tensor, slot
     b, h = slot.shape[:2]
     return (pos.gather(2, slot), keys.gather(2, slot[..., None].expand(b, h, 1, keys.shape[-1])),
             values.gather(2, slot[..., None].expand(b, h, 1, values.shape[-1])))
+
+
+def read_entry(keys: torch.Tensor, values: torch.Tensor, pos: torch.Tensor, seen: torch.Tensor, k_new: torch.Tensor,
+               v_new: torch.Tensor, sinks: int, window: int, read_new: bool):
+    """The token a decode step scores: the new one at position ``seen [b]`` (``read_new``, a scorer read at
+    entry) or, with delayed scoring, the one about to leave the window from the slot ``seen`` will take.
+    Returns (pos ``[b, h, 1]``, key ``[b, h, 1, d]``, value ``[b, h, 1, dv]``)."""
+    b, h = k_new.shape[:2]
+    if read_new:
+        return seen.view(b, 1, 1).expand(b, h, 1), k_new, v_new
+    return slot_entry(keys, values, pos, ring_slot(seen, sinks, window).view(b, 1, 1).expand(b, h, 1))
 
 
 def evict_and_insert_reference(keys, values, pos, prio, seen, k_new, v_new, p_leave, p_new,

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 from transformers.cache_utils import CacheLayerMixin
 
-from .decode_eviction import eviction_for, ring_slot, slot_entry
+from .decode_eviction import eviction_for, read_entry, ring_slot
 from .priority import decayed_priorities
 
 NEG_INF = float("-inf")
@@ -68,7 +68,7 @@ class ChunkPlan:
 
     def visibility(self) -> torch.Tensor:
         """Exact per-head mask ``[b, h, L, C]`` bool: query j sees candidate c iff c ∈ R(q_j)."""
-        s, w, k = self.sinks, self.window, self.topk
+        s, w, k, B = self.sinks, self.window, self.topk, self.budget
         q = self.query_pos[:, None, :, None]  # [b,1,L,1]
         pos = self.pos[:, :, None, :]  # [b,h,1,C]
         pos_sorted = self.pos.gather(-1, self.order)[:, :, None, :]
@@ -365,11 +365,9 @@ class KVpopLayer(CacheLayerMixin):
             p = self._scorer_step(self.scorer, self.layer_idx, self.state, self.keys, self.values, self.pos, t,
                                   k_new, v_new, s, w, self.cache.log_gamma_for(self.layer_idx, self.device),
                                   self.cache.kvpop_config.decay_step, read_new)
-        elif read_new:
-            p = self._score(k_new, v_new, None, k_new, v_new, t.view(b, 1, 1).expand(b, h, 1))
-        else:  # the token in that slot, scored after absorbing t
-            leaving_pos, k_leave, v_leave = slot_entry(self.keys, self.values, self.pos, slot)
-            p = self._score(k_new, v_new, None, k_leave, v_leave, leaving_pos)
+        else:  # the new token, or the one leaving through that slot scored after absorbing t
+            pos_r, k_r, v_r = read_entry(self.keys, self.values, self.pos, t, k_new, v_new, s, w, read_new)
+            p = self._score(k_new, v_new, None, k_r, v_r, pos_r)
         # p scores the new token (read at entry) or the one leaving the window (delayed scoring)
         p_new, p_leave = (p, self.prio.gather(2, slot)) if read_new else (torch.full_like(p, NEG_INF), p)
         self._evict(self.keys, self.values, self.pos, self.prio, t, k_new, v_new, p_leave, p_new,

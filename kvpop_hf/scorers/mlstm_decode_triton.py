@@ -27,7 +27,7 @@ import math
 
 import torch
 
-from ..decode_eviction import ring_slot, slot_entry
+from ..decode_eviction import read_entry
 from ..kernels import next_pow2, tl, triton
 from ..priority import decayed_priorities
 
@@ -38,11 +38,7 @@ def mlstm_decode_priority_reference(scorer, layer_idx: int, state, keys, values,
                                     sinks: int, window: int, log_gamma: torch.Tensor | None, decay_step: int,
                                     read_new: bool) -> torch.Tensor:
     """The torch path (``MLSTMScorer.absorb_and_read`` + decay), state copied back in place; ``[b, h, 1]``."""
-    b, h = keys.shape[:2]
-    if read_new:
-        k_r, v_r, pos_r = k_new, v_new, seen.view(b, 1, 1).expand(b, h, 1)
-    else:
-        pos_r, k_r, v_r = slot_entry(keys, values, pos, ring_slot(seen, sinks, window).view(b, 1, 1).expand(b, h, 1))
+    pos_r, k_r, v_r = read_entry(keys, values, pos, seen, k_new, v_new, sinks, window, read_new)
     new_state, r = scorer.absorb_and_read(layer_idx, state, k_new, v_new, None, k_r, v_r)
     for old, new in zip(state, new_state):
         old.copy_(new)
