@@ -68,7 +68,7 @@ class ChunkPlan:
 
     def visibility(self) -> torch.Tensor:
         """Exact per-head mask ``[b, h, L, C]`` bool: query j sees candidate c iff c ∈ R(q_j)."""
-        s, w, k, B = self.sinks, self.window, self.topk, self.budget
+        s, w, k = self.sinks, self.window, self.topk
         q = self.query_pos[:, None, :, None]  # [b,1,L,1]
         pos = self.pos[:, :, None, :]  # [b,h,1,C]
         pos_sorted = self.pos.gather(-1, self.order)[:, :, None, :]

@@ -336,6 +336,35 @@ def test_distilled_students_get_recall_rows_from_their_own_keys(run, tmp_path):
     assert meta["analysis"]["heatmap"]["policy"] == "kvpop_mlp_distill"  # no EM (--skip-em): by preference
 
 
+def test_a_student_is_loaded_once_for_all_its_budgets_and_the_analysis(run, tmp_path, monkeypatch):
+    """kvpop-eval loads a policy's own weights once: its runs at several budgets and --analysis reuse them."""
+    import kvpop_hf.testbed.models as models
+
+    out, _, _ = run
+    root = out.parent
+    student = tmp_path / "student"
+    AutoModelForCausalLM.from_pretrained(root / "model").save_pretrained(student)
+    build_tokenizer().save_pretrained(student)
+    KVpopCache.from_pretrained(root / "ckpts" / "kvpop_mlp").save_pretrained(student)
+    loads = []
+    real = models.load_model
+
+    def counting(path, *a, **k):
+        loads.append(str(path))
+        return real(path, *a, **k)
+
+    monkeypatch.setattr(models, "load_model", counting)
+    monkeypatch.setattr(analysis, "load_model", counting)
+    argv = ["--model", str(root / "model"), "--out", str(tmp_path / "out"), "--n", "1", "--length", str(LENGTH),
+            "--sinks", str(SINKS), "--window", str(WINDOW), "--budgets", "0.5,0.75", "--families", "reasoning",
+            "--policies", "kvpop_mlp_distill", "--scorer-checkpoint", f"kvpop_mlp_distill={student}", "--skip-em",
+            "--analysis", "--analysis-n", "1", "--no-progress"]
+    assert main(argv) == 0
+    assert loads.count(str(student)) == 1
+    with open(tmp_path / "out" / "results.csv") as fh:
+        assert sorted(r["cr"] for r in csv.DictReader(fh) if r["policy"] == "kvpop_mlp_distill") == ["0.5", "0.75"]
+
+
 def test_heatmap_shows_the_best_policy_at_the_highest_compression():
     import types
 

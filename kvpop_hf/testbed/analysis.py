@@ -350,27 +350,30 @@ def heatmap_run(runs, rows: Sequence[dict] | None = None):
 
 
 def run_all(model, tokenizer, plan, out: Path, args, progress: bool = True,
-            rows: Sequence[dict] | None = None) -> tuple[dict, list[dict]]:
+            rows: Sequence[dict] | None = None, students=None) -> tuple[dict, list[dict]]:
     """Write ``recall_per_layer.csv/png`` and ``retention_heatmap.png`` on the first ``args.analysis_n``
     reasoning problems; returns (summary for ``meta.json``, oracle recall rows). Learned scorers with their own
     weights (``kvpop_distill``, ``kvpop_mlp_distill``) get recall rows for the keys and values of their model against
     ``model``'s oracle, and generate with their own model for the heatmap; the other policies with their own weights
     (``streaming_plus``: no long-range slots, ``dms``: no ranking) get neither. The heatmap shows the best policy
-    by exact match (``rows``) at the highest compression (:func:`heatmap_run`)."""
+    by exact match (``rows``) at the highest compression (:func:`heatmap_run`). ``students``: the evaluation's
+    :class:`~kvpop_hf.testbed.models.LastModel`, whose held student is reused instead of loaded again."""
     problems = plan.problems["reasoning"][: args.analysis_n]
     evict = [r for r in plan.runs if r.budget is not None and not r.own_model]
-    students = [r for r in plan.runs if r.budget is not None and r.own_model and isinstance(r.prototype, KVpopCache)
+    own_runs = [r for r in plan.runs if r.budget is not None and r.own_model and isinstance(r.prototype, KVpopCache)
                 and not POLICIES[r.policy].window_only]
     summary: dict = {"problems": [p.meta.get("n_tokens") for p in problems],
                      "seeds": plan.seeds["reasoning"][: args.analysis_n]}
-    if not evict and not students:
+    if not evict and not own_runs:
         summary["skipped"] = "no eviction policy in this run"
         return summary, []
     scored = [(r.policy, r.budget, r.factory()(model.config)) for r in evict]
     loaded: dict[str, Any] = {}  # checkpoint -> its model, loaded once for all budgets
-    for r in students:
+    for r in own_runs:
         if r.checkpoint not in loaded:
-            loaded[r.checkpoint] = load_model(r.checkpoint, model.dtype, next(model.parameters()).device)
+            held = students is not None and students.path == r.checkpoint
+            loaded[r.checkpoint] = students.model if held else load_model(r.checkpoint, model.dtype,
+                                                                          next(model.parameters()).device)
         own = loaded[r.checkpoint]
         scored.append((r.policy, r.budget, r.factory()(own.config), own))
     rec = oracle_recall_rows(model, tokenizer, problems, scored, progress=progress,
@@ -378,7 +381,7 @@ def run_all(model, tokenizer, plan, out: Path, args, progress: bool = True,
     scored.clear()
     write_oracle_recall(rec, out / "recall_per_layer.csv", out / "recall_per_layer.png")
 
-    run = heatmap_run(evict + students, rows)
+    run = heatmap_run(evict + own_runs, rows)
     run_model = loaded[run.checkpoint] if run.own_model else model
     loaded.clear()  # the other students' weights
     cache = run.factory()(run_model.config)

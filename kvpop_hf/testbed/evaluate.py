@@ -49,7 +49,7 @@ import torch
 from ..compat import with_cache
 from . import analysis, report
 from . import policies as pol
-from .models import load_model
+from .models import LastModel, load_model
 from .oracle import oracle_kind_arg
 from .tasks import ALL_FAMILIES, FAMILIES, Problem, make_problem, training_example
 
@@ -396,10 +396,11 @@ def main(argv: list[str] | None = None) -> int:
     outputs = open(out / "outputs.jsonl", "w")
     from tqdm.auto import tqdm
 
+    students = LastModel(dtype, device)  # a policy's own weights, loaded once for all its budgets
     for run in tqdm(plan.runs, desc="policies", disable=not progress):
         t0 = time.time()
         make = run.factory()
-        run_model = load_model(run.checkpoint, dtype, device) if run.own_model else model
+        run_model = students.get(run.checkpoint) if run.own_model else model
         factory = None if run.budget is None else (lambda make=make, m=run_model: make(m.config))
         made: list = []  # this run's teacher-forced caches, for policies that report their own compression
         tf = token_accuracy(run_model, tokenizer, all_problems, factory if factory is None else
@@ -451,7 +452,8 @@ def main(argv: list[str] | None = None) -> int:
     recall = None
     if args.analysis:
         meta["analysis"], recall = analysis.run_all(model, tokenizer, plan, out, args, progress=progress,
-                                                         rows=rows)
+                                                    rows=rows, students=students)
+    students.clear()
     md = analysis.ablation_delay(rows, recall)  # only when both kvpop and kvpop_immediate ran
     if md is not None:
         (out / "ablation_delay.md").write_text(header + md)

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-__all__ = ["load_model"]
+import gc
+
+import torch
+
+__all__ = ["load_model", "LastModel"]
 
 
 def load_model(path: str, dtype, device):
@@ -11,3 +15,27 @@ def load_model(path: str, dtype, device):
     from transformers import AutoModelForCausalLM
 
     return AutoModelForCausalLM.from_pretrained(path, attn_implementation="kvpop", dtype=dtype).to(device).eval()
+
+
+class LastModel:
+    """The most recently loaded model of a policy with its own weights (a distilled student): the runs of one
+    checkpoint at several budgets, and the analysis after them, reuse it; another checkpoint replaces it, so at
+    most one such model is in memory beside ``--model``."""
+
+    def __init__(self, dtype, device):
+        self.dtype, self.device = dtype, device
+        self.path: str | None = None
+        self.model = None
+
+    def get(self, path: str):
+        if path != self.path:
+            self.clear()
+            self.model, self.path = load_model(path, self.dtype, self.device), path
+        return self.model
+
+    def clear(self) -> None:
+        """Drop the held model and return its memory."""
+        self.model, self.path = None, None
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
