@@ -47,17 +47,19 @@ def parse_point(text: str) -> tuple[str, Path, str, Path, str]:
 
 def exact_match(folder: Path, policy: str, budget: int) -> tuple[float, int]:
     """(EM, number of problems) of ``policy`` at ``budget`` in a kvpop-eval folder."""
-    for row in csv.DictReader(open(folder / "results.csv")):
-        if row["policy"] == policy and row["budget"] == str(budget):
-            return float(row["em"]), int(row["n"])
+    with open(folder / "results.csv") as fh:
+        for row in csv.DictReader(fh):
+            if row["policy"] == policy and row["budget"] == str(budget):
+                return float(row["em"]), int(row["n"])
     raise ValueError(f"{folder}/results.csv has no row for policy {policy!r} at budget {budget}")
 
 
 def oracle_recall(folder: Path, policy: str, budget: int) -> float:
     """Mean oracle top-k recall of ``policy`` at ``budget``: from a recall profile or a kvpop-eval analysis."""
     if (folder / "recall_per_layer.csv").is_file():
-        vals = [float(r["oracle_recall"]) for r in csv.DictReader(open(folder / "recall_per_layer.csv"))
-                if r["policy"] == policy and r["budget"] == str(budget)]
+        with open(folder / "recall_per_layer.csv") as fh:
+            vals = [float(r["oracle_recall"]) for r in csv.DictReader(fh)
+                    if r["policy"] == policy and r["budget"] == str(budget)]
     elif (folder / "meta.json").is_file():
         vals = [float(r["oracle_recall"]) for r in json.loads((folder / "meta.json").read_text()).get("summary", [])
                 if r["policy"] == policy and int(r["budget"]) == budget]

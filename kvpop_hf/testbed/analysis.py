@@ -357,7 +357,7 @@ def run_all(model, tokenizer, plan, out: Path, args, progress: bool = True,
     ``model``'s oracle, and generate with their own model for the heatmap; the other policies with their own weights
     (``streaming_plus``: no long-range slots, ``dms``: no ranking) get neither. The heatmap shows the best policy
     by exact match (``rows``) at the highest compression (:func:`heatmap_run`). ``students``: the evaluation's
-    :class:`~kvpop_hf.testbed.models.LastModel`, whose held student is reused instead of loaded again."""
+    :class:`~kvpop_hf.testbed.models.LastModel`, which loads the students (its held one is not loaded again)."""
     problems = plan.problems["reasoning"][: args.analysis_n]
     evict = [r for r in plan.runs if r.budget is not None and not r.own_model]
     own_runs = [r for r in plan.runs if r.budget is not None and r.own_model and isinstance(r.prototype, KVpopCache)
@@ -369,11 +369,11 @@ def run_all(model, tokenizer, plan, out: Path, args, progress: bool = True,
         return summary, []
     scored = [(r.policy, r.budget, r.factory()(model.config)) for r in evict]
     loaded: dict[str, Any] = {}  # checkpoint -> its model, loaded once for all budgets
+    device = next(model.parameters()).device
+    load = students.get if students is not None else (lambda path: load_model(path, model.dtype, device))
     for r in own_runs:
         if r.checkpoint not in loaded:
-            held = students is not None and students.path == r.checkpoint
-            loaded[r.checkpoint] = students.model if held else load_model(r.checkpoint, model.dtype,
-                                                                          next(model.parameters()).device)
+            loaded[r.checkpoint] = load(r.checkpoint)
         own = loaded[r.checkpoint]
         scored.append((r.policy, r.budget, r.factory()(own.config), own))
     rec = oracle_recall_rows(model, tokenizer, problems, scored, progress=progress,

@@ -71,7 +71,7 @@ __all__ = [
 ]
 
 _AGGS = ("log_mean", "mean_log")
-_REDUCES = ("mean", "max", "p<x> (x > 1, e.g. p4)")
+_BACKENDS = ("flex", "chunked")
 
 
 def reduce_power(reduce) -> float:
@@ -90,7 +90,6 @@ def reduce_power(reduce) -> float:
             return x
     raise ValueError(f"reduce must be 'mean', 'max' or 'p<x>' with a number x > 1 (a power mean, e.g. 'p4'), "
                      f"got {reduce!r}")
-_BACKENDS = ("flex", "chunked")
 
 
 # ---------------------------------------------------------------------------
