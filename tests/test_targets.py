@@ -56,8 +56,10 @@ def test_dense_lse_custom_scale():
     torch.testing.assert_close(dense_causal_lse(q, k, scale=0.37, chunk=9), want, atol=1e-5, rtol=1e-5)
 
 
-def _brute_force(q, k, lse, w, eps, agg, reduce="mean"):
-    """Scalar-loop version of the definition for one tiny case (``reduce``: mean or max over later queries)."""
+def _brute_force(q, k, lse, w, eps, agg, reduce="mean", query_mask=None):
+    """Scalar-loop version of the definition for one tiny case (``reduce``: mean, max or power mean ``p<x>`` over
+    the later queries, only those marked in ``query_mask [B, S]`` if given)."""
+    x = 1.0 if reduce in ("mean", "max") else float(reduce[1:])
     B, Hq, S, D = q.shape
     Hkv = k.shape[1]
     G = Hq // Hkv
@@ -67,9 +69,11 @@ def _brute_force(q, k, lse, w, eps, agg, reduce="mean"):
         for h in range(Hkv):
             for t in range(S):
                 ms = []
+                ds = [d for d in range(t + w, S) if query_mask is None or bool(query_mask[b, d])]
                 for j in range(h * G, (h + 1) * G):
-                    ws = [math.exp(sc * float(q[b, j, d] @ k[b, h, t]) - float(lse[b, j, d])) for d in range(t + w, S)]
-                    ms.append(max(ws, default=0.0) if reduce == "max" else sum(ws) / max(1, S - (t + w)))
+                    ws = [math.exp(sc * float(q[b, j, d] @ k[b, h, t]) - float(lse[b, j, d])) for d in ds]
+                    ms.append(max(ws, default=0.0) if reduce == "max" else
+                              (sum(a ** x for a in ws) / max(1, len(ds))) ** (1 / x))
                 if agg == "log_mean":
                     r[b, h, t] = math.log(eps + sum(ms) / G)
                 else:
@@ -239,34 +243,13 @@ def test_max_never_below_mean_and_bad_reduce():
 
 
 # --- reduce="p<x>": the power mean of order x of the future attention weights -------------------------------
-def _power_mean_brute_force(q, k, lse, window, x, query_mask=None, eps=1e-6):
-    """Loop over every (batch, query head, key): ((1/N) sum_d A[d,t]^x)^(1/x), then log(eps + mean over the group)."""
-    B, Hq, S, D = q.shape
-    Hkv = k.shape[1]
-    G = Hq // Hkv
-    out = torch.zeros(B, Hkv, S)
-    for b in range(B):
-        for h in range(Hkv):
-            for t in range(S):
-                ms = []
-                for j in range(h * G, (h + 1) * G):
-                    ds = [d for d in range(t + window, S) if query_mask is None or bool(query_mask[b, d])]
-                    total = 0.0
-                    for d in ds:
-                        a = math.exp(float(q[b, j, d] @ k[b, h, t]) / math.sqrt(D) - float(lse[b, j, d]))
-                        total += a ** x
-                    ms.append((total / max(1, len(ds))) ** (1 / x))
-                out[b, h, t] = math.log(eps + sum(ms) / G)
-    return out
-
-
 @pytest.mark.parametrize("x", [1.5, 4.0])
 @pytest.mark.parametrize("masked", [False, True])
 def test_power_mean_matches_a_loop_in_both_backends(x, masked):
     q, k = _inputs(13, seed=11, B=2, Hq=4, Hkv=2, D=8)
     lse = dense_causal_lse(q, k)
     mask = (torch.rand(2, 13, generator=torch.Generator().manual_seed(1)) > 0.4) if masked else None
-    want = _power_mean_brute_force(q, k, lse, 2, x, mask)
+    want = _brute_force(q, k, lse, 2, 1e-6, "log_mean", reduce=f"p{x:g}", query_mask=mask)
     ref = future_attention_target_reference(q, k, lse, 2, reduce=f"p{x:g}", query_mask=mask)
     got = future_attention_target(q, k, lse, 2, backend="chunked", chunk=5, reduce=f"p{x:g}", query_mask=mask)
     torch.testing.assert_close(ref, want, atol=1e-5, rtol=1e-5)
