@@ -33,6 +33,7 @@ import torch
 
 from kvpop_hf.provenance import git_commit
 from kvpop_hf.testbed.oracle import oracle_kind_arg
+from kvpop_hf.testbed.static_policies import add_policy_args, check_policy_args, static_policies
 
 
 def parse_args(argv=None):
@@ -45,38 +46,20 @@ def parse_args(argv=None):
     ap.add_argument("--window", type=int, default=64)
     ap.add_argument("--budgets", default="0.88")
     ap.add_argument("--knob", action="append", default=[], help="reasoning.<name>=<int>, as in kvpop-eval")
-    ap.add_argument("--student", action="append", default=[],
-                    help="NAME=DIR: a distilled student (model and cache in DIR); its scorer reads its own keys")
-    ap.add_argument("--scorer", action="append", default=[],
-                    help="NAME=DIR: a scorer checkpoint on --model's keys (scorer-only retrofit)")
-    ap.add_argument("--baselines", default="streaming", help="static heuristics to compare, comma-separated")
+    add_policy_args(ap)
     ap.add_argument("--oracle-ks", default="16,32,64,128", help="the m of oracle_recall_top<m>")
-    ap.add_argument("--log-gammas", default="",
-                    help="also each --scorer/--student with these recency decays (negative floats, comma-separated; "
-                         "policy name <name>_lg<x>; write --log-gammas=-0.02,-0.1), to see whether recency "
-                         "explains the oracle's order")
     ap.add_argument("--oracle-kind", type=oracle_kind_arg, default="max",
                     help="max, mean or p<x> (power mean of order x > 1, e.g. p4) future attention")
     ap.add_argument("--oracle-queries", choices=("target", "all"), default="target")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = ap.parse_args(argv)
-    for spec in args.student + args.scorer:
-        if "=" not in spec:
-            ap.error(f"--student/--scorer take NAME=DIR, got {spec!r}")
-        if not Path(spec.split("=", 1)[1]).is_dir():
-            ap.error(f"{spec!r}: no such checkpoint folder")
+    check_policy_args(ap, args)
     try:
         args.oracle_ks = [int(m) for m in args.oracle_ks.split(",") if m]
     except ValueError:
         ap.error(f"--oracle-ks takes integers like 16,32,64, got {args.oracle_ks!r}")
     if any(m < 1 for m in args.oracle_ks):
         ap.error("--oracle-ks must be positive")
-    try:
-        args.log_gammas = [float(x) for x in args.log_gammas.split(",") if x]
-    except ValueError:
-        ap.error(f"--log-gammas takes negative floats like -0.02,-0.1, got {args.log_gammas!r}")
-    if any(not x < 0 for x in args.log_gammas):
-        ap.error("--log-gammas must be negative (the log of a decay factor in (0, 1))")
     return args
 
 
@@ -84,7 +67,6 @@ def main(argv=None):
     args = parse_args(argv)
     from transformers import AutoTokenizer
 
-    from kvpop_hf import KVpopCache
     from kvpop_hf.testbed import make_problem
     from kvpop_hf.testbed.analysis import oracle_recall_rows
     from kvpop_hf.testbed.evaluate import parse_knobs
@@ -98,23 +80,7 @@ def main(argv=None):
     tok = AutoTokenizer.from_pretrained(args.model)
     problems = [make_problem("reasoning", length=args.length, seed=2 ** 48 + i, **knobs)
                 for i in range(args.n)]
-    scored, students = [], {}
-    for b in budgets:
-        over = dict(sinks=args.sinks, window=args.window, topk=b.topk)
-        for name in [n for n in args.baselines.split(",") if n]:
-            scored.append((name, b, KVpopCache(model.config, scorer=name, **over)))
-        for lg in [None] + args.log_gammas:
-            tag = "" if lg is None else f"_lg{lg:g}"
-            for spec in args.scorer:
-                name, path = spec.split("=", 1)
-                scored.append((name + tag, b, KVpopCache.from_pretrained(path, model.config, log_gamma=lg, **over)))
-            for spec in args.student:
-                name, path = spec.split("=", 1)
-                if path not in students:  # one model per student, shared by its budgets and decays
-                    students[path] = load_model(path, torch.float32, dev)
-                student = students[path]
-                cache = KVpopCache.from_pretrained(path, student.config, log_gamma=lg, **over)
-                scored.append((name + tag, b, cache, student))
+    scored = static_policies(args, model, budgets, args.sinks, args.window, dev)
     t0 = time.time()
     rows = oracle_recall_rows(model, tok, problems, scored, kind=args.oracle_kind, queries=args.oracle_queries,
                               oracle_ks=args.oracle_ks, mass=True)

@@ -12,6 +12,7 @@ from .tasks import (
     mixture,
     niah_multikey,
     reasoning,
+    reasoning_twin,
     training_example,
     vt,
 )
@@ -33,6 +34,7 @@ __all__ = [
     "niah_multikey",
     "normalize",
     "reasoning",
+    "reasoning_twin",
     "training_example",
     "vt",
 ]

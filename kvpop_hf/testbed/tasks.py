@@ -42,6 +42,7 @@ __all__ = [
     "MIN_LENGTH",
     "make_problem",
     "reasoning",
+    "reasoning_twin",
     "vt",
     "niah_multikey",
     "cwe",
@@ -259,6 +260,42 @@ def _trace_line(name: str, operands: list[str], ops: list[str], values: dict,
     return " ; ".join(segs) + " .", cur
 
 
+def _draw_program(rng: random.Random, facts: dict[str, int], steps: int, hops: int, restate: bool
+                  ) -> tuple[list[list], dict[str, int], str, str, list[str]]:
+    """A program of ``steps`` rules over ``facts`` (each x operand preferably a fact not used yet; from step 2
+    on one operand is the previous result). Returns ``(rules, values, trace, answer, rule_lines)``: rules as
+    ``[name, operands, ops]``, every fact and result value, the reference trace, the last result, and the
+    ``rule : ...`` lines of the prompt."""
+    fact_names = list(facts)
+    values: dict[str, int] = dict(facts)
+    pool: list[str] = []
+    rules: list[list] = []
+    trace_lines: list[str] = []
+    for s in range(1, steps + 1):
+        name = f"y{s}"
+        operands: list[str] = [] if s == 1 else [f"y{s - 1}"]
+        while len(operands) < hops:
+            if not pool:
+                pool = fact_names[:]
+                rng.shuffle(pool)
+            cand = pool.pop()
+            if cand not in operands:
+                operands.append(cand)
+        rng.shuffle(operands)
+        ops = [rng.choice("+-") for _ in range(hops - 1)]
+        line, val = _trace_line(name, operands, ops, values, restate)
+        values[name] = val
+        rules.append([name, operands, ops])
+        trace_lines.append(line)
+    rule_lines = []
+    for name, operands, ops in rules:
+        expr = [operands[0]]
+        for op, o in zip(ops, operands[1:]):
+            expr += [op, o]
+        rule_lines.append(f"rule : {name} = {' '.join(expr)} .")
+    return rules, values, "\n".join(trace_lines), str(values[f"y{steps}"]), rule_lines
+
+
 def reasoning(seed: int | random.Random = 0, length: int = 1024, n_facts: int | None = None,
               steps: int | None = None, hops: int = 2, distractor_density: float = 0.1,
               rules_first: bool = False, restate: bool = True) -> Problem:
@@ -303,38 +340,8 @@ def reasoning(seed: int | random.Random = 0, length: int = 1024, n_facts: int | 
 
     id_range = max(100, 4 * n_facts)
     facts = {f"x{i}": rng.randint(0, 9) for i in rng.sample(range(id_range), n_facts)}
-    fact_names = list(facts)
-    values: dict[str, int] = dict(facts)
 
-    # program: each x operand preferably a fact not used yet
-    pool: list[str] = []
-    rules: list[list] = []
-    trace_lines: list[str] = []
-    for s in range(1, steps + 1):
-        name = f"y{s}"
-        operands: list[str] = [] if s == 1 else [f"y{s - 1}"]
-        while len(operands) < hops:
-            if not pool:
-                pool = fact_names[:]
-                rng.shuffle(pool)
-            cand = pool.pop()
-            if cand not in operands:
-                operands.append(cand)
-        rng.shuffle(operands)
-        ops = [rng.choice("+-") for _ in range(hops - 1)]
-        line, val = _trace_line(name, operands, ops, values, restate)
-        values[name] = val
-        rules.append([name, operands, ops])
-        trace_lines.append(line)
-    answer = str(values[f"y{steps}"])
-    trace = "\n".join(trace_lines)
-
-    rule_lines = []
-    for name, operands, ops in rules:
-        expr = [operands[0]]
-        for op, o in zip(ops, operands[1:]):
-            expr += [op, o]
-        rule_lines.append(f"rule : {name} = {' '.join(expr)} .")
+    rules, values, trace, answer, rule_lines = _draw_program(rng, facts, steps, hops, restate)
 
     head = ["problem : all arithmetic is mod ten ."] + (rule_lines if rules_first else [])
     tail = ([] if rules_first else rule_lines) + [f"question : what is y{steps} ?", "trace :"]
@@ -366,6 +373,36 @@ def reasoning(seed: int | random.Random = 0, length: int = 1024, n_facts: int | 
                   "restate": restate},
     }
     return Problem(fam, prompt, answer, meta)
+
+
+def reasoning_twin(problem: Problem, seed: int | random.Random) -> Problem:
+    """The same context with another question: ``problem``'s facts, distractors and filler word for word, a
+    new program of as many rules (drawn with ``seed``) and its trace and answer.
+
+    The twin's prompt shares every token up to the first ``rule :`` line with ``problem``'s and has the same
+    length (a rule line and a trace line cost the same tokens whatever their names and values). A causal
+    policy therefore decides the same for both up to there; :mod:`kvpop_hf.testbed.recall_bound` uses this to
+    bound the oracle top-k recall any such policy can reach. Only problems with the rules after the body
+    (``rules_first=False``) have twins."""
+    if problem.family != "reasoning":
+        raise ValueError(f"reasoning_twin needs a 'reasoning' problem, got family {problem.family!r}")
+    knobs = problem.meta["knobs"]
+    if knobs["rules_first"]:
+        raise ValueError("reasoning_twin: a problem with rules_first=True states its rules before the body, so "
+                         "no twin shares the context; generate the problems with rules_first=False")
+    rng = _as_rng(seed, "reasoning")
+    facts = problem.meta["facts"]
+    steps = knobs["steps"]
+    rules, values, trace, answer, rule_lines = _draw_program(rng, facts, steps, knobs["hops"], knobs["restate"])
+    prefix = problem.prompt[:problem.prompt.index("\nrule : ")]
+    prompt = "\n".join([prefix] + rule_lines + [f"question : what is y{steps} ?", "trace :"])
+    target = "\n" + trace + f"\n{ANSWER_MARKER} " + answer
+    n_tokens = 1 + count_tokens(prompt) + count_tokens(target) + 1
+    if n_tokens != problem.meta["n_tokens"]:  # cannot happen with single-token names; a guard for the bound
+        raise ValueError(f"reasoning_twin: the twin has {n_tokens} tokens, the problem {problem.meta['n_tokens']}")
+    meta = dict(problem.meta, rules=rules, values=values, trace=trace,
+                target_token_start=n_tokens - 1 - count_tokens(target))
+    return Problem("reasoning", prompt, answer, meta)
 
 
 # --------------------------------------------------------------------------- #

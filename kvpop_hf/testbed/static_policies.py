@@ -1,0 +1,68 @@
+"""The static-priority policies of the oracle-recall benchmarks (``benchmarks/oracle_recall_profile.py``,
+``benchmarks/causal_recall_bound.py``): heuristics, scorer-only checkpoints on the dense model's keys, and
+distilled students on their own, at every budget, as the ``(policy, budget, cache[, own_model])`` tuples that
+:func:`kvpop_hf.testbed.analysis.oracle_recall_rows` and
+:func:`kvpop_hf.testbed.recall_bound.twin_recall_rows` take."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import torch
+
+__all__ = ["add_policy_args", "check_policy_args", "static_policies"]
+
+
+def add_policy_args(ap: argparse.ArgumentParser) -> None:
+    """``--student``, ``--scorer``, ``--baselines`` and ``--log-gammas``."""
+    ap.add_argument("--student", action="append", default=[],
+                    help="NAME=DIR: a distilled student (model and cache in DIR); its scorer reads its own keys")
+    ap.add_argument("--scorer", action="append", default=[],
+                    help="NAME=DIR: a scorer checkpoint on --model's keys (scorer-only retrofit)")
+    ap.add_argument("--baselines", default="streaming", help="static heuristics to compare, comma-separated")
+    ap.add_argument("--log-gammas", default="",
+                    help="also each --scorer/--student with these recency decays (negative floats, comma-separated; "
+                         "policy name <name>_lg<x>; write --log-gammas=-0.02,-0.1), to see whether recency "
+                         "explains the oracle's order")
+
+
+def check_policy_args(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Refuse bad ``add_policy_args`` values through ``ap.error``; parses ``args.log_gammas`` to floats."""
+    for spec in args.student + args.scorer:
+        if "=" not in spec:
+            ap.error(f"--student/--scorer take NAME=DIR, got {spec!r}")
+        if not Path(spec.split("=", 1)[1]).is_dir():
+            ap.error(f"{spec!r}: no such checkpoint folder")
+    try:
+        args.log_gammas = [float(x) for x in args.log_gammas.split(",") if x]
+    except ValueError:
+        ap.error(f"--log-gammas takes negative floats like -0.02,-0.1, got {args.log_gammas!r}")
+    if any(not x < 0 for x in args.log_gammas):
+        ap.error("--log-gammas must be negative (the log of a decay factor in (0, 1))")
+
+
+def static_policies(args: argparse.Namespace, model, budgets, sinks: int, window: int, device) -> list[tuple]:
+    """The policies named by ``args`` (see :func:`add_policy_args`) at each of ``budgets``. A student's model is
+    loaded once (float32, on ``device``) and shared by its budgets and decays."""
+    from .. import KVpopCache
+    from .models import load_model
+
+    scored, students = [], {}
+    for b in budgets:
+        over = dict(sinks=sinks, window=window, topk=b.topk)
+        for name in [n for n in args.baselines.split(",") if n]:
+            scored.append((name, b, KVpopCache(model.config, scorer=name, **over)))
+        for lg in [None] + list(args.log_gammas):
+            tag = "" if lg is None else f"_lg{lg:g}"
+            for spec in args.scorer:
+                name, path = spec.split("=", 1)
+                scored.append((name + tag, b, KVpopCache.from_pretrained(path, model.config, log_gamma=lg, **over)))
+            for spec in args.student:
+                name, path = spec.split("=", 1)
+                if path not in students:
+                    students[path] = load_model(path, torch.float32, device)
+                student = students[path]
+                cache = KVpopCache.from_pretrained(path, student.config, log_gamma=lg, **over)
+                scored.append((name + tag, b, cache, student))
+    return scored
