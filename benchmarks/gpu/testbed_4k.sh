@@ -26,6 +26,9 @@
 #                  (state_dim n), @immediate (no delayed readout); benchmarks/mlstm_options.sh. A name part _p<x>_
 #                  (kvpop_p4_distill_cr88) trains on the power mean of order x of the future attention instead of
 #                  the max, saved to ckpt[_<option>]_p<x>/ under the name without it.
+#                  A name part _dlse_ (kvpop_dlse_distill_cr88) trains on the exact target (--target_lse dense:
+#                  the dense pass's log-sum-exp, as the oracle has) instead of the student's sparse one, saved to
+#                  ckpt[_<option>][_p<x>]_dlse/.
 #                  -> $OUT/oracle_{max,mean}_target/, $OUT/ckpt/<policy>_cr<NN>/, $OUT/retrofit_*.log,
 #                     $OUT/eval_learned/ ($OUT/ckpt_<option>/, $OUT/eval_learned_<option>/ for @<option> variants)
 #   STAGE=evaluate the evaluation above of existing checkpoint folders: CKPT_DIRS="dir ..." -> $OUT/eval_<dir name>/
@@ -136,19 +139,24 @@ stage_retrofit() {
   # @immediate no delayed readout (mlstm_kwargs, benchmarks/mlstm_options.sh)
   # A name part _p<x>_ (e.g. kvpop_p4_distill_cr88) trains on the power mean of order x of the future attention
   # (--target_reduce p<x>); it is dropped from the checkpoint's name, which goes to ckpt[_<option>]_p<x>/.
-  local entry v opt sc target mode folder kw ptag
+  # A name part _dlse_ (kvpop_dlse_distill_cr88) normalises the target by the dense pass's log-sum-exp, the exact
+  # future attention that the oracle and the recall use (--target_lse dense), instead of the student's sparse
+  # one (the paper's approximation); ckpt[_<option>][_p<x>]_dlse/.
+  local entry v opt sc target mode folder kw ptag lse
   for entry in ${VARIANTS:-kvpop_cr88 kvpop_cr94 kvpop_mean_cr88 kvpop_distill_cr88 kvpop_mlp_cr88 kvpop_mlp_cr94 \
               kvpop_mlp_mean_cr88 kvpop_mlp_distill_cr88}; do
     v=${entry%%@*}; opt=""; [ "$v" != "$entry" ] && opt=${entry#*@}
     case "$v" in kvpop_mlp*) sc=mlp ;; kvpop*) sc=mlstm ;; *) echo "unknown variant $v" >&2; exit 2 ;; esac
     ptag=$(echo "$v" | grep -oE '_p[0-9]+(\.[0-9]+)?_' | tr -d _)
     [ -n "$ptag" ] && v=${v/_${ptag}_/_}
+    lse=""; case "$v" in *_dlse_*) lse=dlse; v=${v/_dlse_/_} ;; esac
     case "$v" in *_mean_*) target=mean ;; *) target=${ptag:-max} ;; esac
     case "$v" in *_distill_*) mode=$LORA ;; *) mode=$ONLY ;; esac
     kw=$(mlstm_kwargs "$opt") || { echo "unknown option @$opt in $entry (fb<x>, tok, ds<n>, immediate)" >&2; exit 2; }
-    folder="$OUT/ckpt${opt:+_$opt}${ptag:+_$ptag}"
+    folder="$OUT/ckpt${opt:+_$opt}${ptag:+_$ptag}${lse:+_$lse}"
     # shellcheck disable=SC2086
-    retro "$folder" "$v" "$sc" "$(topk "0.${v##*_cr}")" $mode $DECAY --target_reduce $target --scorer_kwargs "$kw" &
+    retro "$folder" "$v" "$sc" "$(topk "0.${v##*_cr}")" $mode $DECAY --target_reduce $target --scorer_kwargs "$kw" \
+      --target_lse "$([ -n "$lse" ] && echo dense || echo sparse)" &
   done
   wait
   for d in "$OUT"/ckpt*/*; do  # scorer-only: the backbone copy is the unchanged teacher
