@@ -129,27 +129,36 @@ def main(argv=None):
 
 
 def _plot(summary, path):
+    """Recall per layer, a panel per oracle kind: a colour per policy (black dashes: the causal bound), a line
+    style per budget."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     kinds = list(dict.fromkeys(s["oracle"] for s in summary))
-    fig, axes = plt.subplots(1, len(kinds), figsize=(4.5 * len(kinds), 3.8), squeeze=False, sharey=True)
+    policies = [p for p in dict.fromkeys(s["policy"] for s in summary) if p != "causal_bound"]
+    budgets = list(dict.fromkeys(s["budget"] for s in summary))
+    colours = {p: f"C{i % 10}" for i, p in enumerate(policies)}
+    styles = ["-", ":", "-.", (0, (1, 3))]
+    fig, axes = plt.subplots(1, len(kinds), figsize=(4.5 * len(kinds), 4.0), squeeze=False, sharey=True)
     for ax, kind in zip(axes[0], kinds):
         for s in (s for s in summary if s["oracle"] == kind):
             bound = s["policy"] == "causal_bound"
-            ax.plot(range(len(s["per_layer"])), s["per_layer"], marker="s" if bound else "o",
-                    linestyle="--" if bound else "-", color="black" if bound else None, linewidth=2 if bound else 1,
-                    label=("any causal policy" if bound else s["policy"]) + f" B={s['budget']}")
-        ax.axhline(PAPER_RECALL, color="gray", linewidth=0.8, linestyle=":", label=f"paper's mean {PAPER_RECALL}")
+            style = styles[budgets.index(s["budget"]) % len(styles)]
+            ax.plot(range(len(s["per_layer"])), s["per_layer"], marker="s" if bound else "o", markersize=4,
+                    linestyle="--" if bound and style == "-" else style, color="black" if bound else colours[s["policy"]],
+                    linewidth=2 if bound else 1.2,
+                    label=("any causal policy" if bound else s["policy"]) + f", B={s['budget']}")
+        ax.axhline(PAPER_RECALL, color="gray", linewidth=0.8, linestyle=":")
         ax.set_title(f"oracle: {kind} future attention")
         ax.set_xlabel("layer")
         ax.set_ylim(-0.02, 1.02)
         ax.grid(alpha=0.3)
-    axes[0][0].set_ylabel("oracle top-k recall")
-    axes[0][-1].legend(fontsize=7)
-    fig.tight_layout()
+    axes[0][0].set_ylabel(f"oracle top-k recall (grey: the paper's {PAPER_RECALL})")
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=min(6, len(labels)), fontsize=7, frameon=False)
+    fig.tight_layout(rect=(0, 0.06 + 0.03 * (len(labels) // 6), 1, 1))
     fig.savefig(path, dpi=120)
     plt.close(fig)
 

@@ -27,6 +27,8 @@ def test_card_names_the_scorer_target():
         "future attention, power mean of order 4 (p4) over the answer's queries (labels)"
     assert _target_text(SimpleNamespace(target_reduce="mean", target_queries="all")) == \
         "future attention, mean (the paper's) over every later query"
+    assert _target_text(SimpleNamespace(target_reduce="mean", target_queries="labels", target_lse="dense")) == \
+        "future attention, mean (the paper's) over the answer's queries (labels); exact weights (dense log-sum-exp)"
     assert _target_text(SimpleNamespace()) is None
     card = render_model_card(KVpopConfig(sinks=4, window=8, topk=4), model_name="m", repo="org/m", dataset="d",
                              steps=3, history=[], target="future attention, max over every later query")

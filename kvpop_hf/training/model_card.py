@@ -52,7 +52,8 @@ def _target_text(args) -> str | None:
         return None
     stat = {"mean": "mean (the paper's)", "max": "max"}.get(reduce, f"power mean of order {reduce[1:]} ({reduce})")
     who = "the answer's queries (labels)" if queries == "labels" else "every later query"
-    return f"future attention, {stat} over {who}"
+    exact = "; exact weights (dense log-sum-exp)" if getattr(args, "target_lse", "sparse") == "dense" else ""
+    return f"future attention, {stat} over {who}{exact}"  # default: weights under the student's sparse attention
 
 
 def write_model_card(trainer, model_name=None, dataset=None, kvpop_quality=None, reference_length=None, **_):
