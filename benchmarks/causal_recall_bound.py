@@ -30,7 +30,7 @@ import torch
 
 from kvpop_hf.provenance import git_commit
 from kvpop_hf.testbed.oracle import check_kind
-from kvpop_hf.testbed.static_policies import add_policy_args, check_policy_args, static_policies
+from kvpop_hf.testbed.static_policies import add_policy_args, benchmark_setup, check_policy_args
 
 PAPER_RECALL = 0.81  # the paper's global mean oracle top-k recall (Qwen3-4B, Fig. 7)
 
@@ -85,21 +85,10 @@ def summarise(rows: list[dict]) -> list[dict]:
 
 def main(argv=None):
     args = parse_args(argv)
-    from transformers import AutoTokenizer
-
-    from kvpop_hf.testbed import make_problem
-    from kvpop_hf.testbed.evaluate import parse_knobs
-    from kvpop_hf.testbed.models import load_model
-    from kvpop_hf.testbed.policies import parse_budgets
     from kvpop_hf.testbed.recall_bound import twin_recall_rows
 
-    budgets = parse_budgets(args.budgets, args.length, args.sinks, args.window)
-    knobs = parse_knobs(args.knob, ["reasoning"]).get("reasoning", {})  # bad knobs fail here
+    model, tok, problems, scored = benchmark_setup(args)
     dev = torch.device(args.device)
-    model = load_model(args.model, torch.float32, dev)
-    tok = AutoTokenizer.from_pretrained(args.model)
-    problems = [make_problem("reasoning", length=args.length, seed=2 ** 48 + i, **knobs) for i in range(args.n)]
-    scored = static_policies(args, model, budgets, args.sinks, args.window, dev)
     t0 = time.time()
     rows = twin_recall_rows(model, tok, problems, args.twins, scored, args.oracle_kinds, queries=args.oracle_queries,
                             seed=args.seed)

@@ -33,7 +33,7 @@ import torch
 
 from kvpop_hf.provenance import git_commit
 from kvpop_hf.testbed.oracle import oracle_kind_arg
-from kvpop_hf.testbed.static_policies import add_policy_args, check_policy_args, static_policies
+from kvpop_hf.testbed.static_policies import add_policy_args, benchmark_setup, check_policy_args
 
 
 def parse_args(argv=None):
@@ -65,22 +65,10 @@ def parse_args(argv=None):
 
 def main(argv=None):
     args = parse_args(argv)
-    from transformers import AutoTokenizer
-
-    from kvpop_hf.testbed import make_problem
     from kvpop_hf.testbed.analysis import oracle_recall_rows
-    from kvpop_hf.testbed.evaluate import parse_knobs
-    from kvpop_hf.testbed.models import load_model
-    from kvpop_hf.testbed.policies import parse_budgets
 
-    budgets = parse_budgets(args.budgets, args.length, args.sinks, args.window)
-    knobs = parse_knobs(args.knob, ["reasoning"]).get("reasoning", {})  # bad knobs fail here
+    model, tok, problems, scored = benchmark_setup(args)
     dev = torch.device(args.device)
-    model = load_model(args.model, torch.float32, dev)
-    tok = AutoTokenizer.from_pretrained(args.model)
-    problems = [make_problem("reasoning", length=args.length, seed=2 ** 48 + i, **knobs)
-                for i in range(args.n)]
-    scored = static_policies(args, model, budgets, args.sinks, args.window, dev)
     t0 = time.time()
     rows = oracle_recall_rows(model, tok, problems, scored, kind=args.oracle_kind, queries=args.oracle_queries,
                               oracle_ks=args.oracle_ks, mass=True)

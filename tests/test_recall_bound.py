@@ -131,3 +131,42 @@ def test_twin_rows_on_the_testbed():
         assert all(r <= c + 1e-9 for r, c in zip(by[policy], by["causal_bound"]))
     with pytest.raises(ValueError, match="twins must be >= 2"):
         twin_recall_rows(model, tok, probs, 1, scored, ["max"])
+
+
+def _cli():
+    import importlib.util
+    import sys
+
+    spec = importlib.util.spec_from_file_location("causal_recall_bound", ROOT / "benchmarks" / "causal_recall_bound.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["causal_recall_bound"] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.mark.parametrize("extra,message", [
+    (["--twins", "1"], "--twins must be >= 2"),
+    (["--oracle-kinds", "max,p1"], "oracle kind"),
+    (["--oracle-kinds", ","], "names no kind"),
+    (["--scorer", "kvpop=/no/such/folder"], "no such checkpoint folder"),
+    (["--n", "0"], "--n must be >= 1"),
+])
+def test_cli_refuses_bad_arguments(extra, message, capsys, tmp_path):
+    with pytest.raises(SystemExit):
+        _cli().parse_args(["--model", str(TEACHER), "--out", str(tmp_path)] + extra)
+    assert message in capsys.readouterr().err
+
+
+@pytest.mark.skipif(not (TEACHER / "model.safetensors").is_file(), reason="testbed teacher not committed")
+def test_cli_writes_its_table_csv_and_plot(tmp_path):
+    import csv
+
+    _cli().main(["--model", str(TEACHER), "--out", str(tmp_path), "--length", "512", "--n", "1", "--twins", "2",
+                 "--window", "32", "--budgets", "0.88", "--oracle-kinds", "max,mean", "--scorer", f"kvpop={SCORER}",
+                 "--baselines", "streaming", "--device", "cpu"])
+    table = (tmp_path / "table.md").read_text()
+    for kind in ("max", "mean"):
+        assert f"| {kind} | **any causal policy (bound)** | 61 |" in table and f"| {kind} | kvpop | 61 |" in table
+    rows = list(csv.DictReader(open(tmp_path / "recall_per_head.csv")))
+    assert {r["policy"] for r in rows} == {"causal_bound", "streaming", "kvpop"}
+    assert (tmp_path / "recall_per_layer.png").stat().st_size > 0

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["add_policy_args", "check_policy_args", "static_policies"]
+__all__ = ["add_policy_args", "check_policy_args", "static_policies", "benchmark_setup"]
 
 
 def add_policy_args(ap: argparse.ArgumentParser) -> None:
@@ -66,3 +66,25 @@ def static_policies(args: argparse.Namespace, model, budgets, sinks: int, window
                 cache = KVpopCache.from_pretrained(path, student.config, log_gamma=lg, **over)
                 scored.append((name + tag, b, cache, student))
     return scored
+
+
+def benchmark_setup(args: argparse.Namespace):
+    """What both oracle-recall benchmarks start from, read off their common options (``--model``, ``--length``,
+    ``--n``, ``--sinks``, ``--window``, ``--budgets``, ``--knob``, ``--device`` and :func:`add_policy_args`'s):
+    ``(model, tokenizer, problems, scored)`` -- the dense model (float32), its tokenizer, ``--n`` reasoning problems
+    (seeds ``2**48 + i``, the knobs applied) and :func:`static_policies` at every budget. Bad budgets or knobs
+    raise before any model is loaded."""
+    from transformers import AutoTokenizer
+
+    from .evaluate import parse_knobs
+    from .models import load_model
+    from .policies import parse_budgets
+    from .tasks import make_problem
+
+    budgets = parse_budgets(args.budgets, args.length, args.sinks, args.window)
+    knobs = parse_knobs(args.knob, ["reasoning"]).get("reasoning", {})
+    device = torch.device(args.device)
+    model = load_model(args.model, torch.float32, device)
+    tokenizer = AutoTokenizer.from_pretrained(args.model)
+    problems = [make_problem("reasoning", length=args.length, seed=2 ** 48 + i, **knobs) for i in range(args.n)]
+    return model, tokenizer, problems, static_policies(args, model, budgets, args.sinks, args.window, device)
