@@ -116,12 +116,11 @@ def test_kvpop_mlp_token_and_lookup_accuracy(setup):
 
 
 def test_distilled_kvpop_student_keeps_answers_at_88_and_94_percent(setup):
-    from transformers import AutoModelForCausalLM
-
     from kvpop_hf import KVpopCache
+    from kvpop_hf.testbed.models import load_model
 
     teacher, tok, problems = setup
-    student = AutoModelForCausalLM.from_pretrained(STUDENT, dtype=torch.float32, attn_implementation="kvpop").eval()
+    student = load_model(str(STUDENT), torch.float32, torch.device("cpu"))  # stored as a weight delta of the teacher
     got = {}
     for cr, k in STUDENT_TOPK.items():
         factory = lambda k=k: KVpopCache.from_pretrained(STUDENT, student.config, topk=k)  # noqa: E731

@@ -11,9 +11,14 @@ __all__ = ["load_model", "LastModel"]
 
 def load_model(path: str, dtype, device):
     """The causal LM at ``path`` in ``dtype`` on ``device``, in eval mode, with the ``kvpop`` attention (every
-    query of a prompt chunk sees exactly its own fixed-budget set; stock attention would not)."""
+    query of a prompt chunk sees exactly its own fixed-budget set; stock attention would not). A folder stored as
+    a weight delta of its base model (:mod:`kvpop_hf.testbed.weight_delta`) is rebuilt from it."""
     from transformers import AutoModelForCausalLM
 
+    from .weight_delta import is_weight_delta, load_weight_delta
+
+    if is_weight_delta(path):
+        return load_weight_delta(path, dtype, device)
     return AutoModelForCausalLM.from_pretrained(path, attn_implementation="kvpop", dtype=dtype).to(device).eval()
 
 
