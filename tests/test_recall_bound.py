@@ -170,3 +170,18 @@ def test_cli_writes_its_table_csv_and_plot(tmp_path):
     rows = list(csv.DictReader(open(tmp_path / "recall_per_head.csv")))
     assert {r["policy"] for r in rows} == {"causal_bound", "streaming", "kvpop"}
     assert (tmp_path / "recall_per_layer.png").stat().st_size > 0
+
+
+def test_each_student_is_recorded_once_however_many_budgets_share_it():
+    from helpers import distinct_ids, tiny_model
+
+    from kvpop_hf.testbed.analysis import record_students
+
+    student, other = tiny_model(seed=0), tiny_model(seed=1)
+    calls = []
+    student.register_forward_hook(lambda *a: calls.append("student"))
+    other.register_forward_hook(lambda *a: calls.append("other"))
+    scored = [("a", None, None, student), ("a", None, None, student), ("b", None, None, None), ("c", None, None, other)]
+    rec = record_students(scored, distinct_ids(1, 10))
+    assert set(rec) == {id(student), id(other)} and sorted(calls) == ["other", "student"]
+    assert set(rec[id(student)]) == set(range(len(student.model.layers)))

@@ -37,7 +37,7 @@ from .policies import POLICIES
 from .report import averages
 from .tasks import Problem, training_example
 
-__all__ = ["record_qkv", "oracle_topk_recall", "oracle_recall_shares", "oracle_recall_rows", "retention_map",
+__all__ = ["record_qkv", "record_students", "cache_priorities", "oracle_topk_recall", "oracle_recall_shares", "oracle_recall_rows", "retention_map",
            "plot_retention", "ablation_delay", "heatmap_run", "run_all"]
 
 _REC_NAME = "kvpop_record"
@@ -65,6 +65,22 @@ def record_qkv(model, ids: torch.Tensor) -> dict[int, tuple[torch.Tensor, torch.
     finally:
         model.set_attn_implementation(old)
     return store
+
+
+def record_students(scored: Sequence[tuple], ids: torch.Tensor) -> dict[int, dict]:
+    """:func:`record_qkv` of every distinct own model in ``scored`` (the 4th item of a ``(policy, budget, cache,
+    own_model)`` tuple; ``None`` = the dense model), once each however many budgets share it: ``{id(model): qkv}``."""
+    models = {id(m): m for *_, m in scored if m is not None}
+    return {key: record_qkv(m, ids) for key, m in models.items()}
+
+
+def cache_priorities(cache, layer: int, qkv: dict, device) -> torch.Tensor:
+    """The static priorities ``[Hkv, S]`` that ``cache``'s scorer (with its ``log_gamma`` and decay step) gives the
+    recorded keys and values ``qkv[layer]`` of one sequence (:func:`record_qkv`)."""
+    cfg = cache.kvpop_config
+    lg = cache.log_gamma[layer].to(device) if cache.log_gamma is not None else None
+    _, k, v, _ = qkv[layer]
+    return sequence_priorities(cache.scorer_for(device), layer, k, v, cfg.window, lg, cfg.decay_step)[0]
 
 
 # -- oracle top-k recall -------------------------------------------------------------------------------------
@@ -151,7 +167,7 @@ def oracle_recall_rows(model, tokenizer, problems: Sequence[Problem], scored: Se
         ids = torch.tensor([ex["input_ids"]], device=device)
         qmask = target_queries(torch.tensor([ex["labels"]], device=device)) if queries == "target" else None
         qkv = record_qkv(model, ids)
-        own_qkv = {id(m): record_qkv(m, ids) for *_, m in scored if m is not None}  # each student's keys/values
+        own_qkv = record_students(scored, ids)  # each student's own keys/values
         oracles: dict[int, torch.Tensor] = {}  # window -> [num_layers, Hkv, S]
         for layer in sorted(qkv):
             for policy, budget, cache, own in scored:
@@ -161,10 +177,7 @@ def oracle_recall_rows(model, tokenizer, problems: Sequence[Problem], scored: Se
                 if cfg.window not in oracles:
                     oracles[cfg.window] = oracle_table_from_qkv(qkv, cfg.window, backend=backend, kind=kind,
                                                                 query_mask=qmask).to(device)
-                lg = cache.log_gamma[layer].to(device) if cache.log_gamma is not None else None
-                scorer = cache.scorer_for(device)
-                _, k, v, _ = (qkv if own is None else own_qkv[id(own)])[layer]
-                prio = sequence_priorities(scorer, layer, k, v, cfg.window, lg, cfg.decay_step)[0]
+                prio = cache_priorities(cache, layer, qkv if own is None else own_qkv[id(own)], device)
                 shares = [(cfg.topk, False)] + [(m, False) for m in oracle_ks] + ([(cfg.topk, True)] if mass else [])
                 recs = oracle_recall_shares(prio, oracles[cfg.window][layer], cfg.sinks, cfg.window, cfg.topk, shares)
                 acc.setdefault((policy, budget.B, round(budget.cr, 4), layer), []).append(recs.cpu())

@@ -121,8 +121,7 @@ def twin_recall_rows(model, tokenizer, problems: Sequence, twins: int, scored: S
     :func:`kvpop_hf.testbed.analysis.oracle_recall_rows`; each budget in them also gets the bound. ``kinds``:
     oracle kinds (``"max"``, ``"mean"``, ``"p<x>"``); ``queries``: ``"target"`` (the queries that produce the
     answer) or ``"all"``."""
-    from ..training.priorities import sequence_priorities
-    from .analysis import oracle_recall_shares, record_qkv
+    from .analysis import cache_priorities, oracle_recall_shares, record_qkv, record_students
     from .oracle import check_kind, oracle_table_from_qkv, target_queries
     from .tasks import reasoning_twin, training_example
 
@@ -159,16 +158,12 @@ def twin_recall_rows(model, tokenizer, problems: Sequence, twins: int, scored: S
                 for window in {w for _, w, _ in budgets.values()}:
                     tables.setdefault((kind, window), []).append(
                         oracle_table_from_qkv(qkv, window, backend=backend, kind=kind, query_mask=qmask).to(device))
-            own_qkv = {id(m): record_qkv(m, ids) for *_, m in scored if m is not None}
+            own_qkv = record_students(scored, ids)
             for policy, budget, cache, own in scored:
                 if getattr(cache.scorer, "dynamic", False):
                     continue  # attention-based policies have no static priority
-                cfg = cache.kvpop_config
-                scorer = cache.scorer_for(device)
                 for layer in sorted(qkv):
-                    lg = cache.log_gamma[layer].to(device) if cache.log_gamma is not None else None
-                    _, k, v, _ = (qkv if own is None else own_qkv[id(own)])[layer]
-                    prio = sequence_priorities(scorer, layer, k, v, cfg.window, lg, cfg.decay_step)[0]
+                    prio = cache_priorities(cache, layer, qkv if own is None else own_qkv[id(own)], device)
                     prios.setdefault((policy, budget.B, round(budget.cr, 4), layer), []).append(prio)
         for (kind, window), per_twin in tables.items():
             stack = torch.stack(per_twin)  # [twins, L, H, S]
