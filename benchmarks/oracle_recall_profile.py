@@ -27,31 +27,21 @@ import json
 import shlex
 import sys
 import time
-from pathlib import Path
 
 import torch
 
 from kvpop_hf.provenance import git_commit
 from kvpop_hf.testbed.oracle import oracle_kind_arg
-from kvpop_hf.testbed.static_policies import add_policy_args, benchmark_setup, check_policy_args
+from kvpop_hf.testbed.static_policies import add_benchmark_args, benchmark_setup, check_policy_args
 
 
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", required=True, help="the dense model whose future attention is the oracle")
-    ap.add_argument("--out", required=True, type=Path)
-    ap.add_argument("--length", type=int, default=4096)
-    ap.add_argument("--n", type=int, default=4, help="problems (reasoning family, seeds 2**48 + i)")
-    ap.add_argument("--sinks", type=int, default=4)
-    ap.add_argument("--window", type=int, default=64)
-    ap.add_argument("--budgets", default="0.88")
-    ap.add_argument("--knob", action="append", default=[], help="reasoning.<name>=<int>, as in kvpop-eval")
-    add_policy_args(ap)
+    add_benchmark_args(ap)
     ap.add_argument("--oracle-ks", default="16,32,64,128", help="the m of oracle_recall_top<m>")
     ap.add_argument("--oracle-kind", type=oracle_kind_arg, default="max",
                     help="max, mean or p<x> (power mean of order x > 1, e.g. p4) future attention")
     ap.add_argument("--oracle-queries", choices=("target", "all"), default="target")
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = ap.parse_args(argv)
     check_policy_args(ap, args)
     try:

@@ -23,7 +23,7 @@ testbed problems.
 from __future__ import annotations
 
 import random
-from typing import Any, Sequence
+from typing import Sequence
 
 import torch
 

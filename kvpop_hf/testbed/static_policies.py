@@ -11,7 +11,22 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["add_policy_args", "check_policy_args", "static_policies", "benchmark_setup"]
+__all__ = ["add_benchmark_args", "add_policy_args", "check_policy_args", "static_policies", "benchmark_setup"]
+
+
+def add_benchmark_args(ap: argparse.ArgumentParser) -> None:
+    """The options :func:`benchmark_setup` reads: ``--model``, ``--out``, ``--length``, ``--n``, ``--sinks``,
+    ``--window``, ``--budgets``, ``--knob``, ``--device`` and those of :func:`add_policy_args`."""
+    ap.add_argument("--model", required=True, help="the dense model whose future attention is the oracle")
+    ap.add_argument("--out", required=True, type=Path)
+    ap.add_argument("--length", type=int, default=4096)
+    ap.add_argument("--n", type=int, default=4, help="problems (reasoning family, seeds 2**48 + i)")
+    ap.add_argument("--sinks", type=int, default=4)
+    ap.add_argument("--window", type=int, default=64)
+    ap.add_argument("--budgets", default="0.88")
+    ap.add_argument("--knob", action="append", default=[], help="reasoning.<name>=<int>, as in kvpop-eval")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    add_policy_args(ap)
 
 
 def add_policy_args(ap: argparse.ArgumentParser) -> None:
