@@ -159,3 +159,18 @@ def left_padded(rows):
         ids[i, width - len(r):] = r
         mask[i, width - len(r):] = 1
     return ids, mask, width
+
+
+def load_benchmark(name: str):
+    """The script ``benchmarks/<name>.py`` as a module (registered under ``name``, so its dataclasses and pickling
+    work), for tests that call its ``parse_args`` / ``main``."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    return mod

@@ -3,24 +3,16 @@ teacher and scorer writes its table (a row per policy, decayed variants included
 in [0, 1], and plot."""
 
 import csv
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
+from helpers import load_benchmark
 
 ROOT = Path(__file__).resolve().parents[1]
 TEACHER = ROOT / "checkpoints" / "teacher"
 SCORER = ROOT / "checkpoints" / "scorers" / "kvpop_cr88"
 
 
-def _module():
-    path = ROOT / "benchmarks" / "oracle_recall_profile.py"
-    spec = importlib.util.spec_from_file_location("oracle_recall_profile", path)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["oracle_recall_profile"] = mod
-    spec.loader.exec_module(mod)
-    return mod
 
 
 @pytest.mark.parametrize("extra,message", [
@@ -32,13 +24,15 @@ def _module():
 ])
 def test_bad_arguments_fail_first(extra, message, capsys, tmp_path):
     with pytest.raises(SystemExit):
-        _module().parse_args(["--model", str(TEACHER), "--out", str(tmp_path)] + extra)
+        load_benchmark("oracle_recall_profile").parse_args(["--model", str(TEACHER), "--out", str(tmp_path)]
+                                                           + extra)
     assert message in capsys.readouterr().err
 
 
 @pytest.mark.skipif(not (TEACHER / "model.safetensors").is_file(), reason="testbed teacher not committed")
 def test_profile_of_a_scorer_on_the_testbed(tmp_path):
-    _module().main(["--model", str(TEACHER), "--out", str(tmp_path), "--length", "512", "--n", "1", "--window", "32",
+    load_benchmark("oracle_recall_profile").main([
+                    "--model", str(TEACHER), "--out", str(tmp_path), "--length", "512", "--n", "1", "--window", "32",
                     "--budgets", "0.88", "--scorer", f"kvpop={SCORER}", "--baselines", "streaming",
                     "--oracle-ks", "4,16", "--log-gammas", "-0.1", "--device", "cpu"])
     table = (tmp_path / "table.md").read_text()

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import load_benchmark
 
 from kvpop_hf.testbed import build_tokenizer, make_problem, reasoning_twin, training_example
 from kvpop_hf.testbed.analysis import oracle_topk_recall
@@ -133,15 +134,6 @@ def test_twin_rows_on_the_testbed():
         twin_recall_rows(model, tok, probs, 1, scored, ["max"])
 
 
-def _cli():
-    import importlib.util
-    import sys
-
-    spec = importlib.util.spec_from_file_location("causal_recall_bound", ROOT / "benchmarks" / "causal_recall_bound.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["causal_recall_bound"] = mod
-    spec.loader.exec_module(mod)
-    return mod
 
 
 @pytest.mark.parametrize("extra,message", [
@@ -153,7 +145,8 @@ def _cli():
 ])
 def test_cli_refuses_bad_arguments(extra, message, capsys, tmp_path):
     with pytest.raises(SystemExit):
-        _cli().parse_args(["--model", str(TEACHER), "--out", str(tmp_path)] + extra)
+        load_benchmark("causal_recall_bound").parse_args(["--model", str(TEACHER), "--out", str(tmp_path)]
+                                                         + extra)
     assert message in capsys.readouterr().err
 
 
@@ -161,7 +154,8 @@ def test_cli_refuses_bad_arguments(extra, message, capsys, tmp_path):
 def test_cli_writes_its_table_csv_and_plot(tmp_path):
     import csv
 
-    _cli().main(["--model", str(TEACHER), "--out", str(tmp_path), "--length", "512", "--n", "1", "--twins", "2",
+    load_benchmark("causal_recall_bound").main([
+                 "--model", str(TEACHER), "--out", str(tmp_path), "--length", "512", "--n", "1", "--twins", "2",
                  "--window", "32", "--budgets", "0.88", "--oracle-kinds", "max,mean", "--scorer", f"kvpop={SCORER}",
                  "--baselines", "streaming", "--device", "cpu"])
     table = (tmp_path / "table.md").read_text()

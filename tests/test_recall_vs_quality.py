@@ -2,22 +2,15 @@
 or of a kvpop-eval analysis; bad points are refused with the expected form."""
 
 import csv
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
+from helpers import load_benchmark
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _module():
-    spec = importlib.util.spec_from_file_location("recall_vs_quality", ROOT / "benchmarks" / "recall_vs_quality.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["recall_vs_quality"] = mod
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def _eval_folder(path: Path, recall_rows=()):
@@ -38,7 +31,7 @@ def _eval_folder(path: Path, recall_rows=()):
 
 
 def test_points_are_read_from_both_recall_sources(tmp_path):
-    mod = _module()
+    mod = load_benchmark("recall_vs_quality")
     ev = _eval_folder(tmp_path / "eval", recall_rows=[(492, 0.5), (492, 0.7), (246, 0.1)])
     prof = tmp_path / "profile"
     prof.mkdir()
@@ -56,7 +49,7 @@ def test_points_are_read_from_both_recall_sources(tmp_path):
 
 
 def test_bad_points_are_refused(tmp_path, capsys):
-    mod = _module()
+    mod = load_benchmark("recall_vs_quality")
     ev = _eval_folder(tmp_path / "eval")
     with pytest.raises(SystemExit):
         mod.main(["--out", str(tmp_path / "o"), "--budget", "492", "--point", f"a={ev}:kvpop"])
