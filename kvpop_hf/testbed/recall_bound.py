@@ -48,7 +48,7 @@ def causal_recall_bound(oracles: torch.Tensor, sinks: int, window: int, topk: in
     set reaches (1 at queries ``>= shared``). NaN for a head where eviction never happens."""
     _check(oracles, sinks, window, topk, shared)
     m, H, S = oracles.shape
-    ro = [running_topk(o.float(), sinks, window, topk) for o in oracles]
+    ro = running_topk(oracles.float(), sinks, window, topk)  # all twins in one call: rank/cutoff [m, H, S]
     t = torch.arange(S, device=oracles.device)
     total = torch.zeros(H, dtype=torch.float64, device=oracles.device)
     count = 0
@@ -58,9 +58,7 @@ def causal_recall_bound(oracles: torch.Tensor, sinks: int, window: int, topk: in
         active = elig.sum(-1) > topk  # [c]
         if not bool(active.any()):
             continue
-        c = torch.zeros(H, len(q), S, dtype=torch.int64, device=oracles.device)
-        for r in ro:
-            c += (elig & (r.rank[:, None, :] <= r.cutoff[:, q, None])).long()
+        c = (elig & (ro.rank[:, :, None, :] <= ro.cutoff[:, :, q, None])).sum(0)  # [H, c, S]: oracles keeping t
         # the k largest counts, greedily from m down: n_j tokens are kept by exactly j oracles
         left = torch.full((H, len(q)), topk, dtype=torch.int64, device=oracles.device)
         best = torch.zeros(H, len(q), dtype=torch.int64, device=oracles.device)
