@@ -296,6 +296,11 @@ def _draw_program(rng: random.Random, facts: dict[str, int], steps: int, hops: i
     return rules, values, "\n".join(trace_lines), str(values[f"y{steps}"]), rule_lines
 
 
+def _question_lines(steps: int) -> list[str]:
+    """The last lines of a reasoning prompt: the question about the program's last result, then ``trace :``."""
+    return [f"question : what is y{steps} ?", "trace :"]
+
+
 def reasoning(seed: int | random.Random = 0, length: int = 1024, n_facts: int | None = None,
               steps: int | None = None, hops: int = 2, distractor_density: float = 0.1,
               rules_first: bool = False, restate: bool = True) -> Problem:
@@ -344,7 +349,7 @@ def reasoning(seed: int | random.Random = 0, length: int = 1024, n_facts: int | 
     rules, values, trace, answer, rule_lines = _draw_program(rng, facts, steps, hops, restate)
 
     head = ["problem : all arithmetic is mod ten ."] + (rule_lines if rules_first else [])
-    tail = ([] if rules_first else rule_lines) + [f"question : what is y{steps} ?", "trace :"]
+    tail = ([] if rules_first else rule_lines) + _question_lines(steps)
     target = "\n" + trace + f"\n{ANSWER_MARKER} " + answer
 
     fact_lines = [(f"fact : {n} = {v} .", n) for n, v in facts.items()]
@@ -395,14 +400,13 @@ def reasoning_twin(problem: Problem, seed: int | random.Random) -> Problem:
     steps = knobs["steps"]
     rules, values, trace, answer, rule_lines = _draw_program(rng, facts, steps, knobs["hops"], knobs["restate"])
     prefix = problem.prompt[:problem.prompt.index("\nrule : ")]
-    prompt = "\n".join([prefix] + rule_lines + [f"question : what is y{steps} ?", "trace :"])
-    target = "\n" + trace + f"\n{ANSWER_MARKER} " + answer
-    n_tokens = 1 + count_tokens(prompt) + count_tokens(target) + 1
+    twin = Problem("reasoning", "\n".join([prefix] + rule_lines + _question_lines(steps)), answer,
+                   dict(problem.meta, rules=rules, values=values, trace=trace))
+    n_tokens = 1 + count_tokens(twin.prompt) + count_tokens(twin.target) + 1
     if n_tokens != problem.meta["n_tokens"]:  # cannot happen with single-token names; a guard for the bound
         raise ValueError(f"reasoning_twin: the twin has {n_tokens} tokens, the problem {problem.meta['n_tokens']}")
-    meta = dict(problem.meta, rules=rules, values=values, trace=trace,
-                target_token_start=n_tokens - 1 - count_tokens(target))
-    return Problem("reasoning", prompt, answer, meta)
+    twin.meta["target_token_start"] = n_tokens - 1 - count_tokens(twin.target)
+    return twin
 
 
 # --------------------------------------------------------------------------- #
