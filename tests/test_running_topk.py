@@ -1,4 +1,4 @@
-"""Tests for kvpop_hf.topk (running top-k: torch reference + Triton Fenwick kernel)."""
+"""Tests for kvpop_hf.topk (running top-k: torch reference, wavelet matrix, Triton Fenwick kernel)."""
 
 import os
 import sys
@@ -22,6 +22,7 @@ from kvpop_hf.topk import (
     running_topk,
     running_topk_reference,
     running_topk_triton,
+    running_topk_wavelet,
     sparse_mask_reference,
 )
 
@@ -216,6 +217,68 @@ def test_running_topk_dispatch():
         assert torch.equal(getattr(out, n).cpu(), getattr(ref, n))
 
 
+# Extra wavelet configs: larger S (several wavelet levels, R not a power of
+# two / exactly a power of two), window >= S, k == R, k == R + 1.
+WAVELET_CONFIGS = CONFIGS + [
+    (65, 1, 3, 7),
+    (129, 0, 1, 64),
+    (200, 8, 200, 5),
+    (200, 8, 250, 5),
+    (257, 0, 2, 257),
+    (257, 1, 2, 256),
+    (300, 3, 17, 297),
+    (300, 3, 17, 298),
+    (513, 2, 31, 100),
+]
+
+
+@pytest.mark.parametrize("tied", [False, True])
+@pytest.mark.parametrize("cfg", WAVELET_CONFIGS)
+def test_wavelet_matches_reference(cfg, tied):
+    S, s, w, k = cfg
+    prio = _prio((2, 3, S), tied, seed=S * 131 + s * 17 + w * 7 + k + tied)
+    got = running_topk_wavelet(prio, s, w, k)
+    ref = running_topk_reference(prio, s, w, k)
+    assert isinstance(got, RunningTopK)
+    for n in FIELDS:
+        g, r = getattr(got, n), getattr(ref, n)
+        assert g.shape == prio.shape, n
+        assert g.dtype == r.dtype, n
+        assert torch.equal(g, r), n
+
+
+@pytest.mark.parametrize("cfg", [(16, 2, 3, 4), (23, 1, 4, 50), (12, 12, 2, 3), (7, 0, 1, 0)])
+def test_wavelet_matches_brute_force(cfg):
+    S, s, w, k = cfg
+    prio = _prio((2, S), True, seed=S + k)
+    _check_against_brute(prio, running_topk_wavelet(prio, s, w, k), s, w, k)
+
+
+def test_wavelet_leading_dims_and_empty():
+    prio = torch.randn(37)
+    a = running_topk_wavelet(prio, 2, 3, 5)
+    b = running_topk_wavelet(prio.view(1, 1, 37), 2, 3, 5)
+    ref = running_topk_reference(prio, 2, 3, 5)
+    for n in FIELDS:
+        assert torch.equal(getattr(a, n), getattr(b, n).view(37))
+        assert torch.equal(getattr(a, n), getattr(ref, n))
+    # no rows at all: empty outputs of the right shape / dtypes
+    e = running_topk_wavelet(torch.randn(0, 3, 10), 1, 2, 3)
+    for n in FIELDS:
+        assert getattr(e, n).shape == (0, 3, 10)
+    assert e.cutoff.dtype == torch.int64 and e.keep_new.dtype == torch.bool
+
+
+def test_running_topk_dispatch_wavelet():
+    prio = torch.randn(2, 3, 40)
+    ref = running_topk_reference(prio, 2, 3, 4)
+    out = running_topk(prio, 2, 3, 4, backend="wavelet")
+    for n in FIELDS:
+        assert torch.equal(getattr(out, n), getattr(ref, n))
+    with pytest.raises(ValueError):
+        running_topk(prio, 2, 3, 4, backend="wavelets")
+
+
 @pytest.mark.parametrize(
     "args",
     [
@@ -229,7 +292,7 @@ def test_running_topk_dispatch():
     ],
 )
 def test_bad_input_raises(args):
-    for fn in (running_topk_reference, running_topk, running_topk_triton):
+    for fn in (running_topk_reference, running_topk, running_topk_triton, running_topk_wavelet):
         with pytest.raises(ValueError):
             fn(*args)
     with pytest.raises(ValueError):

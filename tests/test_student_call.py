@@ -78,21 +78,43 @@ def test_an_exception_inside_the_forward_leaves_no_state(setup):
     torch.testing.assert_close(again[0], alone[0], atol=1e-6, rtol=0)
 
 
-def test_gradient_checkpointing_recomputes_the_student(setup):
-    """The recomputation in backward replays the layer with the same keywords, so it runs the student again."""
+def test_gradient_checkpointing_recomputes_the_student(setup, monkeypatch):
+    """The recomputation in backward replays the layer with the same keywords: it runs the scorer, the sparse
+    attention and the boundary loss again (same gradients, scorer included) but reuses the layer's running
+    top-k results and target instead of computing them twice."""
+    import kvpop_hf.training.student as student_module
+
     model, scorer, ids = setup
+    calls = {"topk": 0, "target": 0}
+
+    def counted(name, fn):
+        def wrapper(*a, **kw):
+            calls[name] += 1
+            return fn(*a, **kw)
+        return wrapper
+
+    monkeypatch.setattr(student_module, "running_topk", counted("topk", student_module.running_topk))
+    monkeypatch.setattr(student_module, "future_attention_target",
+                        counted("target", student_module.future_attention_target))
     model.train()
-    grads = []
+    scorer.requires_grad_(True)
+    grads, counts = [], []
     for checkpointing in (False, True):
         if checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.zero_grad(set_to_none=True)
+        scorer.zero_grad(set_to_none=True)
+        calls.update(topk=0, target=0)
         out, rec = student_forward(model, scorer, SETTINGS["a"], input_ids=ids, use_cache=False)
         (out.logits.square().mean() + torch.stack(list(rec.boundary.values())).sum()).backward()
-        grads.append({n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
-    assert grads[0].keys() == grads[1].keys() and grads[0]
+        counts.append(dict(calls))
+        named = list(model.named_parameters()) + [(f"scorer.{n}", p) for n, p in scorer.named_parameters()]
+        grads.append({n: p.grad.clone() for n, p in named if p.grad is not None})
+    assert grads[0].keys() == grads[1].keys() and any(n.startswith("scorer.") for n in grads[0])
     for n in grads[0]:
         torch.testing.assert_close(grads[1][n], grads[0][n], atol=1e-5, rtol=1e-4)
+    layers = model.config.num_hidden_layers
+    assert counts[0] == counts[1] == {"topk": 2 * layers, "target": layers}, counts
 
 
 def test_a_model_without_the_student_attention_is_refused(setup):

@@ -120,6 +120,11 @@ def test_bad_arguments(tmp_path):
         args(tmp_path, omega="nope")
     with pytest.raises(ValueError, match="window"):
         args(tmp_path, window=0)
+    with pytest.raises(ValueError, match="non-reentrant"):
+        args(tmp_path, gradient_checkpointing=True, gradient_checkpointing_kwargs={"use_reentrant": True})
+    a = args(tmp_path, gradient_checkpointing=True, gradient_checkpointing_kwargs='{"use_reentrant": false}')
+    assert a.gradient_checkpointing_kwargs == {"use_reentrant": False}
+    assert args(tmp_path, gradient_checkpointing=True).gradient_checkpointing_kwargs == {"use_reentrant": False}
     model = tiny_model("qwen3", attn="sdpa")
     t = KVpopTrainer(model=model, args=args(tmp_path), train_dataset=dataset())
     batch = {"input_ids": distinct_ids(2, 10), "attention_mask": torch.tensor([[1] * 10, [0] + [1] * 9])}
@@ -190,3 +195,16 @@ def test_student_forward_uses_the_max_target(monkeypatch):
                 assert bool((out[0] >= mean_target[0] - 1e-5).all())
     assert not torch.allclose(losses["mean"], losses["max"])  # a different target, a different loss
     assert not torch.allclose(losses["p4"], losses["max"]) and not torch.allclose(losses["p4"], losses["mean"])
+
+
+def test_retrofit_names_the_train_extra_when_peft_is_missing(tmp_path, monkeypatch):
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "training"))
+    import retrofit
+
+    monkeypatch.setitem(sys.modules, "peft", None)  # import peft -> ImportError
+    with pytest.raises(ImportError, match=r"\[train\]"):
+        retrofit.main(["--model", str(tmp_path / "never_loaded"), "--lora_rank", "4", "--output_dir",
+                       str(tmp_path / "out"), "--use_cpu", "True", "--report_to", "none"])

@@ -85,12 +85,22 @@ def testbed_examples(families, tokenizer, seq_len, n, seed, knobs=None):
     return out
 
 
+def require_peft():
+    """The ``peft`` module, or an ImportError that names the extra that installs it."""
+    try:
+        import peft
+    except ImportError as err:
+        raise ImportError("--lora_rank needs the `peft` package: pip install -e \".[train]\" (or pip install "
+                          "peft).") from err
+    return peft
+
+
 def lora_student(model, rank: int):
     """``rank > 0``: the model with LoRA adapters (rank ``rank``, alpha ``2 * rank``) on the attention
     projections, the student whose adapter-free self is the teacher; ``rank == 0``: the model unchanged."""
     if rank <= 0:
         return model
-    import peft
+    peft = require_peft()
 
     return peft.get_peft_model(model, peft.LoraConfig(r=rank, lora_alpha=2 * rank,
                                                       target_modules=["q_proj", "k_proj", "v_proj", "o_proj"]))
@@ -152,6 +162,8 @@ def main(argv=None, callbacks=None):
     check_time_arguments(script)  # before any work
     if script.knob and not script.dataset.startswith("testbed:"):
         raise ValueError(f"--knob sets testbed generator knobs; --dataset {script.dataset!r} is not testbed:<families>.")
+    if script.lora_rank > 0:
+        require_peft()  # before loading anything
     tokenizer = AutoTokenizer.from_pretrained(script.model)
     if script.dtype not in ("float32", "bfloat16"):
         raise ValueError(f"--dtype must be float32 or bfloat16, got {script.dtype!r}.")

@@ -5,9 +5,12 @@ At query ``q`` the fixed-budget cache keeps ``sinks`` leading tokens, the
 that left the window (ties: newer wins).  KVpop's efficient training computes
 this for all queries with a Fenwick tree over priority ranks.
 
-Backends: :func:`running_topk_reference` (vectorised torch) and
-:func:`running_topk_triton` (Triton Fenwick-tree kernel; imported lazily so
-``import kvpop_hf.topk`` never imports triton).
+Backends: :func:`running_topk_reference` (vectorised torch, O(S^2) work per
+row; the CPU default), :func:`running_topk_wavelet` (wavelet matrix in plain
+torch, all queries in parallel, O(S log S) work per row; the CUDA default) and
+:func:`running_topk_triton` (Triton Fenwick-tree kernel, one sequential sweep
+over the queries per row; imported lazily so ``import kvpop_hf.topk`` never
+imports triton).  All three return identical results.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from .reference import (
     running_topk_reference,
     sparse_mask_reference,
 )
+from .wavelet import running_topk_wavelet
 
 __all__ = [
     "RunningTopK",
@@ -29,10 +33,11 @@ __all__ = [
     "running_topk",
     "running_topk_reference",
     "running_topk_triton",
+    "running_topk_wavelet",
     "sparse_mask_reference",
 ]
 
-_BACKENDS = ("auto", "torch", "reference", "triton")
+_BACKENDS = ("auto", "torch", "reference", "triton", "wavelet")
 
 
 def running_topk_triton(prio: torch.Tensor, sinks: int, window: int, k: int) -> RunningTopK:
@@ -53,9 +58,12 @@ def running_topk(
     Args:
         prio: ``[..., S]`` float priorities (e.g. ``[B, H, S]``).
         sinks: ``>= 0``; window: ``>= 1``; k: ``>= 0``.
-        backend: ``"auto"`` (Triton if ``prio.is_cuda``, else torch; the
-            CPU interpreter is for tests only), ``"torch"``/``"reference"``,
-            or ``"triton"``.
+        backend: ``"auto"`` (``"wavelet"`` if ``prio.is_cuda``, else
+            ``"torch"``), ``"torch"``/``"reference"`` (vectorised O(S^2)
+            reference), ``"wavelet"`` (wavelet matrix, parallel over queries,
+            any device) or ``"triton"`` (Fenwick-tree kernel, one sequential
+            program per row; on CPU only through the Triton interpreter, for
+            tests).
 
     Returns:
         :class:`RunningTopK` with ``[..., S]`` tensors.
@@ -64,7 +72,9 @@ def running_topk(
         raise ValueError(f"backend must be one of {_BACKENDS}, got {backend!r}")
     _validate(prio, sinks, window, k)
     if backend == "auto":
-        backend = "triton" if prio.is_cuda else "torch"
+        backend = "wavelet" if prio.is_cuda else "torch"
+    if backend == "wavelet":
+        return running_topk_wavelet(prio, sinks, window, k)
     if backend == "triton":
         return running_topk_triton(prio, sinks, window, k)
     return running_topk_reference(prio, sinks, window, k)

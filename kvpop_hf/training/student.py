@@ -25,7 +25,8 @@ from transformers import AttentionInterface, AttentionMaskInterface
 
 from ..dense_attention import causal_attention
 from ..priority import decayed_priorities
-from ..topk import running_topk
+from ..topk import RunningTopK, running_topk
+from .hidden_states import final_hidden_states
 from .losses import balance_weights, boundary_loss, margin_weights
 from .priorities import sequence_priorities
 from .sparse_attention import sparse_attention, sparse_attention_reference
@@ -57,11 +58,28 @@ class StudentSettings:
 
 @dataclass
 class StudentRecord:
-    """Per-forward results, one entry per layer."""
+    """Per-forward results, one entry per layer.
+
+    ``decisions`` holds, per layer, what the layer computed without gradient (the student's running top-k,
+    the teacher's boundary decisions and loss weights). Under gradient checkpointing a layer runs again in
+    the backward pass; the second run reuses them instead of repeating the running top-k and the target pass
+    (same inputs, same results), and repeats only what has a gradient: the scorer, the sparse attention and
+    the boundary loss."""
 
     boundary: dict = field(default_factory=dict)
     teacher_recall: dict = field(default_factory=dict)
     keep_rate: dict = field(default_factory=dict)
+    decisions: dict = field(default_factory=dict)
+
+
+@dataclass
+class LayerDecisions:
+    """The gradient-free part of one layer's student pass (see :class:`StudentRecord`)."""
+
+    student: RunningTopK  # rank / cutoff only (int32); the attention mask needs nothing else
+    boundary: torch.Tensor | None = None  # [b, h, S] teacher boundary token per query, -1: none
+    keep_new: torch.Tensor | None = None  # [b, h, S] bool
+    omega: torch.Tensor | None = None  # [b, h, S] float32 loss weights or None
 
 
 class StudentCall:
@@ -81,20 +99,25 @@ class StudentCall:
 
 
 def student_forward(model, scorer, settings: StudentSettings, log_gamma: torch.Tensor | None = None,
-                    query_mask: torch.Tensor | None = None, **inputs):
+                    query_mask: torch.Tensor | None = None, return_hidden: bool = False, **inputs):
     """``model(**inputs)`` as the sparse student -> (model outputs, :class:`StudentRecord`).
 
     ``query_mask [B, S]`` (bool): the future queries the target counts (``targets.future_attention_target``);
-    None: all of them. The model must run the ``"kvpop_train"`` attention
-    (``model.set_attn_implementation("kvpop_train")``)."""
+    None: all of them. ``return_hidden=True``: no logits are computed (``outputs.logits`` is empty) and the
+    final hidden states ``[B, S, H]`` come third, for :mod:`.chunked_distillation`. The model must run the
+    ``"kvpop_train"`` attention (``model.set_attn_implementation("kvpop_train")``)."""
     record = StudentRecord()
     call = StudentCall(scorer, log_gamma, settings, record, query_mask)
-    outputs = model(**inputs, **{STUDENT_KWARG: call})
+    hidden = None
+    if return_hidden:
+        outputs, hidden = final_hidden_states(model, **inputs, **{STUDENT_KWARG: call})
+    else:
+        outputs = model(**inputs, **{STUDENT_KWARG: call})
     if not record.boundary:
         raise ValueError(f"No layer ran the student attention: call model.set_attn_implementation("
                          f"'{TRAIN_ATTN_NAME}') first (the model's forward must pass its keyword arguments on to "
                          "the attention function, as Qwen3/Llama-style transformers models do).")
-    return outputs, record
+    return (outputs, record, hidden) if return_hidden else (outputs, record)
 
 
 def teacher_topk_recall(student, teacher, sinks: int, window: int, n_queries: int) -> torch.Tensor:
@@ -129,7 +152,13 @@ def kvpop_train_attention(module, query, key, value, attention_mask, scaling=Non
     li = module.layer_idx
     lg = None if log_gamma is None else log_gamma[li]
     prio = sequence_priorities(scorer, li, key.detach(), value.detach(), st.window, lg, st.decay_step)
-    student = running_topk(prio.detach(), st.sinks, st.window, st.topk, backend=st.topk_backend)
+    saved = record.decisions.get(li)  # set: this is the backward pass's recomputation of the layer
+    if saved is None:
+        topk = running_topk(prio.detach(), st.sinks, st.window, st.topk, backend=st.topk_backend)
+        student = RunningTopK(rank=topk.rank.to(torch.int32), cutoff=topk.cutoff.to(torch.int32),
+                              boundary=None, keep_new=None)
+    else:
+        student = saved.student
     backend = st.attention_backend
     if backend == "auto":
         needs_grad = torch.is_grad_enabled() and (query.requires_grad or key.requires_grad)
@@ -138,6 +167,14 @@ def kvpop_train_attention(module, query, key, value, attention_mask, scaling=Non
     out, lse = attend(query, key, value, student, st.sinks, st.window, scaling)
     if not st.targets:
         record.boundary[li] = lse.new_zeros(())
+        record.decisions.setdefault(li, LayerDecisions(student))
+        return out.transpose(1, 2).contiguous(), None
+    S = prio.shape[-1]
+    t_new = (torch.arange(S, device=prio.device) - st.window).view(1, 1, S).expand_as(prio)
+    if saved is not None:
+        valid = saved.boundary >= 0
+        record.boundary[li] = boundary_loss(prio, t_new, saved.boundary.long(), saved.keep_new, tau=st.tau,
+                                            omega=saved.omega, valid=valid)
         return out.transpose(1, 2).contiguous(), None
     with torch.no_grad():
         q_d, k_d = query.detach(), key.detach()
@@ -152,7 +189,6 @@ def kvpop_train_attention(module, query, key, value, attention_mask, scaling=Non
         p_tgt = r_tgt if lg is None else decayed_priorities(r_tgt, torch.arange(S, device=r_tgt.device),
                                                             lg.detach(), st.decay_step)
         teacher = running_topk(p_tgt, st.sinks, st.window, st.topk, backend=st.topk_backend)
-        t_new = (torch.arange(S, device=prio.device) - st.window).view(1, 1, S).expand_as(teacher.boundary)
         omega = None
         valid = teacher.boundary >= 0
         if "margin" in st.omega:
@@ -163,6 +199,7 @@ def kvpop_train_attention(module, query, key, value, attention_mask, scaling=Non
         record.teacher_recall[li] = teacher_topk_recall(student, teacher, st.sinks, st.window,
                                                         st.teacher_recall_queries)
         record.keep_rate[li] = teacher.keep_new[valid].float().mean() if valid.any() else torch.tensor(float("nan"))
+        record.decisions[li] = LayerDecisions(student, teacher.boundary.to(torch.int32), teacher.keep_new, omega)
     record.boundary[li] = boundary_loss(prio, t_new, teacher.boundary, teacher.keep_new, tau=st.tau, omega=omega,
                                         valid=valid)
     return out.transpose(1, 2).contiguous(), None

@@ -29,7 +29,8 @@ from transformers import Trainer, TrainingArguments
 from .. import hub
 from ..config import KVpopConfig, model_shape
 from ..scorers import build_scorer
-from .losses import distillation_loss
+from .chunked_distillation import chunked_distillation_loss, chunked_lm_loss
+from .hidden_states import final_hidden_states, head_weights, lm_head_of
 from .merged_save import save_weights_as
 from .student import TRAIN_ATTN_NAME, StudentSettings, student_forward
 from .targets import reduce_power
@@ -74,6 +75,16 @@ class KVpopTrainingArguments(TrainingArguments):
     target_backend: str = field(default="auto", metadata={"help": "Transposed target pass: auto | flex | chunked."})
 
     def __post_init__(self):
+        if self.gradient_checkpointing:
+            kwargs = self.gradient_checkpointing_kwargs or {}
+            kwargs = dict(json.loads(kwargs) if isinstance(kwargs, str) else kwargs)
+            if kwargs.get("use_reentrant", False):
+                raise ValueError("KVpopTrainer needs non-reentrant gradient checkpointing: the boundary loss is "
+                                 "formed inside the checkpointed layers, and a reentrant checkpoint runs them "
+                                 "without gradient, so the scorer would get none. Drop use_reentrant=True from "
+                                 "gradient_checkpointing_kwargs.")
+            kwargs["use_reentrant"] = False  # transformers releases differ in their default
+            self.gradient_checkpointing_kwargs = kwargs
         super().__post_init__()
         self.remove_unused_columns = False
         if self.ddp_find_unused_parameters is None:
@@ -196,14 +207,15 @@ class KVpopTrainer(Trainer):
             return self.optimizer
         return super().create_optimizer(model) if model is not None else super().create_optimizer()
 
-    def _teacher_logits(self, model, inputs):
+    def _teacher_hidden(self, model, inputs):
+        """Final hidden states ``[B, S, H]`` of the dense teacher (no logits; no gradient)."""
         with torch.no_grad():
             if self.teacher_model is not None:
-                return self.teacher_model(input_ids=inputs["input_ids"]).logits
+                return final_hidden_states(self.teacher_model, input_ids=inputs["input_ids"])[1]
             if self.is_peft:
-                with model.disable_adapter() if hasattr(model, "disable_adapter") else \
-                        getattr(model, "module", model).disable_adapter():
-                    return model(input_ids=inputs["input_ids"]).logits
+                peft_model = model if hasattr(model, "disable_adapter") else getattr(model, "module", model)
+                with peft_model.disable_adapter():
+                    return final_hidden_states(model, input_ids=inputs["input_ids"])[1]
         return None
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
@@ -218,8 +230,7 @@ class KVpopTrainer(Trainer):
         # requires_grad off meanwhile. Under FSDP2 the first forward of the run fixes each shard group's
         # gradient dtype from the parameters that require grad at that moment; if that first forward were
         # the teacher's, groups would get none and the bf16 gradients would later fail to land on the fp32
-        # shards ("attempting to assign a gradient with dtype BFloat16 ..."; seen on 2 H200s, torch 2.11;
-        # pytorch/pytorch#186998).
+        # shards (pytorch/pytorch#186998).
         labels = inputs.get("labels")
         token_mask = None
         if labels is not None:
@@ -228,34 +239,43 @@ class KVpopTrainer(Trainer):
         if args.target_queries == "labels" and token_mask is None:
             raise ValueError("target_queries='labels' needs labels in the batch (the supervised positions).")
         query_mask = token_mask if args.target_queries == "labels" and self.settings.targets else None
-        outputs, record = student_forward(model, self.scorer, self.settings, self._log_gamma(model),
-                                          query_mask=query_mask, input_ids=ids)
-        teacher_logits = self._teacher_logits(model, inputs) if args.distill_weight > 0 and args.train_backbone else None
-        logits = outputs.logits
-        logs = {}
-        loss = logits.new_zeros(())
+        # No full-vocabulary logits: the student returns its final hidden states and the LM head is applied
+        # chunk by chunk inside the losses (chunked_distillation.py).
+        outputs, record, hidden = student_forward(model, self.scorer, self.settings, self._log_gamma(model),
+                                                  query_mask=query_mask, return_hidden=True, input_ids=ids)
+        distil = args.distill_weight > 0 and args.train_backbone
+        teacher_hidden = self._teacher_hidden(model, inputs) if distil else None
+        logs = {}  # name -> 0-d tensor, read back in one transfer at the end
+        loss = hidden.new_zeros((), dtype=torch.float32)
         if self.settings.targets:
             b_loss = torch.stack(list(record.boundary.values())).mean()
             loss = args.boundary_weight * b_loss
-            logs["boundary_loss"] = b_loss.item()
-        if teacher_logits is not None:
-            d_loss = distillation_loss(logits, teacher_logits, args.distill_temperature, token_mask)
+            logs["boundary_loss"] = b_loss
+        head = lm_head_of(model)
+        if teacher_hidden is not None:
+            t_head = head if self.teacher_model is None else lm_head_of(self.teacher_model)
+            weight, bias = head_weights(head)
+            t_weight, t_bias = head_weights(t_head)
+            d_loss = chunked_distillation_loss(hidden, teacher_hidden, weight, bias, t_weight, t_bias,
+                                               args.distill_temperature, token_mask)
             loss = loss + args.distill_weight * d_loss
-            logs["distill_loss"] = d_loss.item()
+            logs["distill_loss"] = d_loss
         elif not args.train_backbone and labels is not None:
             with torch.no_grad():
-                lm = nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten(),
-                                                 ignore_index=-100)
-            logs["student_lm_loss"] = lm.item()
+                logs["student_lm_loss"] = chunked_lm_loss(hidden, *head_weights(head), labels)
         if self.settings.targets:
-            recalls = torch.stack([r for r in record.teacher_recall.values()])
-            logs["teacher_topk_recall"] = recalls.nanmean().item()
+            logs["teacher_topk_recall"] = torch.stack(list(record.teacher_recall.values())).nanmean()
             for li, r in record.teacher_recall.items():
-                logs[f"teacher_topk_recall/layer_{li}"] = r.item()
-            logs["teacher_keep_rate"] = torch.stack(list(record.keep_rate.values())).nanmean().item()
-        for key, value in logs.items():
-            self._kvpop_logs.setdefault(key, []).append(value)
-        return (loss, outputs) if return_outputs else loss
+                logs[f"teacher_topk_recall/layer_{li}"] = r
+            logs["teacher_keep_rate"] = torch.stack(list(record.keep_rate.values())).nanmean()
+        if logs:
+            values = torch.stack([v.detach().float().to(loss.device) for v in logs.values()]).tolist()
+            for key, value in zip(logs, values):
+                self._kvpop_logs.setdefault(key, []).append(value)
+        if return_outputs:
+            outputs.logits = head(hidden)  # evaluation asks for them (small batches)
+            return loss, outputs
+        return loss
 
     def log(self, logs, start_time=None):
         for key, values in self._kvpop_logs.items():
