@@ -21,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
+from torch.profiler import record_function
 from transformers import AttentionInterface, AttentionMaskInterface
 
 from ..dense_attention import causal_attention
@@ -142,6 +143,11 @@ def teacher_topk_recall(student, teacher, sinks: int, window: int, n_queries: in
     return (inter / denom).mean()
 
 
+def valid_of(boundary: torch.Tensor) -> torch.Tensor:
+    """Queries with a boundary decision (``boundary >= 0``)."""
+    return boundary >= 0
+
+
 def kvpop_train_attention(module, query, key, value, attention_mask, scaling=None, dropout: float = 0.0, **kwargs):
     """query ``[b, Hq, S, d]``, key/value ``[b, Hkv, S, d]`` (whole sequences) -> (``[b, S, Hq, d]``, None)."""
     call = kwargs.get(STUDENT_KWARG)
@@ -151,10 +157,12 @@ def kvpop_train_attention(module, query, key, value, attention_mask, scaling=Non
     scorer, log_gamma, st, record = call.scorer, call.log_gamma, call.settings, call.record
     li = module.layer_idx
     lg = None if log_gamma is None else log_gamma[li]
-    prio = sequence_priorities(scorer, li, key.detach(), value.detach(), st.window, lg, st.decay_step)
+    with record_function("kvpop.scoring"):
+        prio = sequence_priorities(scorer, li, key.detach(), value.detach(), st.window, lg, st.decay_step)
     saved = record.decisions.get(li)  # set: this is the backward pass's recomputation of the layer
     if saved is None:
-        topk = running_topk(prio.detach(), st.sinks, st.window, st.topk, backend=st.topk_backend)
+        with record_function("kvpop.running_topk"):
+            topk = running_topk(prio.detach(), st.sinks, st.window, st.topk, backend=st.topk_backend)
         student = RunningTopK(rank=topk.rank.to(torch.int32), cutoff=topk.cutoff.to(torch.int32),
                               boundary=None, keep_new=None)
     else:
@@ -164,7 +172,8 @@ def kvpop_train_attention(module, query, key, value, attention_mask, scaling=Non
         needs_grad = torch.is_grad_enabled() and (query.requires_grad or key.requires_grad)
         backend = "reference" if (query.device.type == "cpu" and needs_grad) else "flex"
     attend = sparse_attention if backend == "flex" else sparse_attention_reference
-    out, lse = attend(query, key, value, student, st.sinks, st.window, scaling)
+    with record_function("kvpop.sparse_attention"):
+        out, lse = attend(query, key, value, student, st.sinks, st.window, scaling)
     if not st.targets:
         record.boundary[li] = lse.new_zeros(())
         record.decisions.setdefault(li, LayerDecisions(student))
@@ -172,11 +181,11 @@ def kvpop_train_attention(module, query, key, value, attention_mask, scaling=Non
     S = prio.shape[-1]
     t_new = (torch.arange(S, device=prio.device) - st.window).view(1, 1, S).expand_as(prio)
     if saved is not None:
-        valid = saved.boundary >= 0
-        record.boundary[li] = boundary_loss(prio, t_new, saved.boundary.long(), saved.keep_new, tau=st.tau,
-                                            omega=saved.omega, valid=valid)
+        with record_function("kvpop.boundary_loss"):
+            record.boundary[li] = boundary_loss(prio, t_new, saved.boundary.long(), saved.keep_new, tau=st.tau,
+                                                omega=saved.omega, valid=valid_of(saved.boundary))
         return out.transpose(1, 2).contiguous(), None
-    with torch.no_grad():
+    with torch.no_grad(), record_function("kvpop.target_pass"):
         q_d, k_d = query.detach(), key.detach()
         lse_used = lse.detach() if st.target_lse == "sparse" else dense_causal_lse(q_d, k_d, scaling)
         backend = st.target_backend
@@ -188,7 +197,8 @@ def kvpop_train_attention(module, query, key, value, attention_mask, scaling=Non
         S = r_tgt.shape[-1]
         p_tgt = r_tgt if lg is None else decayed_priorities(r_tgt, torch.arange(S, device=r_tgt.device),
                                                             lg.detach(), st.decay_step)
-        teacher = running_topk(p_tgt, st.sinks, st.window, st.topk, backend=st.topk_backend)
+        with record_function("kvpop.running_topk"):
+            teacher = running_topk(p_tgt, st.sinks, st.window, st.topk, backend=st.topk_backend)
         omega = None
         valid = teacher.boundary >= 0
         if "margin" in st.omega:
@@ -200,8 +210,9 @@ def kvpop_train_attention(module, query, key, value, attention_mask, scaling=Non
                                                         st.teacher_recall_queries)
         record.keep_rate[li] = teacher.keep_new[valid].float().mean() if valid.any() else torch.tensor(float("nan"))
         record.decisions[li] = LayerDecisions(student, teacher.boundary.to(torch.int32), teacher.keep_new, omega)
-    record.boundary[li] = boundary_loss(prio, t_new, teacher.boundary, teacher.keep_new, tau=st.tau, omega=omega,
-                                        valid=valid)
+    with record_function("kvpop.boundary_loss"):
+        record.boundary[li] = boundary_loss(prio, t_new, teacher.boundary, teacher.keep_new, tau=st.tau,
+                                            omega=omega, valid=valid)
     return out.transpose(1, 2).contiguous(), None
 
 

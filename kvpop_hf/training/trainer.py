@@ -24,6 +24,7 @@ from pathlib import Path
 
 import torch
 from torch import nn
+from torch.profiler import record_function
 from transformers import Trainer, TrainingArguments
 
 from .. import hub
@@ -70,7 +71,7 @@ class KVpopTrainingArguments(TrainingArguments):
                 "has a label, i.e. those that produce the supervised answer; needs labels)."})
     scorer_learning_rate: float | None = field(default=None, metadata={"help": "Scorer LR (default: learning_rate)."})
     train_backbone: bool = field(default=True, metadata={"help": "False: train the scorer only (no teacher needed)."})
-    topk_backend: str = field(default="auto", metadata={"help": "Running top-k: auto | triton | torch."})
+    topk_backend: str = field(default="auto", metadata={"help": "Running top-k: auto (wavelet on CUDA, torch on CPU) | wavelet | triton | torch."})
     attention_backend: str = field(default="auto", metadata={"help": "Student sparse attention: auto | flex | reference."})
     target_backend: str = field(default="auto", metadata={"help": "Transposed target pass: auto | flex | chunked."})
 
@@ -244,7 +245,8 @@ class KVpopTrainer(Trainer):
         outputs, record, hidden = student_forward(model, self.scorer, self.settings, self._log_gamma(model),
                                                   query_mask=query_mask, return_hidden=True, input_ids=ids)
         distil = args.distill_weight > 0 and args.train_backbone
-        teacher_hidden = self._teacher_hidden(model, inputs) if distil else None
+        with record_function("kvpop.teacher_forward"):
+            teacher_hidden = self._teacher_hidden(model, inputs) if distil else None
         logs = {}  # name -> 0-d tensor, read back in one transfer at the end
         loss = hidden.new_zeros((), dtype=torch.float32)
         if self.settings.targets:
@@ -256,8 +258,9 @@ class KVpopTrainer(Trainer):
             t_head = head if self.teacher_model is None else lm_head_of(self.teacher_model)
             weight, bias = head_weights(head)
             t_weight, t_bias = head_weights(t_head)
-            d_loss = chunked_distillation_loss(hidden, teacher_hidden, weight, bias, t_weight, t_bias,
-                                               args.distill_temperature, token_mask)
+            with record_function("kvpop.distillation"):
+                d_loss = chunked_distillation_loss(hidden, teacher_hidden, weight, bias, t_weight, t_bias,
+                                                   args.distill_temperature, token_mask)
             loss = loss + args.distill_weight * d_loss
             logs["distill_loss"] = d_loss
         elif not args.train_backbone and labels is not None:

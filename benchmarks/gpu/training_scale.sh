@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Whole-model training step at real scale on one GPU (results/training_scale/): benchmarks/training_scale.py with
+# the Qwen3-8B shape (random bf16 weights), every row (lora_sft, lora_distill, kvpop_scorer_only, kvpop_distill
+# with mlstm and mlp), a profiled step per row (component shares) and an allocator history of the mlstm
+# kvpop_distill step; then the running top-k backends side by side (benchmarks/running_topk_speed.py).
+# Usage: OUT=dir [SEQ_LENS=16384,32768] [ROWS=...] [LIMIT_S=540] bash benchmarks/gpu/training_scale.sh
+# Rows already in $OUT/h200_qwen3-8b.csv for other keys are kept, so a second call with SEQ_LENS=65536 adds to it.
+set -u
+: "${OUT:?set OUT to an output directory}"
+export PYTHONUNBUFFERED=1 PYTHONPATH=. TOKENIZERS_PARALLELISM=false OMP_NUM_THREADS=8
+SEQ_LENS=${SEQ_LENS:-16384,32768}
+ROWS=${ROWS:-lora_sft,lora_distill,kvpop_scorer_only:mlstm,kvpop_distill:mlstm,kvpop_distill:mlp}
+LIMIT_S=${LIMIT_S:-540}
+mkdir -p "$OUT"
+if [ -f results/training_scale/h200_qwen3-8b.csv ] && [ ! -f "$OUT/h200_qwen3-8b.csv" ]; then
+  cp results/training_scale/h200_qwen3-8b*.csv results/training_scale/h200_qwen3-8b_runs.json "$OUT/" 2>/dev/null
+fi
+if [ "${TOPK_SPEED:-1}" = 1 ]; then
+  timeout 90 python3 benchmarks/running_topk_speed.py --device cuda --out "$OUT/running_topk_speed.md" \
+    > "$OUT/running_topk_speed.log" 2>&1
+  echo "running_topk_speed exit $?"; tail -12 "$OUT/running_topk_speed.md"
+fi
+timeout "$LIMIT_S" python3 benchmarks/training_scale.py --shape qwen3-8b --seq-lens "$SEQ_LENS" --rows "$ROWS" \
+  --profile --memory-snapshot "${SNAPSHOT:-kvpop_distill:mlstm}" --max-seconds $(( LIMIT_S - 150 )) \
+  --out-prefix "$OUT/h200_qwen3-8b" > "$OUT/training_scale.log" 2>&1
+echo "training_scale exit $?"
+grep -E "@ |out of memory|error" "$OUT/training_scale.log" | tail -30
