@@ -32,6 +32,7 @@ import torch  # noqa: E402
 from kvpop_hf.provenance import git_commit  # noqa: E402
 from kvpop_hf.timing import fmt, free, measure, quantiles  # noqa: E402
 from kvpop_hf.topk import running_topk_reference, running_topk_wavelet  # noqa: E402
+from kvpop_hf.topk import wavelet as wavelet_module  # noqa: E402
 
 FIELDS = ("rank", "cutoff", "boundary", "keep_new")
 
@@ -62,6 +63,7 @@ def main(argv=None) -> None:
     ap.add_argument("--triton-cpu-max", type=int, default=256,
                     help="on CPU (Triton interpreter, ~45 s per call at S=512, 8 rows) the triton column only "
                          "for S <= this, a single call without warm-up")
+    ap.add_argument("--triton-max", type=int, default=32768, help="on GPU the triton column only for S <= this")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default=None, help="markdown output path (.md)")
     args = ap.parse_args(argv)
@@ -85,8 +87,8 @@ def main(argv=None) -> None:
     if cpu and triton_ok:
         notes.append(f"triton on CPU runs in the Triton interpreter (S <= {args.triton_cpu_max} only, "
                      "a single call, no warm-up; not representative of GPU speed)")
-    header = ("| S | rows | k | triton ms | wavelet ms | torch ref ms | triton / wavelet | wavelet peak MiB "
-              "| wavelet == triton | wavelet == ref |")
+    header = ("| S | rows | k | triton ms | wavelet ms | wavelet ms, no CUDA graph | torch ref ms | triton / wavelet "
+              "| wavelet peak MiB | wavelet == triton | wavelet == ref | graph == no graph |")
     lines = [header, "|" + "---|" * (header.count("|") - 1)]
     g = torch.Generator().manual_seed(args.seed)
     for S in seq_lens:
@@ -97,7 +99,15 @@ def main(argv=None) -> None:
         tri = ref = None
         wav_ms, peak, wav = _time(lambda: running_topk_wavelet(prio, s, w, k), device, args.repeats)
         free(device)
-        if triton_ok and (not cpu or S <= args.triton_cpu_max):
+        eager_ms, eager = float("nan"), None
+        if not cpu:
+            wavelet_module.USE_CUDA_GRAPHS = False
+            try:
+                eager_ms, _, eager = _time(lambda: running_topk_wavelet(prio, s, w, k), device, args.repeats)
+            finally:
+                wavelet_module.USE_CUDA_GRAPHS = True
+            free(device)
+        if triton_ok and (S <= args.triton_cpu_max if cpu else S <= args.triton_max):
             tri_ms, _, tri = _time(lambda: running_topk_triton(prio, s, w, k), device,
                                    1 if cpu else args.repeats, warmup=not cpu)
             free(device)
@@ -106,12 +116,13 @@ def main(argv=None) -> None:
             free(device)
         eq_tri = "-" if tri is None else ("yes" if _same(wav, tri) else "**NO**")
         eq_ref = "-" if ref is None else ("yes" if _same(wav, ref) else "**NO**")
+        eq_eager = "-" if eager is None else ("yes" if _same(wav, eager) else "**NO**")
         ratio = tri_ms / wav_ms if tri is not None else float("nan")
-        row = (f"| {S} | {args.rows} | {k} | {fmt(tri_ms)} | {fmt(wav_ms)} | {fmt(ref_ms)} | {fmt(ratio, 1)} "
-               f"| {fmt(peak, 1)} | {eq_tri} | {eq_ref} |")
+        row = (f"| {S} | {args.rows} | {k} | {fmt(tri_ms)} | {fmt(wav_ms)} | {fmt(eager_ms)} | {fmt(ref_ms)} "
+               f"| {fmt(ratio, 1)} | {fmt(peak, 1)} | {eq_tri} | {eq_ref} | {eq_eager} |")
         lines.append(row)
         print(row, flush=True)
-        del wav, tri, ref, prio
+        del wav, tri, ref, prio, eager
         free(device)
 
     dev_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"

@@ -73,17 +73,21 @@ COMPONENTS = ("teacher_forward", "distillation", "scoring", "running_topk", "spa
               "sparse_attention_backward", "target_pass", "boundary_loss", "dense_attention", "rest")
 
 
-def parse_rows(text: str) -> list[tuple[str, str]]:
+def parse_rows(text: str) -> list[tuple[str, str, int | None]]:
+    """``trainer[:scorer][@seq_len]`` items -> (trainer, scorer or 'none', seq_len or None = every --seq-lens)."""
     rows = []
     for item in filter(None, (x.strip() for x in text.split(","))):
-        trainer, _, scorer = item.partition(":")
+        spec, _, at = item.partition("@")
+        trainer, _, scorer = spec.partition(":")
         if trainer not in TRAINERS:
             raise ValueError(f"--rows: unknown trainer {trainer!r}; choose from {', '.join(TRAINERS)}.")
         if trainer.startswith("kvpop") and scorer not in ("mlstm", "mlp"):
             raise ValueError(f"--rows: {item!r} needs a scorer, e.g. {trainer}:mlstm or {trainer}:mlp.")
         if trainer.startswith("lora") and scorer:
             raise ValueError(f"--rows: {trainer} has no scorer (got {item!r}).")
-        rows.append((trainer, scorer or "none"))
+        if at and not at.isdigit():
+            raise ValueError(f"--rows: {item!r}: what follows @ must be a sequence length, e.g. {spec}@32768.")
+        rows.append((trainer, scorer or "none", int(at) if at else None))
     if not rows:
         raise ValueError("--rows is empty.")
     return rows
@@ -220,11 +224,15 @@ def component_times(prof, device_type: str = "cuda") -> dict[str, float]:
 
     for e in events:
         name = e.name
-        if name.startswith("kvpop."):
+        if not str(getattr(e, "device_type", "CPU")).endswith("CPU"):
+            continue  # the GPU-side copies of the ranges (gpu_user_annotation) would count twice
+        if name.startswith("kvpop.") and not _under(e, "autograd::engine::evaluate_function: _RecomputedPriorities"):
             inner = sum(total_of(c) for c in nested_kvpop(e))
             out[name[len("kvpop."):]] += (total_of(e) - inner) / 1e3
         elif name.startswith("autograd::engine::evaluate_function:"):
-            if "CompiledFunctionBackward" in name or "FlexAttention" in name:
+            if "RecomputedPriorities" in name:
+                out["scoring"] += total_of(e) / 1e3
+            elif "CompiledFunctionBackward" in name or "FlexAttention" in name:
                 out["sparse_attention_backward"] += total_of(e) / 1e3
             elif "AttentionBackward" in name:
                 out["dense_attention"] += total_of(e) / 1e3
@@ -351,6 +359,7 @@ def write_outputs(prefix: Path, rows: list[dict], comps: list[dict], notes: list
     """Merge this invocation's rows into the CSVs at ``prefix``, then rewrite the markdown and the plot from them.
     ``<prefix>_runs.json`` keeps every invocation's header and notes."""
     prefix.parent.mkdir(parents=True, exist_ok=True)
+    new_rows = rows
     rows = merge(read_rows(prefix.with_suffix(".csv")), rows)
     with prefix.with_suffix(".csv").open("w", newline="") as fh:
         w = csv.DictWriter(fh, fieldnames=CSV_COLUMNS, extrasaction="ignore")
@@ -369,14 +378,19 @@ def write_outputs(prefix: Path, rows: list[dict], comps: list[dict], notes: list
                         for k in comp_cols})
     runs_path = Path(str(prefix) + "_runs.json")
     runs = json.loads(runs_path.read_text()) if runs_path.is_file() else []
-    runs = [r for r in runs if r["header"] != header] + [{"header": header, "notes": notes}]
+    mine = [[r["trainer"], r["scorer"], int(r["seq_len"])] for r in new_rows]
+    runs = [r for r in runs if r["header"] != header] + [{"header": header, "notes": notes, "rows": mine}]
+    made_by = {}
+    for i, run in enumerate(runs, 1):
+        for key in run.get("rows", []):
+            made_by[tuple(map(str, key))] = i
     runs_path.write_text(json.dumps(runs, indent=1))
     lines = ["# Training step at real scale (one GPU)", "",
              "Step time: median wall seconds of the timed steps (after one warm-up step); peak: "
              "`max_memory_allocated` in GB (1e9 bytes), weights included. Ratios: tokens/s against `lora_sft` / "
              "`lora_distill` at the same sequence length.", "",
-             "| trainer | scorer | seq_len | s/step | tokens/s | peak GB | x lora_sft | x lora_distill |",
-             "|---|---|---:|---:|---:|---:|---:|---:|"]
+             "| trainer | scorer | seq_len | s/step | tokens/s | peak GB | x lora_sft | x lora_distill | run |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
     ref = {(r["trainer"], int(r["seq_len"])): r for r in rows}
     for r in rows:
         S = int(r["seq_len"])
@@ -390,7 +404,8 @@ def write_outputs(prefix: Path, rows: list[dict], comps: list[dict], notes: list
                 ratios.append("-")
         oom = fmt(r.get("step_s")) == "-"
         lines.append(f"| {r['trainer']} | {r['scorer']} | {S} | {'out of memory' if oom else fmt(r.get('step_s'))} | "
-                     f"{fmt(tps, 0)} | {fmt(r.get('peak_gb'), 1)} | {ratios[0]} | {ratios[1]} |")
+                     f"{fmt(tps, 0)} | {fmt(r.get('peak_gb'), 1)} | {ratios[0]} | {ratios[1]} | "
+                     f"{made_by.get((r['trainer'], r['scorer'], str(S)), '-')} |")
     if comps:
         lines += ["", "## Share of the step's GPU time per component (one profiled step)", "",
                   "GPU time on CUDA (CPU time on the CPU); `rest`: the backbone's matmuls, norms, MLP and "
@@ -401,12 +416,12 @@ def write_outputs(prefix: Path, rows: list[dict], comps: list[dict], notes: list
             tot = float(c["total_ms"]) or float("nan")
             lines.append(f"| {c['trainer']} | {c['scorer']} | {c['seq_len']} | {fmt(c['total_ms'], 0)} | " +
                          " | ".join(f"{100 * float(c[k]) / tot:.1f}%" for k in COMPONENTS) + " |")
-    lines += ["", "## Invocations", ""]
-    for run in runs:
-        lines += [f"- {run['header'].get('date')}: {run['header'].get('command')} at commit "
+    lines += ["", "## Invocations (the `run` column)", ""]
+    for i, run in enumerate(runs, 1):
+        lines += [f"{i}. {run['header'].get('date')}: {run['header'].get('command')} at commit "
                   f"{run['header'].get('commit')}"]
-        lines += [f"  - {k}: {v}" for k, v in run["header"].items() if k not in ("date", "command", "commit")]
-        lines += [f"  - note: {n}" for n in run["notes"]]
+        lines += [f"   - {k}: {v}" for k, v in run["header"].items() if k not in ("date", "command", "commit")]
+        lines += [f"   - note: {n}" for n in run["notes"]]
     prefix.with_suffix(".md").write_text("\n".join(lines) + "\n")
     plot(prefix, rows)
 
@@ -423,7 +438,8 @@ def plot(prefix: Path, rows: list[dict]) -> None:
     for r in rows:
         if str(r.get("step_s", "")) in ("", "nan"):
             continue
-        series[(r["trainer"], r["scorer"])].append((int(r["seq_len"]), float(r["tokens_per_s"]), float(r["peak_gb"])))
+        peak = float(r["peak_gb"]) if str(r.get("peak_gb", "")) not in ("", "nan") else float("nan")
+        series[(r["trainer"], r["scorer"])].append((int(r["seq_len"]), float(r["tokens_per_s"]), peak))
     for (t, s), pts in sorted(series.items()):
         pts.sort()
         label = t if s == "none" else f"{t} ({s})"
@@ -446,7 +462,8 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--shape", default="tiny", choices=sorted(SHAPES))
     ap.add_argument("--seq-lens", default="16384,32768")
-    ap.add_argument("--rows", default=DEFAULT_ROWS, help=f"comma list of trainer[:scorer] (default {DEFAULT_ROWS})")
+    ap.add_argument("--rows", default=DEFAULT_ROWS, help="comma list of trainer[:scorer][@seq_len], run in this "
+                    f"order, each at every --seq-lens unless @seq_len names one (default {DEFAULT_ROWS})")
     ap.add_argument("--steps", type=int, default=3, help="timed steps per row, after one warm-up step")
     ap.add_argument("--lora-rank", type=int, default=16)
     ap.add_argument("--sinks", type=int, default=4)
@@ -454,14 +471,16 @@ def main(argv=None):
     ap.add_argument("--compression", type=float, default=0.875)
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--profile", action="store_true", help="one more profiled step per row: component shares")
-    ap.add_argument("--memory-snapshot", default="", help="comma list of rows (trainer[:scorer]) to snapshot")
+    ap.add_argument("--memory-snapshot", default="", help="comma list of rows (trainer[:scorer][@seq_len]) whose "
+                    "step is recorded by the allocator's history")
     ap.add_argument("--max-seconds", type=float, default=float("inf"), help="start no row after this many seconds")
     ap.add_argument("--scratch", default="/tmp/kvpop_training_scale")
     ap.add_argument("--out-prefix", required=True)
     args = ap.parse_args(argv)
-    rows_spec = parse_rows(args.rows)
-    snap_rows = set(parse_rows(args.memory_snapshot)) if args.memory_snapshot else set()
     seq_lens = parse_seq_lens(args.seq_lens)
+    plan = [(t, sc, S) for t, sc, at in parse_rows(args.rows) for S in ([at] if at else seq_lens)]
+    snapshots = parse_rows(args.memory_snapshot) if args.memory_snapshot else []
+    seq_lens = sorted({S for _, _, S in plan})
     if args.steps < 1:
         raise ValueError("--steps must be >= 1.")
     for S in seq_lens:
@@ -474,6 +493,7 @@ def main(argv=None):
     t_start = time.perf_counter()
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     base = build_model(args.shape, device, dtype, max(seq_lens))
+    print(f"model built ({time.perf_counter() - t_start:.0f} s)", flush=True)
     base.requires_grad_(False)
     vocab = SHAPES[args.shape][6]
     header = {"command": "`python " + " ".join(shlex.quote(a) for a in [sys.argv[0]] + (argv or sys.argv[1:])) + "`",
@@ -487,47 +507,49 @@ def main(argv=None):
                        f"{args.compression:.1%} compression, {args.steps} timed steps after 1 warm-up"}
     out_rows, out_comps, notes = [], [], []
     prefix = Path(args.out_prefix)
-    for S in seq_lens:
-        g = torch.Generator().manual_seed(S)
-        ids = torch.randint(0, vocab, (max(4, args.steps + 3), S), generator=g)
-        data = [{"input_ids": r, "labels": r.clone()} for r in ids]
-        for trainer_name, scorer in rows_spec:
-            label = f"{trainer_name}:{scorer} @ {S}"
-            if time.perf_counter() - t_start > args.max_seconds:
-                notes.append(f"{label}: not run (--max-seconds {args.max_seconds:.0f} reached)")
-                print(notes[-1], flush=True)
-                continue
-            t0 = time.perf_counter()
-            try:
-                row, comps, snap = run_row(base, trainer_name, scorer, S, data, args, device, args.profile,
-                                           (trainer_name, scorer) in snap_rows)
-            except Exception as err:  # noqa: BLE001
-                if not is_oom(err):
-                    traceback.print_exc()
-                    notes.append(f"{label}: error {type(err).__name__}: {str(err).splitlines()[0][:200]}")
-                else:
-                    notes.append(f"{label}: out of memory ({str(err).splitlines()[0][:160]})")
-                out_rows.append(dict(trainer=trainer_name, scorer=scorer, seq_len=S, step_s=float("nan"),
-                                     tokens_per_s=float("nan"), peak_gb=float("nan")))
-                print(notes[-1], flush=True)
-                gc.collect()
-                if device.type == "cuda":
-                    torch.cuda.empty_cache()
-                write_outputs(prefix, out_rows, out_comps, notes, header)
-                continue
-            out_rows.append(row)
-            print(f"{label}: {row['step_s']:.3f} s/step, {row['tokens_per_s']:.0f} tok/s, peak "
-                  f"{row['peak_gb']:.1f} GB, topk {row['topk']} ({time.perf_counter() - t0:.0f} s wall)", flush=True)
-            if comps is not None:
-                out_comps.append(dict(trainer=trainer_name, scorer=scorer, seq_len=S, **comps))
-                print("   components (ms): " + json.dumps({k: round(v, 1) for k, v in comps.items()}), flush=True)
-            if snap is not None:
-                peak_gb, groups = snap
-                notes.append(f"{label}: allocator history of one step, {peak_gb:.1f} GB allocated during the step "
-                             "at its peak (above what was live when recording began), by allocating frame: " +
-                             "; ".join(f"{name} {gb:.2f} GB" for name, gb in groups))
-                print(notes[-1], flush=True)
+    data_by_len = {}
+    for trainer_name, scorer, S in plan:
+        if S not in data_by_len:
+            g = torch.Generator().manual_seed(S)
+            ids = torch.randint(0, vocab, (max(4, args.steps + 3), S), generator=g)
+            data_by_len[S] = [{"input_ids": r, "labels": r.clone()} for r in ids]
+        data = data_by_len[S]
+        snapshot = any(t == trainer_name and sc == scorer and at in (None, S) for t, sc, at in snapshots)
+        label = f"{trainer_name}:{scorer} @ {S}"
+        if time.perf_counter() - t_start > args.max_seconds:
+            notes.append(f"{label}: not run (--max-seconds {args.max_seconds:.0f} reached)")
+            print(notes[-1], flush=True)
+            continue
+        t0 = time.perf_counter()
+        try:
+            row, comps, snap = run_row(base, trainer_name, scorer, S, data, args, device, args.profile, snapshot)
+        except Exception as err:  # noqa: BLE001
+            if not is_oom(err):
+                traceback.print_exc()
+                notes.append(f"{label}: error {type(err).__name__}: {str(err).splitlines()[0][:200]}")
+            else:
+                notes.append(f"{label}: out of memory ({str(err).splitlines()[0][:160]})")
+            out_rows.append(dict(trainer=trainer_name, scorer=scorer, seq_len=S, step_s=float("nan"),
+                                 tokens_per_s=float("nan"), peak_gb=float("nan")))
+            print(notes[-1], flush=True)
+            gc.collect()
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
             write_outputs(prefix, out_rows, out_comps, notes, header)
+            continue
+        out_rows.append(row)
+        print(f"{label}: {row['step_s']:.3f} s/step, {row['tokens_per_s']:.0f} tok/s, peak "
+              f"{row['peak_gb']:.1f} GB, topk {row['topk']} ({time.perf_counter() - t0:.0f} s wall)", flush=True)
+        if comps is not None:
+            out_comps.append(dict(trainer=trainer_name, scorer=scorer, seq_len=S, **comps))
+            print("   components (ms): " + json.dumps({k: round(v, 1) for k, v in comps.items()}), flush=True)
+        if snap is not None:
+            peak_gb, groups = snap
+            notes.append(f"{label}: allocator history of one step, {peak_gb:.1f} GB allocated during the step "
+                         "at its peak (above what was live when recording began), by allocating frame: " +
+                         "; ".join(f"{name} {gb:.2f} GB" for name, gb in groups))
+            print(notes[-1], flush=True)
+        write_outputs(prefix, out_rows, out_comps, notes, header)
     write_outputs(prefix, out_rows, out_comps, notes, header)
     print(f"wrote {prefix}.csv / .md / .png ({time.perf_counter() - t_start:.0f} s)")
 

@@ -35,6 +35,8 @@ the assembly of ``cutoff`` / ``boundary`` / ``keep_new`` are shared with it).
 
 from __future__ import annotations
 
+import collections
+
 import torch
 
 from .reference import RunningTopK, _assemble, _ranks_and_order, _validate
@@ -118,7 +120,46 @@ def _kth_eligible_rank_wavelet(rank2: torch.Tensor, sinks: int, window: int, k: 
     if k > R:  # never k eligible tokens
         out.fill_(R)
         return out
+    if USE_CUDA_GRAPHS and rank2.is_cuda and not torch.cuda.is_current_stream_capturing():
+        return _prefix_kth_smallest_graphed(rank2[:, s:], n, k)
     return _prefix_kth_smallest(rank2[:, s:], n, k)
+
+
+USE_CUDA_GRAPHS = True  # False: launch the walk's kernels one by one (benchmarks compare the two)
+_GRAPHS: "collections.OrderedDict" = collections.OrderedDict()
+_MAX_GRAPHS = 8
+
+
+def _prefix_kth_smallest_graphed(vals: torch.Tensor, n: torch.Tensor, k: int) -> torch.Tensor:
+    """:func:`_prefix_kth_smallest` replayed from a CUDA graph, one per (shape, k, device).
+
+    The walk is a few hundred small kernels (about 25 per bit level) whose launches, not their work, set its
+    time (milliseconds at any S); a training run calls it with one shape, so it is captured once and replayed
+    (static input buffers copied in, the output copied out). At most ``_MAX_GRAPHS`` shapes are kept."""
+    key = (tuple(vals.shape), vals.dtype, tuple(n.shape), int(k), vals.device)
+    entry = _GRAPHS.get(key)
+    if entry is None:
+        static_vals, static_n = vals.clone(), n.clone()
+        with torch.no_grad():
+            side = torch.cuda.Stream(vals.device)
+            side.wait_stream(torch.cuda.current_stream(vals.device))
+            with torch.cuda.stream(side):  # warm-up outside the capture, as torch.cuda.graphs advises
+                _prefix_kth_smallest(static_vals, static_n, k)
+            torch.cuda.current_stream(vals.device).wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                static_out = _prefix_kth_smallest(static_vals, static_n, k)
+        entry = (graph, static_vals, static_n, static_out)
+        _GRAPHS[key] = entry
+        while len(_GRAPHS) > _MAX_GRAPHS:
+            _GRAPHS.popitem(last=False)
+    else:
+        _GRAPHS.move_to_end(key)
+    graph, static_vals, static_n, static_out = entry
+    static_vals.copy_(vals)
+    static_n.copy_(n)
+    graph.replay()
+    return static_out.clone()
 
 
 def running_topk_wavelet(prio: torch.Tensor, sinks: int, window: int, k: int) -> RunningTopK:

@@ -30,7 +30,8 @@ from ..topk import RunningTopK, running_topk
 from .hidden_states import final_hidden_states
 from .losses import balance_weights, boundary_loss, margin_weights
 from .priorities import sequence_priorities
-from .sparse_attention import sparse_attention, sparse_attention_reference
+from .scorer_checkpoint import checkpointed_priorities
+from .sparse_attention import sparse_attention, sparse_attention_block_mask, sparse_attention_reference
 from .targets import dense_causal_lse, future_attention_target
 
 TRAIN_ATTN_NAME = "kvpop_train"
@@ -81,6 +82,8 @@ class LayerDecisions:
     boundary: torch.Tensor | None = None  # [b, h, S] teacher boundary token per query, -1: none
     keep_new: torch.Tensor | None = None  # [b, h, S] bool
     omega: torch.Tensor | None = None  # [b, h, S] float32 loss weights or None
+    block_mask: object | None = None  # the FlexAttention BlockMask of the student's sparse attention
+    priorities: torch.Tensor | None = None  # [b, h, S] float32 student priorities (values)
 
 
 class StudentCall:
@@ -157,9 +160,15 @@ def kvpop_train_attention(module, query, key, value, attention_mask, scaling=Non
     scorer, log_gamma, st, record = call.scorer, call.log_gamma, call.settings, call.record
     li = module.layer_idx
     lg = None if log_gamma is None else log_gamma[li]
-    with record_function("kvpop.scoring"):
-        prio = sequence_priorities(scorer, li, key.detach(), value.detach(), st.window, lg, st.decay_step)
     saved = record.decisions.get(li)  # set: this is the backward pass's recomputation of the layer
+    with record_function("kvpop.scoring"):
+        def score(k, v):
+            return sequence_priorities(scorer, li, k, v, st.window, None if log_gamma is None else log_gamma[li],
+                                       st.decay_step)
+
+        params = list(scorer.parameters()) + ([log_gamma] if log_gamma is not None else [])
+        prio = checkpointed_priorities(score, key.detach(), value.detach(), params,
+                                       known=None if saved is None else saved.priorities)
     if saved is None:
         with record_function("kvpop.running_topk"):
             topk = running_topk(prio.detach(), st.sinks, st.window, st.topk, backend=st.topk_backend)
@@ -171,12 +180,18 @@ def kvpop_train_attention(module, query, key, value, attention_mask, scaling=Non
     if backend == "auto":
         needs_grad = torch.is_grad_enabled() and (query.requires_grad or key.requires_grad)
         backend = "reference" if (query.device.type == "cpu" and needs_grad) else "flex"
-    attend = sparse_attention if backend == "flex" else sparse_attention_reference
     with record_function("kvpop.sparse_attention"):
-        out, lse = attend(query, key, value, student, st.sinks, st.window, scaling)
+        if backend == "flex":
+            block_mask = saved.block_mask if saved is not None else None
+            if block_mask is None:
+                block_mask = sparse_attention_block_mask(student, st.sinks, st.window, query.shape[1] // key.shape[1])
+            out, lse = sparse_attention(query, key, value, student, st.sinks, st.window, scaling, block_mask=block_mask)
+        else:
+            block_mask = None
+            out, lse = sparse_attention_reference(query, key, value, student, st.sinks, st.window, scaling)
     if not st.targets:
         record.boundary[li] = lse.new_zeros(())
-        record.decisions.setdefault(li, LayerDecisions(student))
+        record.decisions.setdefault(li, LayerDecisions(student, block_mask=block_mask, priorities=prio.detach()))
         return out.transpose(1, 2).contiguous(), None
     S = prio.shape[-1]
     t_new = (torch.arange(S, device=prio.device) - st.window).view(1, 1, S).expand_as(prio)
@@ -209,7 +224,8 @@ def kvpop_train_attention(module, query, key, value, attention_mask, scaling=Non
         record.teacher_recall[li] = teacher_topk_recall(student, teacher, st.sinks, st.window,
                                                         st.teacher_recall_queries)
         record.keep_rate[li] = teacher.keep_new[valid].float().mean() if valid.any() else torch.tensor(float("nan"))
-        record.decisions[li] = LayerDecisions(student, teacher.boundary.to(torch.int32), teacher.keep_new, omega)
+        record.decisions[li] = LayerDecisions(student, teacher.boundary.to(torch.int32), teacher.keep_new, omega,
+                                              block_mask, prio.detach())
     with record_function("kvpop.boundary_loss"):
         record.boundary[li] = boundary_loss(prio, t_new, teacher.boundary, teacher.keep_new, tau=st.tau,
                                             omega=omega, valid=valid)
