@@ -17,6 +17,7 @@ from torch.nn import functional as F
 from transformers import AttentionInterface, AttentionMaskInterface
 
 from ..dense_attention import causal_attention
+from ..training.hidden_states import final_hidden_states
 from .mask import soft_eviction_bias
 from .relaxation import eviction_probability, log_keep, relaxed_logits
 
@@ -43,14 +44,21 @@ class DMSCall:
         self.gate, self.sinks, self.window, self.tau, self.noise, self.record = gate, sinks, window, tau, noise, record
 
 
-def dms_forward(model, gate, sinks: int, window: int, tau: float, noise: bool = True, **inputs):
-    """``model(**inputs)`` with the relaxed DMS eviction -> (outputs, :class:`DMSRecord`)."""
+def dms_forward(model, gate, sinks: int, window: int, tau: float, noise: bool = True, return_hidden: bool = False,
+                **inputs):
+    """``model(**inputs)`` with the relaxed DMS eviction -> (outputs, :class:`DMSRecord`); with
+    ``return_hidden=True`` no logits are computed and the final hidden states ``[B, S, H]`` come third."""
     record = DMSRecord()
-    outputs = model(**inputs, **{DMS_KWARG: DMSCall(gate, sinks, window, tau, record, noise)})
+    call = {DMS_KWARG: DMSCall(gate, sinks, window, tau, record, noise)}
+    hidden = None
+    if return_hidden:
+        outputs, hidden = final_hidden_states(model, **inputs, **call)
+    else:
+        outputs = model(**inputs, **call)
     if not record.alpha:
         raise ValueError(f"No layer ran the DMS student attention: call model.set_attn_implementation("
                          f"'{TRAIN_ATTN_NAME}') first.")
-    return outputs, record
+    return (outputs, record, hidden) if return_hidden else (outputs, record)
 
 
 def soft_biased_attention(query, key, value, bias, scaling):

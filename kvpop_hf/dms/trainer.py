@@ -4,7 +4,8 @@ baseline of KVpop, arXiv:2607.05061).
 Loss per batch: ``KL(teacher || student) + compression_weight * max(0, rate(step) - mean alpha)`` (or
 ``|rate(step) - mean alpha|`` with ``penalty="two_sided"``); the student
 runs the relaxed delayed-eviction attention (``"dms_train"``), the teacher is the same model with its LoRA
-adapters disabled (or a frozen copy). ``rate(step)`` ramps linearly from 0 to ``target_eviction`` over the first
+adapters disabled (or a frozen copy); the KL is taken from both final hidden states through the LM head chunk by
+chunk (``training/teacher_distillation.py``), as in KVpopTrainer. ``rate(step)`` ramps linearly from 0 to ``target_eviction`` over the first
 ``ramp_fraction`` of the steps (:class:`~kvpop_hf.dms.compression.CompressionSchedule`), or over the first
 ``ramp_seconds`` of training when that is set (for runs bounded by time, not steps). The gate reads detached
 value states, so only the distillation trains the backbone.
@@ -25,7 +26,8 @@ import torch
 from transformers import Trainer, TrainingArguments
 
 from ..config import model_shape
-from ..training.losses import distillation_loss
+from ..training.hidden_states import lm_head_of
+from ..training.teacher_distillation import distillation_from_hidden, teacher_hidden_states
 from ..training.merged_save import save_weights_as
 from ..training.trainer import two_group_optimizer
 from . import config as dms_files
@@ -127,27 +129,22 @@ class DMSTrainer(Trainer):
         frac = 1.0 if seconds == 0 else min(1.0, (now - self._ramp_start) / seconds)
         return self.args.target_eviction * frac
 
-    def _teacher_logits(self, model, ids):
-        with torch.no_grad():
-            if self.teacher_model is not None:
-                return self.teacher_model(input_ids=ids).logits
-            with getattr(model, "module", model).disable_adapter():
-                return model(input_ids=ids).logits
-
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         ids = inputs["input_ids"]
         mask = inputs.get("attention_mask")
         if mask is not None and not bool(mask.all()):
             raise ValueError("DMSTrainer needs unpadded batches: use equal-length sequences.")
         args = self.args
-        outputs, record = dms_forward(model, self.gate, args.sinks, args.window, args.tau, input_ids=ids)
-        teacher = self._teacher_logits(model, ids)
+        outputs, record, hidden = dms_forward(model, self.gate, args.sinks, args.window, args.tau, return_hidden=True,
+                                              input_ids=ids)
+        teacher_hidden = teacher_hidden_states(model, self.teacher_model, ids)
         labels = inputs.get("labels")
         token_mask = None
         if labels is not None:
             token_mask = torch.zeros_like(labels, dtype=torch.bool)
             token_mask[:, :-1] = labels[:, 1:] != -100
-        d_loss = distillation_loss(outputs.logits, teacher, args.distill_temperature, token_mask)
+        d_loss = distillation_from_hidden(model, self.teacher_model, hidden, teacher_hidden, args.distill_temperature,
+                                          token_mask)
         rate = self.target_rate()
         alpha = mean_eviction(list(record.alpha.values()), args.sinks)
         c_loss = compression_loss(alpha, rate, two_sided=self.args.penalty == "two_sided")
@@ -157,7 +154,10 @@ class DMSTrainer(Trainer):
                 "eviction_hard": torch.stack(list(record.hard_rate.values())).mean().item()}
         for key, value in logs.items():
             self._dms_logs.setdefault(key, []).append(value)
-        return (loss, outputs) if return_outputs else loss
+        if return_outputs:
+            outputs.logits = lm_head_of(model)(hidden)  # evaluation asks for them (small batches)
+            return loss, outputs
+        return loss
 
     def log(self, logs, start_time=None):
         for key, values in self._dms_logs.items():

@@ -30,11 +30,12 @@ from transformers import Trainer, TrainingArguments
 from .. import hub
 from ..config import KVpopConfig, model_shape
 from ..scorers import build_scorer
-from .chunked_distillation import chunked_distillation_loss, chunked_lm_loss
-from .hidden_states import final_hidden_states, head_weights, lm_head_of
+from .chunked_distillation import chunked_lm_loss
+from .hidden_states import head_weights, lm_head_of
 from .merged_save import save_weights_as
 from .student import TRAIN_ATTN_NAME, StudentSettings, student_forward
 from .targets import reduce_power
+from .teacher_distillation import distillation_from_hidden, teacher_hidden_states
 
 SCORER_ATTR = "kvpop_scorer"
 LEARNED_SCORERS = ("mlp", "mlstm")
@@ -208,17 +209,6 @@ class KVpopTrainer(Trainer):
             return self.optimizer
         return super().create_optimizer(model) if model is not None else super().create_optimizer()
 
-    def _teacher_hidden(self, model, inputs):
-        """Final hidden states ``[B, S, H]`` of the dense teacher (no logits; no gradient)."""
-        with torch.no_grad():
-            if self.teacher_model is not None:
-                return final_hidden_states(self.teacher_model, input_ids=inputs["input_ids"])[1]
-            if self.is_peft:
-                peft_model = model if hasattr(model, "disable_adapter") else getattr(model, "module", model)
-                with peft_model.disable_adapter():
-                    return final_hidden_states(model, input_ids=inputs["input_ids"])[1]
-        return None
-
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         ids = inputs["input_ids"]
         self.max_seq_len_seen = max(getattr(self, "max_seq_len_seen", 0), ids.shape[1])
@@ -246,7 +236,7 @@ class KVpopTrainer(Trainer):
                                                   query_mask=query_mask, return_hidden=True, input_ids=ids)
         distil = args.distill_weight > 0 and args.train_backbone
         with record_function("kvpop.teacher_forward"):
-            teacher_hidden = self._teacher_hidden(model, inputs) if distil else None
+            teacher_hidden = teacher_hidden_states(model, self.teacher_model, ids) if distil else None
         logs = {}  # name -> 0-d tensor, read back in one transfer at the end
         loss = hidden.new_zeros((), dtype=torch.float32)
         if self.settings.targets:
@@ -255,12 +245,9 @@ class KVpopTrainer(Trainer):
             logs["boundary_loss"] = b_loss
         head = lm_head_of(model)
         if teacher_hidden is not None:
-            t_head = head if self.teacher_model is None else lm_head_of(self.teacher_model)
-            weight, bias = head_weights(head)
-            t_weight, t_bias = head_weights(t_head)
             with record_function("kvpop.distillation"):
-                d_loss = chunked_distillation_loss(hidden, teacher_hidden, weight, bias, t_weight, t_bias,
-                                                   args.distill_temperature, token_mask)
+                d_loss = distillation_from_hidden(model, self.teacher_model, hidden, teacher_hidden,
+                                                  args.distill_temperature, token_mask)
             loss = loss + args.distill_weight * d_loss
             logs["distill_loss"] = d_loss
         elif not args.train_backbone and labels is not None:
