@@ -189,13 +189,20 @@ def running_topk_reference(prio: torch.Tensor, sinks: int, window: int, k: int) 
         :class:`RunningTopK` with ``[..., S]`` tensors.
     """
     sinks, window, k = _validate(prio, sinks, window, k)
+    return running_topk_from_kth(prio, sinks, window, k,
+                                 lambda rank2, order2: _kth_eligible_rank(order2, window, k, rank2.shape[-1]))
+
+
+def running_topk_from_kth(prio: torch.Tensor, sinks: int, window: int, k: int, kth_fn) -> RunningTopK:
+    """The :class:`RunningTopK` of validated arguments, given ``kth_fn(rank [rows, S], order [rows, R])`` ->
+    ``[rows, S + 1]`` (the contract of ``_kth_eligible_rank``): ranks, then the k-th eligible rank per query
+    from the backend, then cutoff / boundary / keep_new. Shared by every backend."""
     shape = prio.shape
     S = shape[-1]
     rank, order = _ranks_and_order(prio.detach(), sinks)
     rank2 = rank.reshape(-1, S)
-    order2 = order.reshape(rank2.shape[0], -1)
-    kth = _kth_eligible_rank(order2, window, k, S)
-    res = _assemble(rank2, order2, kth, sinks, window, k, S)
+    order2 = order.reshape(rank2.shape[0], order.shape[-1])  # explicit R: reshape(0, -1) is ambiguous
+    res = _assemble(rank2, order2, kth_fn(rank2, order2), sinks, window, k, S)
     return RunningTopK(
         rank=res.rank.reshape(shape),
         cutoff=res.cutoff.reshape(shape),

@@ -39,7 +39,7 @@ import collections
 
 import torch
 
-from .reference import RunningTopK, _assemble, _ranks_and_order, _validate
+from .reference import RunningTopK, _validate, running_topk_from_kth
 
 __all__ = ["running_topk_wavelet"]
 
@@ -174,19 +174,7 @@ def running_topk_wavelet(prio: torch.Tensor, sinks: int, window: int, k: int) ->
         reference.
     """
     sinks, window, k = _validate(prio, sinks, window, k)
-    shape = prio.shape
-    S = shape[-1]
-    if S >= 2**31 - 1:
-        raise ValueError(f"sequence length {S} too large for int32 counts")
-    rank, order = _ranks_and_order(prio.detach(), sinks)
-    rank2 = rank.reshape(-1, S)
-    # explicit R: ``reshape(0, -1)`` is ambiguous when there are no rows
-    order2 = order.reshape(rank2.shape[0], order.shape[-1])
-    kth = _kth_eligible_rank_wavelet(rank2, sinks, window, k)
-    res = _assemble(rank2, order2, kth, sinks, window, k, S)
-    return RunningTopK(
-        rank=res.rank.reshape(shape),
-        cutoff=res.cutoff.reshape(shape),
-        boundary=res.boundary.reshape(shape),
-        keep_new=res.keep_new.reshape(shape),
-    )
+    if prio.shape[-1] >= 2**31 - 1:
+        raise ValueError(f"sequence length {prio.shape[-1]} too large for int32 counts")
+    return running_topk_from_kth(prio, sinks, window, k,
+                                 lambda rank2, order2: _kth_eligible_rank_wavelet(rank2, sinks, window, k))
