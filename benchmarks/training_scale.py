@@ -39,7 +39,6 @@ import datetime as dt
 import gc
 import json
 import math
-import os
 import shlex
 import statistics
 import sys
@@ -57,8 +56,9 @@ from transformers import AutoModelForCausalLM, Qwen3Config, Trainer, TrainerCall
 
 from kvpop_hf.provenance import git_commit, versions  # noqa: E402
 from kvpop_hf.training import KVpopTrainer, KVpopTrainingArguments  # noqa: E402
-from kvpop_hf.training.chunked_distillation import chunked_distillation_loss  # noqa: E402
-from kvpop_hf.training.hidden_states import final_hidden_states, head_weights, lm_head_of  # noqa: E402
+from kvpop_hf.timing import fmt as fmt_number, is_oom  # noqa: E402
+from kvpop_hf.training.hidden_states import final_hidden_states  # noqa: E402
+from kvpop_hf.training.teacher_distillation import distillation_from_hidden, supervised_positions  # noqa: E402
 from kvpop_hf.training.trainer import LOG_GAMMA_ATTR, SCORER_ATTR  # noqa: E402
 
 CSV_COLUMNS = ["trainer", "scorer", "seq_len", "step_s", "tokens_per_s", "peak_gb"]
@@ -145,11 +145,7 @@ class DenseDistillTrainer(Trainer):
         _, hidden = final_hidden_states(model, input_ids=ids)
         with torch.no_grad(), model.disable_adapter():
             _, t_hidden = final_hidden_states(model, input_ids=ids)
-        labels = inputs["labels"]
-        mask = torch.zeros_like(labels, dtype=torch.bool)
-        mask[:, :-1] = labels[:, 1:] != -100
-        w, b = head_weights(lm_head_of(model))
-        return chunked_distillation_loss(hidden, t_hidden, w, b, mask=mask)
+        return distillation_from_hidden(model, None, hidden, t_hidden, 1.0, supervised_positions(inputs["labels"]))
 
 
 # ----------------------------------------------------------------------------------------------- timing
@@ -327,10 +323,6 @@ def run_row(base, trainer_name, scorer, seq_len, data, args, device, profile, sn
     return row, comps, snap
 
 
-def is_oom(err) -> bool:
-    return isinstance(err, torch.OutOfMemoryError) or "out of memory" in str(err).lower()
-
-
 # ----------------------------------------------------------------------------------------------- output
 def read_rows(path: Path) -> list[dict]:
     if not path.is_file():
@@ -348,11 +340,11 @@ def merge(old: list[dict], new: list[dict], keys=("trainer", "scorer", "seq_len"
 
 
 def fmt(x, nd=2):
+    """A CSV cell (a string, a number or empty) as a table number: ``kvpop_hf.timing.fmt`` of its value."""
     try:
-        x = float(x)
+        return fmt_number(float(x), nd)
     except (TypeError, ValueError):
         return "-"
-    return "-" if math.isnan(x) else f"{x:.{nd}f}"
 
 
 def write_outputs(prefix: Path, rows: list[dict], comps: list[dict], notes: list[str], header: dict):
@@ -487,7 +479,9 @@ def main(argv=None):
         budget(S, args.sinks, args.window, args.compression)  # errors before any work
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         raise ValueError("--device cuda but no CUDA device is visible; use --device cpu for the smoke test.")
-    import peft  # noqa: F401  (the LoRA rows need it: pip install -e ".[train]")
+    from retrofit import require_peft
+
+    require_peft()  # the LoRA rows need it; an error naming the `train` extra before any work
 
     device = torch.device(args.device)
     t_start = time.perf_counter()

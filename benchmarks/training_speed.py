@@ -47,7 +47,7 @@ import torch
 
 from kvpop_hf.dense_attention import expand_kv
 from kvpop_hf.provenance import git_commit, versions
-from kvpop_hf.timing import compiled_graphs, fmt, free, measure, quantiles, sync
+from kvpop_hf.timing import compiled_graphs, fmt, free, is_oom, measure, quantiles, sync
 import torch.nn.functional as F
 
 REPO = Path(__file__).resolve().parents[1]
@@ -98,14 +98,6 @@ class Bench:
         peak, times, out = measure(fn, self.device, repeats)
         q = quantiles(times)
         return dict(median_ms=q["median"], p10_ms=q["p10"], p90_ms=q["p90"], peak_mib=peak, out=out)
-
-
-def is_oom(err: BaseException) -> bool:
-    oom_cls = getattr(torch.cuda, "OutOfMemoryError", None)
-    if oom_cls is not None and isinstance(err, oom_cls):
-        return True
-    msg = str(err).lower()
-    return "out of memory" in msg and ("cuda" in msg or "alloc" in msg)
 
 
 class Recorder:

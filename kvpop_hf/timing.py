@@ -14,7 +14,7 @@ from typing import Any, Callable
 
 import torch
 
-__all__ = ["sync", "free", "compiled_graphs", "measure", "quantiles", "fmt"]
+__all__ = ["sync", "free", "compiled_graphs", "measure", "quantiles", "fmt", "is_oom"]
 
 
 def sync(device: torch.device) -> None:
@@ -79,3 +79,12 @@ def fmt(x: float | None, nd: int = 2) -> str:
     if x is None or (isinstance(x, float) and not math.isfinite(x)):
         return "-"
     return f"{x:.{nd}f}"
+
+
+def is_oom(err: BaseException) -> bool:
+    """Whether ``err`` is a device out-of-memory error (a benchmark row records it and goes on)."""
+    oom_cls = getattr(torch.cuda, "OutOfMemoryError", None)
+    if oom_cls is not None and isinstance(err, oom_cls):
+        return True
+    msg = str(err).lower()
+    return "out of memory" in msg and ("cuda" in msg or "alloc" in msg)

@@ -26,8 +26,8 @@ import torch
 from transformers import Trainer, TrainingArguments
 
 from ..config import model_shape
-from ..training.hidden_states import lm_head_of
-from ..training.teacher_distillation import distillation_from_hidden, teacher_hidden_states
+from ..training.hidden_states import lm_head_of, unwrap_model
+from ..training.teacher_distillation import distillation_from_hidden, supervised_positions, teacher_hidden_states
 from ..training.merged_save import save_weights_as
 from ..training.trainer import two_group_optimizer
 from . import config as dms_files
@@ -74,11 +74,6 @@ class DMSTrainingArguments(TrainingArguments):
             raise ValueError("compression_weight must be >= 0 and gate_learning_rate > 0.")
 
 
-def _base_model(model):
-    model = getattr(model, "module", model)
-    return model.get_base_model() if hasattr(model, "get_base_model") else model
-
-
 class DMSTrainer(Trainer):
     """A `transformers.Trainer` that trains DMS gates and distils the backbone (a PEFT LoRA model is supported)."""
 
@@ -87,7 +82,7 @@ class DMSTrainer(Trainer):
     def __init__(self, model=None, args: DMSTrainingArguments = None, teacher_model=None, gate=None, **kwargs):
         if not isinstance(args, DMSTrainingArguments):
             raise ValueError("DMSTrainer needs `args=DMSTrainingArguments(...)`.")
-        base = _base_model(model)
+        base = unwrap_model(model)
         layers, heads, head_dim = model_shape(base.config)
         gate = gate if gate is not None else DMSGate(layers, heads, head_dim, init_bias=args.gate_init_bias)
         base.add_module(GATE_ATTR, gate.requires_grad_(True))
@@ -111,7 +106,7 @@ class DMSTrainer(Trainer):
 
     @property
     def gate(self) -> DMSGate:
-        return getattr(_base_model(self.model), GATE_ATTR)
+        return getattr(unwrap_model(self.model), GATE_ATTR)
 
     def create_optimizer(self, model=None):
         if self.optimizer is None:
@@ -138,11 +133,7 @@ class DMSTrainer(Trainer):
         outputs, record, hidden = dms_forward(model, self.gate, args.sinks, args.window, args.tau, return_hidden=True,
                                               input_ids=ids)
         teacher_hidden = teacher_hidden_states(model, self.teacher_model, ids)
-        labels = inputs.get("labels")
-        token_mask = None
-        if labels is not None:
-            token_mask = torch.zeros_like(labels, dtype=torch.bool)
-            token_mask[:, :-1] = labels[:, 1:] != -100
+        token_mask = supervised_positions(inputs.get("labels"))
         d_loss = distillation_from_hidden(model, self.teacher_model, hidden, teacher_hidden, args.distill_temperature,
                                           token_mask)
         rate = self.target_rate()
@@ -170,7 +161,7 @@ class DMSTrainer(Trainer):
         output_dir = output_dir if output_dir is not None else self.args.output_dir
         state_dict = self.model.state_dict() if state_dict is None else state_dict
         state_dict = {k: v for k, v in state_dict.items() if GATE_ATTR not in k}
-        base = _base_model(self.model)
+        base = unwrap_model(self.model)
         gate = base._modules.pop(GATE_ATTR)
         attn, base.config._attn_implementation = base.config._attn_implementation, "sdpa"
         try:
@@ -190,7 +181,7 @@ class DMSTrainer(Trainer):
         if hasattr(model, "merge_and_unload"):
             model = model.merge_and_unload()
             self.model = model
-        base = _base_model(model)
+        base = unwrap_model(model)
         gate = base._modules.pop(GATE_ATTR)
         attn, base.config._attn_implementation = base.config._attn_implementation, "sdpa"
         try:

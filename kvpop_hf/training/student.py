@@ -146,11 +146,6 @@ def teacher_topk_recall(student, teacher, sinks: int, window: int, n_queries: in
     return (inter / denom).mean()
 
 
-def valid_of(boundary: torch.Tensor) -> torch.Tensor:
-    """Queries with a boundary decision (``boundary >= 0``)."""
-    return boundary >= 0
-
-
 def kvpop_train_attention(module, query, key, value, attention_mask, scaling=None, dropout: float = 0.0, **kwargs):
     """query ``[b, Hq, S, d]``, key/value ``[b, Hkv, S, d]`` (whole sequences) -> (``[b, S, Hq, d]``, None)."""
     call = kwargs.get(STUDENT_KWARG)
@@ -198,7 +193,7 @@ def kvpop_train_attention(module, query, key, value, attention_mask, scaling=Non
     if saved is not None:
         with record_function("kvpop.boundary_loss"):
             record.boundary[li] = boundary_loss(prio, t_new, saved.boundary.long(), saved.keep_new, tau=st.tau,
-                                                omega=saved.omega, valid=valid_of(saved.boundary))
+                                                omega=saved.omega, valid=saved.boundary >= 0)
         return out.transpose(1, 2).contiguous(), None
     with torch.no_grad(), record_function("kvpop.target_pass"):
         q_d, k_d = query.detach(), key.detach()

@@ -27,6 +27,16 @@ def teacher_hidden_states(model, teacher_model, input_ids: torch.Tensor) -> torc
             return final_hidden_states(model, input_ids=input_ids)[1]
 
 
+def supervised_positions(labels: torch.Tensor | None) -> torch.Tensor | None:
+    """``[B, S]`` bool: the positions whose next token has a label (``labels[:, 1:] != -100``), the tokens the
+    distillation averages over; None without labels."""
+    if labels is None:
+        return None
+    mask = torch.zeros_like(labels, dtype=torch.bool)
+    mask[:, :-1] = labels[:, 1:] != -100
+    return mask
+
+
 def distillation_from_hidden(model, teacher_model, hidden: torch.Tensor, teacher_hidden: torch.Tensor,
                              temperature: float, mask: torch.Tensor | None) -> torch.Tensor:
     """``T^2 KL(teacher || student)`` over the unmasked tokens, from the student's ``hidden`` and the teacher's

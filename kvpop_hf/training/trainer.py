@@ -31,11 +31,11 @@ from .. import hub
 from ..config import KVpopConfig, model_shape
 from ..scorers import build_scorer
 from .chunked_distillation import chunked_lm_loss
-from .hidden_states import head_weights, lm_head_of
+from .hidden_states import head_weights, lm_head_of, unwrap_model
 from .merged_save import save_weights_as
 from .student import TRAIN_ATTN_NAME, StudentSettings, student_forward
 from .targets import reduce_power
-from .teacher_distillation import distillation_from_hidden, teacher_hidden_states
+from .teacher_distillation import distillation_from_hidden, supervised_positions, teacher_hidden_states
 
 SCORER_ATTR = "kvpop_scorer"
 LEARNED_SCORERS = ("mlp", "mlstm")
@@ -134,14 +134,6 @@ class KVpopTrainingArguments(TrainingArguments):
                            base_model=getattr(model_config, "_name_or_path", None) or None)
 
 
-def _base_model(model):
-    """The transformers model under PEFT / DDP wrappers."""
-    model = getattr(model, "module", model)
-    if hasattr(model, "get_base_model"):
-        model = model.get_base_model()
-    return model
-
-
 class KVpopTrainer(Trainer):
     """A `transformers.Trainer` that retrofits KVpop scorers (and optionally distils the backbone).
 
@@ -158,7 +150,7 @@ class KVpopTrainer(Trainer):
     def __init__(self, model=None, args: KVpopTrainingArguments = None, teacher_model=None, scorer=None, **kwargs):
         if not isinstance(args, KVpopTrainingArguments):
             raise ValueError("KVpopTrainer needs `args=KVpopTrainingArguments(...)`.")
-        base = _base_model(model)
+        base = unwrap_model(model)
         self.kvpop_config = args.kvpop_config(base.config)
         cfg = self.kvpop_config
         if scorer is None:
@@ -198,10 +190,10 @@ class KVpopTrainer(Trainer):
     # -- parts --------------------------------------------------------------------------------
     @property
     def scorer(self):
-        return getattr(_base_model(self.model), SCORER_ATTR)
+        return getattr(unwrap_model(self.model), SCORER_ATTR)
 
     def _log_gamma(self, model):
-        return getattr(_base_model(model), LOG_GAMMA_ATTR, None)
+        return getattr(unwrap_model(model), LOG_GAMMA_ATTR, None)
 
     def create_optimizer(self, model=None):
         if self.optimizer is None and self.args.scorer_learning_rate is not None:
@@ -223,10 +215,7 @@ class KVpopTrainer(Trainer):
         # the teacher's, groups would get none and the bf16 gradients would later fail to land on the fp32
         # shards (pytorch/pytorch#186998).
         labels = inputs.get("labels")
-        token_mask = None
-        if labels is not None:
-            token_mask = torch.zeros_like(labels, dtype=torch.bool)
-            token_mask[:, :-1] = labels[:, 1:] != -100  # positions that predict a supervised token
+        token_mask = supervised_positions(labels)
         if args.target_queries == "labels" and token_mask is None:
             raise ValueError("target_queries='labels' needs labels in the batch (the supervised positions).")
         query_mask = token_mask if args.target_queries == "labels" and self.settings.targets else None
@@ -243,7 +232,6 @@ class KVpopTrainer(Trainer):
             b_loss = torch.stack(list(record.boundary.values())).mean()
             loss = args.boundary_weight * b_loss
             logs["boundary_loss"] = b_loss
-        head = lm_head_of(model)
         if teacher_hidden is not None:
             with record_function("kvpop.distillation"):
                 d_loss = distillation_from_hidden(model, self.teacher_model, hidden, teacher_hidden,
@@ -252,7 +240,7 @@ class KVpopTrainer(Trainer):
             logs["distill_loss"] = d_loss
         elif not args.train_backbone and labels is not None:
             with torch.no_grad():
-                logs["student_lm_loss"] = chunked_lm_loss(hidden, *head_weights(head), labels)
+                logs["student_lm_loss"] = chunked_lm_loss(hidden, *head_weights(lm_head_of(model)), labels)
         if self.settings.targets:
             logs["teacher_topk_recall"] = torch.stack(list(record.teacher_recall.values())).nanmean()
             for li, r in record.teacher_recall.items():
@@ -263,7 +251,7 @@ class KVpopTrainer(Trainer):
             for key, value in zip(logs, values):
                 self._kvpop_logs.setdefault(key, []).append(value)
         if return_outputs:
-            outputs.logits = head(hidden)  # evaluation asks for them (small batches)
+            outputs.logits = lm_head_of(model)(hidden)  # evaluation asks for them (small batches)
             return loss, outputs
         return loss
 
@@ -283,7 +271,7 @@ class KVpopTrainer(Trainer):
         if state_dict is None:
             state_dict = self.model.state_dict()
         state_dict = {k: v for k, v in state_dict.items() if SCORER_ATTR not in k and LOG_GAMMA_ATTR not in k}
-        base = _base_model(self.model)
+        base = unwrap_model(self.model)
         scorer = base._modules.pop(SCORER_ATTR)
         lg = base._parameters.pop(LOG_GAMMA_ATTR, None)
         attn = base.config._attn_implementation
@@ -309,7 +297,7 @@ class KVpopTrainer(Trainer):
         if hasattr(model, "merge_and_unload"):
             model = model.merge_and_unload()
             self.model = model
-        base = _base_model(model)
+        base = unwrap_model(model)
         scorer = base._modules.pop(SCORER_ATTR)
         lg = base._parameters.pop(LOG_GAMMA_ATTR, None)
         attn = base.config._attn_implementation
