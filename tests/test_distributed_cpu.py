@@ -58,3 +58,22 @@ def test_two_gloo_processes_match_one_process(tmp_path, mode):
     assert set(a) == set(b)
     for key in a:
         torch.testing.assert_close(a[key], b[key], atol=1e-4, rtol=1e-4)
+
+
+def test_cli_closes_the_process_group_after_success_and_failure():
+    """The training CLIs end the process group themselves (an exit with gloo threads alive aborts a rank)."""
+    import torch.distributed as dist
+
+    sys.path.insert(0, str(ROOT / "training"))
+    from retrofit import run_cli
+
+    def train(argv):
+        dist.init_process_group("gloo", init_method="tcp://127.0.0.1:29531", rank=0, world_size=1)
+        if argv == ["fail"]:
+            raise RuntimeError("a rank failed")
+
+    run_cli(train, [])
+    assert not dist.is_initialized()
+    with pytest.raises(RuntimeError, match="a rank failed"):
+        run_cli(train, ["fail"])
+    assert not dist.is_initialized()

@@ -189,5 +189,27 @@ def main(argv=None, callbacks=None):
     return trainer
 
 
+def close_process_group(wait_for_ranks: bool = True):
+    """Tear down the process group that the Trainer opened under ``torchrun`` (after a barrier unless a rank failed,
+    where waiting would hang): an interpreter that exits with gloo's worker threads alive aborts ("terminate called
+    without an active exception") and fails the launch although training and saving succeeded."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        if wait_for_ranks:
+            dist.barrier()
+        dist.destroy_process_group()
+
+
+def run_cli(main_fn, argv):
+    """``main_fn(argv)``, then the process group closed (see :func:`close_process_group`)."""
+    try:
+        main_fn(argv)
+    except BaseException:
+        close_process_group(wait_for_ranks=False)
+        raise
+    close_process_group()
+
+
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    run_cli(main, sys.argv[1:])

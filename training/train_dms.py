@@ -27,7 +27,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, HfArgumentParser
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from retrofit import examples_needed, lora_student, testbed_examples, train_and_save  # noqa: E402
+from retrofit import examples_needed, lora_student, run_cli, testbed_examples, train_and_save  # noqa: E402
 
 from kvpop_hf.dms import target_eviction_rate  # noqa: E402
 from kvpop_hf.dms.trainer import DMSTrainer, DMSTrainingArguments  # noqa: E402
@@ -84,4 +84,4 @@ def main(argv=None, callbacks=None):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    run_cli(main, sys.argv[1:])
