@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from kvpop_hf.provenance import git_commit
+from kvpop_hf.utils.provenance import git_commit
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "training"))

@@ -27,7 +27,7 @@ import time
 
 import torch
 
-from kvpop_hf.provenance import git_commit
+from kvpop_hf.utils.provenance import git_commit
 from kvpop_hf.testbed.oracle import check_kind
 from kvpop_hf.testbed.static_policies import add_benchmark_args, benchmark_setup, check_policy_args
 

@@ -23,7 +23,7 @@ from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from kvpop_hf import KVpopCache
 from kvpop_hf.compat import with_cache
-from kvpop_hf.provenance import git_commit, versions
+from kvpop_hf.utils.provenance import git_commit, versions
 
 REPO = Path(__file__).resolve().parents[1]
 

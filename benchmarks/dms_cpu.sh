@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# DMS on the CPU testbed (learned per-head eviction gates, delayed eviction, ragged memory; kvpop_hf/dms):
+# DMS on the CPU testbed (learned per-head eviction gates, delayed eviction, ragged memory; kvpop_hf/baselines/dms):
 # the teacher's LoRA backbone distilled with the gate at each target compression, merged and saved under
 # checkpoints/dms_cr<NN> (a model directory with dms_config.json + dms_gate.safetensors).
 #   STEPS=80 bash benchmarks/dms_cpu.sh train    # three trainings, logs in results/dms_cpu/
@@ -32,5 +32,5 @@ else
     --families reasoning --in-domain reasoning --sinks 4 --window 32 --budgets 0.75,0.88,0.94 --policies dms \
     --scorer-checkpoint "dms@cr75=$CKPTS/dms_cr75" --scorer-checkpoint "dms@cr88=$CKPTS/dms_cr88" \
     --scorer-checkpoint "dms@cr94=$CKPTS/dms_cr94" --batch-size 10 --device cpu --no-progress
-  "$PY" -m kvpop_hf.dms.heatmap "$OUT/compression.json" "$OUT/eviction_ratio_heatmap.png"
+  "$PY" -m kvpop_hf.baselines.dms.heatmap "$OUT/compression.json" "$OUT/eviction_ratio_heatmap.png"
 fi

@@ -15,7 +15,7 @@ Rows, per context (prompts prefilled in ``--prefill-chunk`` token chunks, then `
 * ``kvpop-<scorer>/eager`` and ``kvpop-<scorer>/compiled``: one KVpopCache per scorer, prefilled once
   with ``attn_implementation="kvpop"``; both decode modes start from the same post-prefill state
   (buffers restored in place), are fed the same tokens, and their max |logit difference| is printed;
-* ``dms/eager`` (``--rows dms``): a DMSCache (kvpop_hf/dms, ragged memory per head, not compileable) with
+* ``dms/eager`` (``--rows dms``): a DMSCache (kvpop_hf/baselines/dms, ragged memory per head, not compileable) with
   ``--dms-checkpoint``'s gate, or by default a synthetic gate of the same *average* budget: a share
   ``k / (context - s - w)`` of the (layer, KV head)s keeps every token, the others keep sinks + window
   (the extremes of the KVpop paper's Figure 8); ``kept_per_head`` is the mean number of entries held. Its
@@ -54,10 +54,10 @@ from transformers import AutoModelForCausalLM, CompileConfig, DynamicCache, Qwen
 from kvpop_hf import KVpopCache
 from kvpop_hf.cache import kv_tensor_bytes
 from kvpop_hf.compat import with_cache
-from kvpop_hf.dms import DMSCache, DMSGate
+from kvpop_hf.baselines.dms import DMSCache, DMSGate
 from kvpop_hf.kernels import kernel_wanted
-from kvpop_hf.provenance import git_commit
-from kvpop_hf.timing import quantiles, sync
+from kvpop_hf.utils.provenance import git_commit
+from kvpop_hf.utils.timing import quantiles, sync
 
 REPO = Path(__file__).resolve().parents[1]
 warnings.filterwarnings("ignore", message=r".*`past_key_values` is deprecated.*", category=FutureWarning)

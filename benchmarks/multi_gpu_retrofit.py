@@ -285,7 +285,7 @@ def run(a) -> int:
 
 # -------------------------------------------------------------------------------------------- report
 def _versions():
-    from kvpop_hf.provenance import versions
+    from kvpop_hf.utils.provenance import versions
 
     vers = versions("torch", "transformers", "accelerate", "peft", "triton", missing=lambda err: None)
     try:
@@ -329,7 +329,7 @@ def _summarise(ranks, warmup, seq_len):
 
 
 def report(out: Path, warmup: int) -> dict:
-    from kvpop_hf.provenance import git_commit
+    from kvpop_hf.utils.provenance import git_commit
 
     raw = out / "raw"
     meta = json.loads((raw / "run_meta.json").read_text()) if (raw / "run_meta.json").is_file() else {}

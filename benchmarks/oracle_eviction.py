@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from kvpop_hf import KVpopCache
-from kvpop_hf.provenance import git_commit
+from kvpop_hf.utils.provenance import git_commit
 from kvpop_hf.testbed import make_problem, training_example
 from kvpop_hf.testbed.dense_eval import exact_match
 from kvpop_hf.testbed.evaluate import DEFAULT_SEED_BASE, parse_knobs, token_accuracy

@@ -26,7 +26,7 @@ import sys
 from datetime import date
 from pathlib import Path
 
-from kvpop_hf.provenance import git_commit
+from kvpop_hf.utils.provenance import git_commit
 
 
 def parse_point(text: str) -> tuple[str, Path, str, Path, str]:

@@ -29,8 +29,8 @@ if str(REPO) not in sys.path:  # run from a checkout without `pip install -e .`
 
 import torch  # noqa: E402
 
-from kvpop_hf.provenance import git_commit  # noqa: E402
-from kvpop_hf.timing import fmt, free, measure, quantiles  # noqa: E402
+from kvpop_hf.utils.provenance import git_commit  # noqa: E402
+from kvpop_hf.utils.timing import fmt, free, measure, quantiles  # noqa: E402
 from kvpop_hf.topk import running_topk_reference, running_topk_wavelet  # noqa: E402
 from kvpop_hf.topk import wavelet as wavelet_module  # noqa: E402
 
@@ -42,7 +42,7 @@ def _same(a, b) -> bool:
 
 
 def _time(fn, device, repeats, warmup=True):
-    """``(median ms, peak MiB, output)``: one warm-up call, then :func:`kvpop_hf.timing.measure`."""
+    """``(median ms, peak MiB, output)``: one warm-up call, then :func:`kvpop_hf.utils.timing.measure`."""
     if warmup:
         fn()
     peak, times, out = measure(fn, device, repeats)

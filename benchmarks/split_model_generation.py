@@ -36,8 +36,8 @@ from generation_speed import SHAPES, build_model  # noqa: E402
 
 from kvpop_hf import KVpopCache  # noqa: E402
 from kvpop_hf.compat import with_cache  # noqa: E402
-from kvpop_hf.provenance import git_commit, versions  # noqa: E402
-from kvpop_hf.timing import quantiles  # noqa: E402
+from kvpop_hf.utils.provenance import git_commit, versions  # noqa: E402
+from kvpop_hf.utils.timing import quantiles  # noqa: E402
 
 
 def sync_all(devices) -> None:

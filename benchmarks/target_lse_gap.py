@@ -21,13 +21,13 @@ from pathlib import Path
 import torch
 
 from kvpop_hf import KVpopCache
-from kvpop_hf.provenance import git_commit
+from kvpop_hf.utils.provenance import git_commit
 from kvpop_hf.testbed import make_problem, training_example
 from kvpop_hf.testbed.analysis import oracle_topk_recall, record_qkv
 from kvpop_hf.topk import running_topk
-from kvpop_hf.training.priorities import sequence_priorities
-from kvpop_hf.training.sparse_attention import sparse_attention_reference
-from kvpop_hf.training.targets import dense_causal_lse, future_attention_target
+from kvpop_hf.trainer.priorities import sequence_priorities
+from kvpop_hf.trainer.sparse_attention import sparse_attention_reference
+from kvpop_hf.trainer.targets import dense_causal_lse, future_attention_target
 
 ROOT = Path(__file__).resolve().parents[1]
 

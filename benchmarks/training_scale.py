@@ -10,7 +10,7 @@ Rows (same model, same data, batch 1, bf16, gradient checkpointing, LoRA rank ``
 
 * ``lora_sft``: plain ``transformers.Trainer``, causal-LM loss on the model's logits, ``sdpa``;
 * ``lora_distill``: dense ``sdpa`` attention, teacher = the same model with its adapters disabled, the chunked KL
-  of ``kvpop_hf.training.chunked_distillation`` (the honest baseline of distillation);
+  of ``kvpop_hf.trainer.chunked_distillation`` (the honest baseline of distillation);
 * ``kvpop_scorer_only:<scorer>``: ``KVpopTrainer(train_backbone=False)``, no LoRA, no teacher;
 * ``kvpop_distill:<scorer>``: ``KVpopTrainer`` with LoRA: distillation + boundary loss.
 
@@ -54,12 +54,12 @@ for p in (REPO, REPO / "training"):
 import torch  # noqa: E402
 from transformers import AutoModelForCausalLM, Qwen3Config, Trainer, TrainerCallback, TrainingArguments  # noqa: E402
 
-from kvpop_hf.provenance import git_commit, versions  # noqa: E402
-from kvpop_hf.training import KVpopTrainer, KVpopTrainingArguments  # noqa: E402
-from kvpop_hf.timing import fmt as fmt_number, is_oom  # noqa: E402
-from kvpop_hf.training.hidden_states import final_hidden_states  # noqa: E402
-from kvpop_hf.training.teacher_distillation import distillation_from_hidden, supervised_positions  # noqa: E402
-from kvpop_hf.training.trainer import LOG_GAMMA_ATTR, SCORER_ATTR  # noqa: E402
+from kvpop_hf.utils.provenance import git_commit, versions  # noqa: E402
+from kvpop_hf.trainer import KVpopTrainer, KVpopTrainingArguments  # noqa: E402
+from kvpop_hf.utils.timing import fmt as fmt_number, is_oom  # noqa: E402
+from kvpop_hf.trainer.hidden_states import final_hidden_states  # noqa: E402
+from kvpop_hf.trainer.teacher_distillation import distillation_from_hidden, supervised_positions  # noqa: E402
+from kvpop_hf.trainer.trainer import LOG_GAMMA_ATTR, SCORER_ATTR  # noqa: E402
 
 CSV_COLUMNS = ["trainer", "scorer", "seq_len", "step_s", "tokens_per_s", "peak_gb"]
 SHAPES = {  # hidden, intermediate, layers, q heads, kv heads, head_dim, vocab, tied embeddings
@@ -340,7 +340,7 @@ def merge(old: list[dict], new: list[dict], keys=("trainer", "scorer", "seq_len"
 
 
 def fmt(x, nd=2):
-    """A CSV cell (a string, a number or empty) as a table number: ``kvpop_hf.timing.fmt`` of its value."""
+    """A CSV cell (a string, a number or empty) as a table number: ``kvpop_hf.utils.timing.fmt`` of its value."""
     try:
         return fmt_number(float(x), nd)
     except (TypeError, ValueError):

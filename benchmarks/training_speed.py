@@ -46,8 +46,8 @@ from pathlib import Path
 import torch
 
 from kvpop_hf.dense_attention import expand_kv
-from kvpop_hf.provenance import git_commit, versions
-from kvpop_hf.timing import compiled_graphs, fmt, free, is_oom, measure, quantiles, sync
+from kvpop_hf.utils.provenance import git_commit, versions
+from kvpop_hf.utils.timing import compiled_graphs, fmt, free, is_oom, measure, quantiles, sync
 import torch.nn.functional as F
 
 REPO = Path(__file__).resolve().parents[1]
@@ -163,8 +163,8 @@ def dense_sdpa(q, k, v):
 
 def layer_section(args, S, device, dtype, bench: Bench, rec: Recorder, state: dict):
     from kvpop_hf.topk import running_topk
-    from kvpop_hf.training.sparse_attention import sparse_attention, sparse_attention_block_mask
-    from kvpop_hf.training.targets import (future_attention_target, future_attention_target_reference,
+    from kvpop_hf.trainer.sparse_attention import sparse_attention, sparse_attention_block_mask
+    from kvpop_hf.trainer.targets import (future_attention_target, future_attention_target_reference,
                                            future_block_mask_for)
 
     sec = f"layer S={S}"
@@ -226,7 +226,7 @@ def layer_section(args, S, device, dtype, bench: Bench, rec: Recorder, state: di
             lse = res_b["out"][1].detach()
         else:
             rec.note(f"S={S}: (b) failed; (c)/(d) use the dense causal LSE instead of the sparse one")
-            from kvpop_hf.training.targets import dense_causal_lse
+            from kvpop_hf.trainer.targets import dense_causal_lse
             lse = dense_causal_lse(q, k)
         res_b = None
         bench.free()
@@ -295,7 +295,7 @@ def full_model_section(args, seq_lens, device, dtype, bench: Bench, rec: Recorde
     from transformers import AutoModelForCausalLM, Qwen3Config
 
     from kvpop_hf.scorers import build_scorer
-    from kvpop_hf.training.student import TRAIN_ATTN_NAME, StudentSettings, student_forward
+    from kvpop_hf.trainer.student import TRAIN_ATTN_NAME, StudentSettings, student_forward
 
     cfg = Qwen3Config(vocab_size=args.vocab, hidden_size=args.hidden, intermediate_size=args.intermediate,
                       num_hidden_layers=args.layers, num_attention_heads=args.heads,
@@ -499,7 +499,7 @@ def main(argv=None):
 
     raise_recompile_limit(64)
 
-    import kvpop_hf.training.student  # noqa: F401  (registers the "kvpop_train" attention)
+    import kvpop_hf.trainer.student  # noqa: F401  (registers the "kvpop_train" attention)
 
     meta = {"command": " ".join(shlex.quote(a) for a in [sys.executable, *sys.argv]),
             "git_commit": (git_commit(REPO) or "unknown"), "date": time.strftime("%Y-%m-%d %H:%M:%S %Z")}

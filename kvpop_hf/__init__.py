@@ -17,8 +17,8 @@ def __getattr__(name):  # the training stack is imported on first use
         from . import training
 
         return getattr(training, name)
-    if name == "DMSCache":  # the DMS baseline (kvpop_hf/dms)
-        from .dms import DMSCache
+    if name == "DMSCache":  # the DMS baseline (kvpop_hf/baselines/dms)
+        from .baselines.dms import DMSCache
 
         return DMSCache
     raise AttributeError(f"module 'kvpop_hf' has no attribute {name!r}")

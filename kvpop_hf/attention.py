@@ -29,7 +29,7 @@ from torch.nn import functional as F
 from transformers import AttentionInterface, AttentionMaskInterface
 from transformers.masking_utils import sdpa_mask
 
-from .attention_scores import attend_and_score
+from .baselines.attention_policies.scores import attend_and_score
 from .decode_attention import decode_attention
 from .dense_attention import causal_attention
 
@@ -166,11 +166,11 @@ def kvpop_attention(module, query, key, value, attention_mask, scaling=None, dro
 @torch.compiler.disable
 def _attention_eagerly(module, query, key, value, attention_mask, scaling, dropout):
     scores = getattr(key, "kvpop_scores", None)
-    if scores is not None:  # attention-based policies (TOVA, H2O, SnapKV): kvpop_hf/attention_scores.py
+    if scores is not None:  # attention-based policies (TOVA, H2O, SnapKV): kvpop_hf/baselines/attention_policies/scores.py
         valid = attention_mask.valid if isinstance(attention_mask, KVpopMaskInfo) else None
         return attend_and_score(scores, query, key, value, valid, scaling)
     dms = getattr(key, "kvpop_dms", None)
-    if dms is not None:  # DMS: a different set of tokens per KV head (kvpop_hf/dms/handoff.py)
+    if dms is not None:  # DMS: a different set of tokens per KV head (kvpop_hf/baselines/dms/handoff.py)
         valid = attention_mask.valid if isinstance(attention_mask, KVpopMaskInfo) else None
         return dms.attend(query, key, value, valid, scaling)
     chunk = getattr(key, "kvpop_chunk", None)

@@ -12,7 +12,7 @@ from transformers.cache_utils import Cache
 
 from . import hub
 from .config import KVpopConfig, model_shape
-from .dynamic_layer import DynamicScoreLayer
+from .baselines.attention_policies.layer import DynamicScoreLayer
 from .layer import KVpopLayer
 from .scorers import Scorer, build_scorer, scorer_name
 

@@ -171,7 +171,7 @@ def test_cache_follows_the_rule(policy, schedule):
 @pytest.mark.parametrize("policy", POLICIES)
 def test_query_blocks_change_nothing(policy, monkeypatch):
     """A chunk's queries taken 3 rows at a time (bounded memory) give the same kept sets and outputs."""
-    import kvpop_hf.attention_scores as scores
+    import kvpop_hf.baselines.attention_policies.scores as scores
 
     q, k, v = random_qkv(seed=11)
     sizes = [11, 1, 9, 1, 1, 1]

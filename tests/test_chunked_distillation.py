@@ -6,9 +6,9 @@ import pytest
 import torch
 from torch import nn
 
-from kvpop_hf.training.chunked_distillation import chunked_distillation_loss, default_chunk_size
-from kvpop_hf.training.hidden_states import final_hidden_states, lm_head_of
-from kvpop_hf.training.losses import distillation_loss
+from kvpop_hf.trainer.chunked_distillation import chunked_distillation_loss, default_chunk_size
+from kvpop_hf.trainer.hidden_states import final_hidden_states, lm_head_of
+from kvpop_hf.trainer.losses import distillation_loss
 
 RTOL = 1e-5
 
@@ -175,7 +175,7 @@ def test_peft_teacher_is_the_student_without_adapters():
 
 
 def test_chunked_lm_loss_matches_cross_entropy():
-    from kvpop_hf.training.chunked_distillation import chunked_lm_loss
+    from kvpop_hf.trainer.chunked_distillation import chunked_lm_loss
 
     h, _, w, b, _ = _inputs(seed=6, bias=True)
     labels = torch.randint(0, w.shape[0], h.shape[:2])

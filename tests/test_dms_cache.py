@@ -7,8 +7,8 @@ from transformers import AttentionInterface, AttentionMaskInterface, DynamicCach
 
 import kvpop_hf  # noqa: F401
 from helpers import distinct_ids, tiny_model
-from kvpop_hf.dms import DMSCache, DMSGate
-from kvpop_hf.dms.mask import hard_visibility_reference
+from kvpop_hf.baselines.dms import DMSCache, DMSGate
+from kvpop_hf.baselines.dms.mask import hard_visibility_reference
 
 SINKS, WINDOW = 2, 5
 REF = "dms_test_reference"

@@ -10,7 +10,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from kvpop_hf.dms import DMSCache
+from kvpop_hf.baselines.dms import DMSCache
 from kvpop_hf.testbed.evaluate import main as eval_main
 from test_streaming_plus import _teacher
 
@@ -52,7 +52,7 @@ def test_train_then_eval(tmp_path):
     assert len(comp["eviction_ratio"]) == 2 and len(comp["eviction_ratio"][0]) == 2
     assert len(comp["kept_per_head"]) == 2 and 0 < comp["seen"] <= LENGTH
 
-    from kvpop_hf.dms import heatmap
+    from kvpop_hf.baselines.dms import heatmap
 
     (B_, frac, _), = heatmap.load_maps(out / "compression.json")
     assert B_ == B and all(0.0 <= x < 1.0 for row in frac for x in row)

@@ -6,11 +6,11 @@ import torch
 
 import kvpop_hf  # noqa: F401
 from helpers import distinct_ids, tiny_model
-from kvpop_hf.dms import CompressionSchedule, DMSGate, compression_loss, mean_eviction, target_eviction_rate
-from kvpop_hf.dms.mask import (hard_visibility, hard_visibility_reference, soft_eviction_bias,
+from kvpop_hf.baselines.dms import CompressionSchedule, DMSGate, compression_loss, mean_eviction, target_eviction_rate
+from kvpop_hf.baselines.dms.mask import (hard_visibility, hard_visibility_reference, soft_eviction_bias,
                                soft_eviction_bias_reference)
-from kvpop_hf.dms.relaxation import eviction_probability, log_keep, relaxed_logits
-from kvpop_hf.dms.train_attention import TRAIN_ATTN_NAME, dms_forward
+from kvpop_hf.baselines.dms.relaxation import eviction_probability, log_keep, relaxed_logits
+from kvpop_hf.baselines.dms.train_attention import TRAIN_ATTN_NAME, dms_forward
 
 
 @pytest.mark.parametrize("sinks,window", [(0, 1), (2, 3), (1, 7)])
@@ -94,7 +94,7 @@ def test_training_forward_matches_hard_rule_and_gives_gate_gradients():
                                           ({"target_eviction": 1.0}, "target_eviction"), ({"window": 0}, "window"),
                                           ({"tau": 0.0}, "tau")])
 def test_training_arguments_refuse_bad_values(tmp_path, kwargs, match):
-    from kvpop_hf.dms.trainer import DMSTrainingArguments
+    from kvpop_hf.baselines.dms.trainer import DMSTrainingArguments
 
     with pytest.raises(ValueError, match=match):
         DMSTrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to="none", **kwargs)
@@ -103,7 +103,7 @@ def test_training_arguments_refuse_bad_values(tmp_path, kwargs, match):
 def test_time_ramp_follows_the_clock(monkeypatch):
     from types import SimpleNamespace
 
-    from kvpop_hf.dms import trainer as dms_trainer
+    from kvpop_hf.baselines.dms import trainer as dms_trainer
 
     clock = [100.0]
     monkeypatch.setattr(dms_trainer.time, "monotonic", lambda: clock[0])

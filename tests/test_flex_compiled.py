@@ -6,7 +6,7 @@ from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
 from kvpop_hf import attention
 from kvpop_hf.flex_compiled import TRAINING_DYNAMIC, compiled_create_block_mask, compiled_flex
-from kvpop_hf.training import sparse_attention
+from kvpop_hf.trainer import sparse_attention
 
 
 def test_eager_off_cuda():

@@ -33,7 +33,7 @@ if not hasattr(fsdp, "fully_shard") or not dist.is_gloo_available():
     pytest.skip("needs torch.distributed.fsdp.fully_shard (FSDP2) and the gloo backend", allow_module_level=True)
 
 WORLD = 2
-SCORER = "kvpop_scorer"  # kvpop_hf.training.trainer.SCORER_ATTR: the scorer lives in the root unit
+SCORER = "kvpop_scorer"  # kvpop_hf.trainer.trainer.SCORER_ATTR: the scorer lives in the root unit
 GRAD_DTYPE_ERROR = "attempting to assign a gradient"
 
 
@@ -44,7 +44,7 @@ def _free_port() -> int:
 
 
 def _worker(rank, port, teacher_first, out_dir):
-    from kvpop_hf.training import KVpopTrainer, KVpopTrainingArguments
+    from kvpop_hf.trainer import KVpopTrainer, KVpopTrainingArguments
 
     torch.set_num_threads(1)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),

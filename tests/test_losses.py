@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kvpop_hf.training.losses import (
+from kvpop_hf.trainer.losses import (
     balance_weights,
     boundary_loss,
     distillation_loss,

@@ -1,4 +1,4 @@
-"""The merged student is saved in the dtype its source checkpoint records (kvpop_hf/training/merged_save.py)."""
+"""The merged student is saved in the dtype its source checkpoint records (kvpop_hf/trainer/merged_save.py)."""
 
 import json
 import sys
@@ -9,7 +9,7 @@ import torch
 from safetensors import safe_open
 from transformers import AutoModelForCausalLM, Qwen3Config
 
-from kvpop_hf.training.merged_save import merged_dtype, save_weights_as, source_dtype
+from kvpop_hf.trainer.merged_save import merged_dtype, save_weights_as, source_dtype
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "training"))
 

@@ -1,7 +1,7 @@
 """The model card lists the training signals under their current names."""
 
 from kvpop_hf.config import KVpopConfig
-from kvpop_hf.training.model_card import render_model_card
+from kvpop_hf.trainer.model_card import render_model_card
 
 
 def _card(history):
@@ -22,7 +22,7 @@ def test_older_log_key_is_read_under_the_new_name():
 def test_card_names_the_scorer_target():
     from types import SimpleNamespace
 
-    from kvpop_hf.training.model_card import _target_text
+    from kvpop_hf.trainer.model_card import _target_text
     assert _target_text(SimpleNamespace(target_reduce="p4", target_queries="labels")) == \
         "future attention, power mean of order 4 (p4) over the answer's queries (labels)"
     assert _target_text(SimpleNamespace(target_reduce="mean", target_queries="all")) == \

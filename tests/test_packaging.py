@@ -19,15 +19,15 @@ def test_wheel_ships_the_model_card_template(tmp_path):
     assert res.returncode == 0, res.stderr
     wheel = next(tmp_path.glob("kvpop_hf-*.whl"))
     names = zipfile.ZipFile(wheel).namelist()
-    assert "kvpop_hf/training/model_card_template.md" in names
+    assert "kvpop_hf/trainer/model_card_template.md" in names
     assert "kvpop_hf/decode_eviction.py" in names
 
 
 def test_core_does_not_import_the_testbed_or_benchmark_helpers():
     """``import kvpop_hf`` and using a KVpopCache load the library core only (no testbed, timing, provenance)."""
     code = ("import sys, kvpop_hf, kvpop_hf.cache, kvpop_hf.layer, kvpop_hf.attention, kvpop_hf.flex_mask; "
-            "print(sorted(m for m in sys.modules if m.startswith(('kvpop_hf.testbed', 'kvpop_hf.timing', "
-            "'kvpop_hf.provenance', 'kvpop_hf.training'))))")
+            "print(sorted(m for m in sys.modules if m.startswith(('kvpop_hf.testbed', 'kvpop_hf.utils.timing', "
+            "'kvpop_hf.utils.provenance', 'kvpop_hf.trainer'))))")
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert res.returncode == 0, res.stderr
     assert res.stdout.strip() == "[]", res.stdout

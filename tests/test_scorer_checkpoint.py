@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from kvpop_hf.scorers import build_scorer
-from kvpop_hf.training.priorities import sequence_priorities
-from kvpop_hf.training.scorer_checkpoint import checkpointed_priorities
+from kvpop_hf.trainer.priorities import sequence_priorities
+from kvpop_hf.trainer.scorer_checkpoint import checkpointed_priorities
 
 
 @pytest.mark.parametrize("name", ["mlp", "mlstm"])

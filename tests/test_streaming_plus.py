@@ -12,7 +12,7 @@ from transformers import AutoModelForCausalLM, Qwen3Config
 from kvpop_hf import KVpopCache
 from kvpop_hf.testbed import build_tokenizer
 from kvpop_hf.testbed.evaluate import build_parser, main, plan_from_args
-from kvpop_hf.training import KVpopTrainingArguments
+from kvpop_hf.trainer import KVpopTrainingArguments
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "training"))
 import retrofit  # noqa: E402

@@ -7,7 +7,7 @@ import torch
 
 from helpers import distinct_ids, tiny_model
 from kvpop_hf import KVpopCache
-from kvpop_hf.training import StudentSettings, student_forward
+from kvpop_hf.trainer import StudentSettings, student_forward
 
 SETTINGS = {"a": StudentSettings(sinks=2, window=5, topk=6, attention_backend="reference"),
             "b": StudentSettings(sinks=1, window=3, topk=2, attention_backend="reference")}
@@ -82,7 +82,7 @@ def test_gradient_checkpointing_recomputes_the_student(setup, monkeypatch):
     """The recomputation in backward replays the layer with the same keywords: it runs the scorer, the sparse
     attention and the boundary loss again (same gradients, scorer included) but reuses the layer's running
     top-k results and target instead of computing them twice."""
-    import kvpop_hf.training.student as student_module
+    import kvpop_hf.trainer.student as student_module
 
     model, scorer, ids = setup
     calls = {"topk": 0, "target": 0}

@@ -6,8 +6,8 @@ import torch
 
 from helpers import distinct_ids, tiny_model
 from kvpop_hf.testbed.oracle import target_queries
-from kvpop_hf.training import KVpopTrainer, KVpopTrainingArguments
-from kvpop_hf.training.targets import dense_causal_lse, future_attention_target, future_attention_target_reference
+from kvpop_hf.trainer import KVpopTrainer, KVpopTrainingArguments
+from kvpop_hf.trainer.targets import dense_causal_lse, future_attention_target, future_attention_target_reference
 
 
 def _qkl(B=2, Hq=4, Hkv=2, S=37, D=8, seed=0):
@@ -57,7 +57,7 @@ def test_target_queries_marks_the_positions_that_predict_a_label():
 
 
 def test_trainer_labels_target_reaches_every_layer(tmp_path, monkeypatch):
-    import kvpop_hf.training.student as student
+    import kvpop_hf.trainer.student as student
 
     real, seen = student.future_attention_target, []
 

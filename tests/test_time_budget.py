@@ -7,7 +7,7 @@ import pytest
 import torch
 from transformers import TrainerControl
 
-from kvpop_hf.training.time_budget import TimeBudget, time_decay_schedule
+from kvpop_hf.trainer.time_budget import TimeBudget, time_decay_schedule
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "training"))
 import retrofit  # noqa: E402

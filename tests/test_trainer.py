@@ -9,7 +9,7 @@ from transformers import AutoModelForCausalLM
 
 from helpers import distinct_ids, tiny_model
 from kvpop_hf import KVpopCache
-from kvpop_hf.training import KVpopTrainer, KVpopTrainingArguments, StudentSettings, student_forward
+from kvpop_hf.trainer import KVpopTrainer, KVpopTrainingArguments, StudentSettings, student_forward
 
 BUDGET = dict(sinks=2, window=5, topk=6)
 
@@ -166,7 +166,7 @@ def test_max_target_trains_and_bad_combinations(tmp_path):
 
 def test_student_forward_uses_the_max_target(monkeypatch):
     """The setting reaches the target pass of every layer, and the boundary loss is built from its output."""
-    import kvpop_hf.training.student as student
+    import kvpop_hf.trainer.student as student
 
     model = tiny_model("qwen3")
     ids = distinct_ids(2, 48)

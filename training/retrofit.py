@@ -30,9 +30,9 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, HfArgumentParser
 
-from kvpop_hf.training import KVpopTrainer, KVpopTrainingArguments
-from kvpop_hf.training.merged_save import check_merged_dtype, merged_dtype
-from kvpop_hf.training.time_budget import TimeBudget, time_decay_schedule
+from kvpop_hf.trainer import KVpopTrainer, KVpopTrainingArguments
+from kvpop_hf.trainer.merged_save import check_merged_dtype, merged_dtype
+from kvpop_hf.trainer.time_budget import TimeBudget, time_decay_schedule
 
 
 @dataclass
@@ -57,7 +57,7 @@ class ScriptArguments:
         "help": "Stop training (and save) after this many seconds, whatever max_steps says."})
     lr_decay_by_time: bool = field(default=False, metadata={
         "help": "With --max_train_seconds: after the warmup steps, decay the learning rate linearly to 0 over the "
-                "remaining seconds (kvpop_hf/training/time_budget.py) instead of using --lr_scheduler_type over "
+                "remaining seconds (kvpop_hf/trainer/time_budget.py) instead of using --lr_scheduler_type over "
                 "max_steps, which a time budget usually cuts short."})
 
 

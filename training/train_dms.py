@@ -4,7 +4,7 @@ DMS (Łańcucki et al., 2025): per-head eviction decisions from the hidden state
 delayed-eviction window, distillation from the dense model and a ramped compression target. The target comes
 from the testbed's budget: ``--compression 0.75`` at ``--seq_len 1024`` is ``B = 256`` entries per head, and
 the gate is pushed to the eviction rate at which a head's *average* memory after ``seq_len`` tokens is ``B``
-(``kvpop_hf.dms.target_eviction_rate``).
+(``kvpop_hf.baselines.dms.target_eviction_rate``).
 
 Example (CPU, a few minutes)::
 
@@ -29,9 +29,9 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, HfArgumentParser
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from retrofit import examples_needed, lora_student, run_cli, testbed_examples, train_and_save  # noqa: E402
 
-from kvpop_hf.dms import target_eviction_rate  # noqa: E402
-from kvpop_hf.dms.trainer import DMSTrainer, DMSTrainingArguments  # noqa: E402
-from kvpop_hf.training.merged_save import check_merged_dtype  # noqa: E402
+from kvpop_hf.baselines.dms import target_eviction_rate  # noqa: E402
+from kvpop_hf.baselines.dms.trainer import DMSTrainer, DMSTrainingArguments  # noqa: E402
+from kvpop_hf.trainer.merged_save import check_merged_dtype  # noqa: E402
 
 
 @dataclass

@@ -32,10 +32,10 @@ from pathlib import Path
 import torch
 
 from kvpop_hf import KVpopCache
-from kvpop_hf.kvp.metric import FRACTIONS, auc_cost_per_head, cost_table, eval_points, write_cost_csv
-from kvpop_hf.kvp.supervised import LOSSES
-from kvpop_hf.kvp.train import KVPTrainConfig, KVPTrainer
-from kvpop_hf.provenance import git_commit, versions
+from kvpop_hf.baselines.kvp.metric import FRACTIONS, auc_cost_per_head, cost_table, eval_points, write_cost_csv
+from kvpop_hf.baselines.kvp.supervised import LOSSES
+from kvpop_hf.baselines.kvp.train import KVPTrainConfig, KVPTrainer
+from kvpop_hf.utils.provenance import git_commit, versions
 from kvpop_hf.scorers import build_scorer
 
 STATE = "train_state.pt"
@@ -119,7 +119,7 @@ def load_traces(args):
         return data["train"], data["heldout"], config
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from kvpop_hf.kvp.traces import testbed_traces
+    from kvpop_hf.testbed.kvp_traces import testbed_traces
 
     tok = AutoTokenizer.from_pretrained(args.model)
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).eval()

@@ -43,8 +43,8 @@ REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from kvpop_hf.provenance import git_commit, versions  # noqa: E402
-from kvpop_hf.timing import compiled_graphs, fmt, free, measure, quantiles, sync  # noqa: E402
+from kvpop_hf.utils.provenance import git_commit, versions  # noqa: E402
+from kvpop_hf.utils.timing import compiled_graphs, fmt, free, measure, quantiles, sync  # noqa: E402
 
 warnings.filterwarnings("ignore", message=r".*return_lse.*")
 warnings.filterwarnings("ignore", message=r".*flex_attention called without torch.compile.*")
@@ -140,7 +140,7 @@ class Diag:
 
 # ------------------------------------------------------------------------------------------ helpers
 def compiled_flex(device):
-    from kvpop_hf.training.sparse_attention import _flex
+    from kvpop_hf.trainer.sparse_attention import _flex
     return _flex(device)
 
 
@@ -202,8 +202,8 @@ def core_section(d: Diag, S: int, dtype, state: dict):
 
     from kvpop_hf.flex_mask import tiled_block_mask
     from kvpop_hf.topk import running_topk
-    from kvpop_hf.training.sparse_attention import sparse_attention, sparse_attention_block_mask
-    from kvpop_hf.training.targets import (_expand_kv, _flex_log_sum, _prep_lse, future_attention_target,
+    from kvpop_hf.trainer.sparse_attention import sparse_attention, sparse_attention_block_mask
+    from kvpop_hf.trainer.targets import (_expand_kv, _flex_log_sum, _prep_lse, future_attention_target,
                                            future_block_mask_for, future_mask_mod)
 
     a, dev = d.args, d.device
@@ -253,7 +253,7 @@ def core_section(d: Diag, S: int, dtype, state: dict):
         lse = res[1].detach() if res is not None else None
         res = None
         if lse is None:
-            from kvpop_hf.training.targets import dense_causal_lse
+            from kvpop_hf.trainer.targets import dense_causal_lse
             lse = dense_causal_lse(q, k)
             d.note(f"S={S}: sparse kernel failed; target uses the dense LSE")
         st["lse"] = lse
@@ -297,8 +297,8 @@ def core_section(d: Diag, S: int, dtype, state: dict):
 
 
 def variant_section(d: Diag, S: int, dtype, state: dict):
-    from kvpop_hf.training.sparse_attention import sparse_attention, sparse_mask_mods
-    from kvpop_hf.training.targets import _flex_log_sum
+    from kvpop_hf.trainer.sparse_attention import sparse_attention, sparse_mask_mods
+    from kvpop_hf.trainer.targets import _flex_log_sum
 
     st = state.get(S)
     if st is None:

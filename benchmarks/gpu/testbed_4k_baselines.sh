@@ -8,7 +8,7 @@
 #     SnapKV at 75% and 94%, LagKV at 94%, KVP (RL and supervised, KVP_CKPTS/{rl,supervised}) at 94%;
 #   * each trained checkpoint is evaluated as soon as it is saved (kvpop-eval, one folder per policy and budget);
 #     once the three DMS evaluations are done, their compression.json files are merged into $OUT/eval_dms/ and
-#     drawn as the per-head eviction-ratio heatmap (python -m kvpop_hf.dms.heatmap).
+#     drawn as the per-head eviction-ratio heatmap (python -m kvpop_hf.baselines.dms.heatmap).
 # Every evaluation has its own folder $OUT/eval_<policy>_cr<NN> (log beside it: $OUT/eval_<...>.log; outputs.jsonl
 # is written problem by problem, so a run cut by DEADLINE keeps what it finished); training logs: $OUT/train_*.log.
 # All problems: reasoning, LEN tokens, the 4k knobs (10 facts, 4 steps), sinks 4, window 32, EVAL_N problems.
@@ -112,7 +112,7 @@ if merged:
     (out / "eval_dms" / "compression.json").write_text(json.dumps(merged, indent=2) + "\n")
 EOF
 if [ -f "$OUT/eval_dms/compression.json" ]; then
-  timeout "$(left)" python3 -m kvpop_hf.dms.heatmap "$OUT/eval_dms/compression.json" \
+  timeout "$(left)" python3 -m kvpop_hf.baselines.dms.heatmap "$OUT/eval_dms/compression.json" \
     "$OUT/eval_dms/eviction_ratio_heatmap.png" >> "$OUT/eval_dms/merge.log" 2>&1
   stamp "DMS heatmap exit $?"
 else

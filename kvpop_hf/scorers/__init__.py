@@ -1,13 +1,14 @@
-"""Scorers that rank cached tokens for eviction, selectable by name."""
+"""Scorers that rank cached tokens for eviction, selectable by name: KVpop's learned scorers (:mod:`.mlp`,
+:mod:`.mlstm`) live here, the baselines' in :mod:`kvpop_hf.baselines`."""
 
 from __future__ import annotations
 
-from .attention_policies import AttentionPolicy, H2OPolicy, SnapKVPolicy, TOVAPolicy
+from ..baselines.attention_policies.policies import AttentionPolicy, H2OPolicy, SnapKVPolicy, TOVAPolicy
+from ..baselines.heuristics import KNormScorer, RandomScorer, StreamingScorer
+from ..baselines.keydiff import KeyDiffScorer
+from ..baselines.kvp.scorer import KVPScorer
+from ..baselines.lagkv import LagKVScorer
 from .base import Scorer
-from .heuristics import KNormScorer, RandomScorer, StreamingScorer
-from .keydiff import KeyDiffScorer
-from .kvp import KVPScorer
-from .lagkv import LagKVScorer
 from .mlp import MLPScorer
 from .mlstm import MLSTMScorer
 

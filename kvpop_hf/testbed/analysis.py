@@ -10,7 +10,7 @@
   mean over queries of ``|kept_p(q) & kept_r*(q)| / |kept_r*(q)|``, counting every query where eviction
   happens (more than ``topk`` eligible tokens). Sinks and window are kept by both and not counted.
   (Training logs a different, cheaper signal, ``teacher_topk_recall``: see
-  :func:`kvpop_hf.training.student.teacher_topk_recall`.)
+  :func:`kvpop_hf.trainer.student.teacher_topk_recall`.)
 * :func:`retention_map` / :func:`plot_retention`: which positions each (layer, KV head) still holds
   after greedy generation with a policy (paper Fig. 6), from ``cache.stored_positions(layer)``. By the
   cache contract this is exactly the running top-k kept set at the final query on the keys the
@@ -31,7 +31,7 @@ from ..cache import KVpopCache
 from ..compat import with_cache
 from ..dense_attention import causal_attention
 from ..topk import running_topk
-from ..training.priorities import sequence_priorities
+from ..trainer.priorities import sequence_priorities
 from .models import load_model
 from .policies import POLICIES
 from .report import averages

@@ -123,7 +123,7 @@ def _learned(model_config, sinks, window, topk, checkpoint=None):
 
 def _dms(model_config, sinks, window, topk, checkpoint=None):
     """A fresh DMSCache from a DMS checkpoint (its gate, sinks and window; ``topk`` does not apply)."""
-    from ..dms import DMSCache, DMSPrototype
+    from ..baselines.dms import DMSCache, DMSPrototype
 
     if checkpoint is None:
         raise ValueError("The DMS policy needs a checkpoint written by training/train_dms.py.")
@@ -132,7 +132,7 @@ def _dms(model_config, sinks, window, topk, checkpoint=None):
 
 
 def _load_dms(path):
-    from ..dms import DMSCache
+    from ..baselines.dms import DMSCache
 
     return DMSCache.from_pretrained(path)
 
@@ -168,7 +168,7 @@ register_policy("snapkv", _snapkv,
 register_policy("streaming_plus", _learned, needs_checkpoint=True, expect={"scorer": "streaming"}, own_model=True,
                 window_only=True,
                 description="StreamingLLM+: sinks + window (k = 0) with the model LoRA-distilled at that budget")
-# DMS (learned gates, ragged memory per head; kvpop_hf/dms): the checkpoint is the distilled model with its gate
+# DMS (learned gates, ragged memory per head; kvpop_hf/baselines/dms): the checkpoint is the distilled model with its gate
 # (training/train_dms.py); the budget is met on average over heads, as trained, not per head
 register_policy("dms", _dms, needs_checkpoint=True, own_model=True, loader=_load_dms,
                 description="DMS: learned per-head eviction gates with delayed eviction (window w), model distilled; "

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from ..provenance import git_commit, versions
+from ..utils.provenance import git_commit, versions
 
 __all__ = ["write_results_csv", "quality_table", "plot_quality", "build_meta", "md_header", "git_commit",
            "averages"]

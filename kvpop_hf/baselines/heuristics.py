@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from .base import Scorer
+from ..scorers.base import Scorer
 
 
 class StreamingScorer(Scorer):

@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 from torch.nn import functional as F
 
-from .base import Scorer
+from ..scorers.base import Scorer
 
 
 class KeyDiffScorer(Scorer):

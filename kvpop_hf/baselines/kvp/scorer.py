@@ -9,7 +9,7 @@ For token ``t`` with key ``k_t``, value ``v_t`` (``[d]``) and position ``t``, pe
 ``E_h`` is a learned position table of ``T = max_positions`` rows (later positions share the last row),
 ``LN`` a layer norm with per-head gain and bias. The score depends on the token alone, so it is a static
 priority: the cache's running top-k fast path serves it, and it is trained offline by
-:mod:`kvpop_hf.kvp` (``training/train_kvp.py``). ``trained_with`` records the objective ("rl", or
+:mod:`kvpop_hf.baselines.kvp` (``training/train_kvp.py``). ``trained_with`` records the objective ("rl", or
 "supervised" for the ablation) and does not change the computation.
 Parameters per layer ``l``: ``wk/wv [h, d, P]``, ``pos [h, T, E]``, ``w1 [h, 2P + E, hidden]``,
 ``w2 [h, hidden, hidden]``, ``w3 [h, hidden]`` and their biases / layer-norm gains.
@@ -23,7 +23,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from .base import Scorer, check_scorer_option, headwise_linear
+from ...scorers.base import Scorer, check_scorer_option, headwise_linear
 
 OBJECTIVES = ("rl", "supervised")
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..config import check_int
+from ...config import check_int
 
 
 class DMSGate(nn.Module):

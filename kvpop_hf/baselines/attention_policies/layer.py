@@ -24,8 +24,8 @@ import weakref
 
 import torch
 
-from .decode_eviction import ring_slot
-from .layer import NEG_INF, KVpopLayer
+from ...decode_eviction import ring_slot
+from ...layer import NEG_INF, KVpopLayer
 
 STOCK_ATTENTION = (
     "KVpopCache with the attention-based policy {name!r} takes its scores from the attention probabilities, "

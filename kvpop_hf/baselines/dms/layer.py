@@ -1,7 +1,7 @@
 """One decoder layer's DMS storage: per (row, KV head) the live tokens only, so memory per head is ragged.
 
 DMS (Łańcucki et al., 2025; baseline of KVpop, arXiv:2607.05061): every token gets a hard decision when it is
-written, ``evict_t = logit_t > 0`` (``alpha_t > 1/2``, the gate of :mod:`kvpop_hf.dms.gate`); a token marked
+written, ``evict_t = logit_t > 0`` (``alpha_t > 1/2``, the gate of :mod:`kvpop_hf.baselines.dms.gate`); a token marked
 for eviction stays while it is one of the last ``w`` tokens and is dropped when it leaves that window; the first
 ``s`` tokens (sinks) are never evicted. Query ``q`` therefore attends to
 

@@ -8,5 +8,5 @@ Apple, ICML 2026).
 * :mod:`.metric`: normalised AUC cost per head of any static-priority policy;
 * :mod:`.train`: the offline training loop (no language model in it).
 
-The agent itself is the scorer ``"kvp"`` (:class:`kvpop_hf.scorers.kvp.KVPScorer`).
+The agent itself is the scorer ``"kvp"`` (:class:`kvpop_hf.baselines.kvp.scorer.KVPScorer`).
 """

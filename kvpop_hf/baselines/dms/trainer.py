@@ -6,7 +6,7 @@ Loss per batch: ``KL(teacher || student) + compression_weight * max(0, rate(step
 runs the relaxed delayed-eviction attention (``"dms_train"``), the teacher is the same model with its LoRA
 adapters disabled (or a frozen copy); the KL is taken from both final hidden states through the LM head chunk by
 chunk (``training/teacher_distillation.py``), as in KVpopTrainer. ``rate(step)`` ramps linearly from 0 to ``target_eviction`` over the first
-``ramp_fraction`` of the steps (:class:`~kvpop_hf.dms.compression.CompressionSchedule`), or over the first
+``ramp_fraction`` of the steps (:class:`~kvpop_hf.baselines.dms.compression.CompressionSchedule`), or over the first
 ``ramp_seconds`` of training when that is set (for runs bounded by time, not steps). The gate reads detached
 value states, so only the distillation trains the backbone.
 
@@ -25,11 +25,11 @@ from pathlib import Path
 import torch
 from transformers import Trainer, TrainingArguments
 
-from ..config import model_shape
-from ..training.hidden_states import lm_head_of, unwrap_model
-from ..training.teacher_distillation import distillation_from_hidden, supervised_positions, teacher_hidden_states
-from ..training.merged_save import save_weights_as
-from ..training.trainer import two_group_optimizer
+from ...config import model_shape
+from ...trainer.hidden_states import lm_head_of, unwrap_model
+from ...trainer.teacher_distillation import distillation_from_hidden, supervised_positions, teacher_hidden_states
+from ...trainer.merged_save import save_weights_as
+from ...trainer.trainer import two_group_optimizer
 from . import config as dms_files
 from .compression import CompressionSchedule, compression_loss, mean_eviction
 from .config import DMSConfig

@@ -1,8 +1,8 @@
 """The DMS student forward: attention implementation ``"dms_train"`` (training only).
 
 In a forward run by :func:`dms_forward` every layer reads its gate logits from the value states
-(:class:`~kvpop_hf.dms.gate.DMSGate`), draws relaxed decisions (:mod:`~kvpop_hf.dms.relaxation`) and attends
-with the delayed-eviction bias of :func:`~kvpop_hf.dms.mask.soft_eviction_bias`; the decisions go to the call's
+(:class:`~kvpop_hf.baselines.dms.gate.DMSGate`), draws relaxed decisions (:mod:`~kvpop_hf.baselines.dms.relaxation`) and attends
+with the delayed-eviction bias of :func:`~kvpop_hf.baselines.dms.mask.soft_eviction_bias`; the decisions go to the call's
 record for the compression penalty. The call travels as the forward keyword ``dms_student`` (Qwen3/Llama-style
 models pass forward keywords down to the attention function), so it belongs to that forward alone; a forward
 without it is plain causal attention, which makes the same model (LoRA adapters disabled) the dense teacher.
@@ -16,8 +16,8 @@ import torch
 from torch.nn import functional as F
 from transformers import AttentionInterface, AttentionMaskInterface
 
-from ..dense_attention import causal_attention
-from ..training.hidden_states import final_hidden_states
+from ...dense_attention import causal_attention
+from ...trainer.hidden_states import final_hidden_states
 from .mask import soft_eviction_bias
 from .relaxation import eviction_probability, log_keep, relaxed_logits
 

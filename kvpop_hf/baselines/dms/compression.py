@@ -23,7 +23,7 @@ import math
 
 import torch
 
-from ..config import check_int
+from ...config import check_int
 
 
 def target_eviction_rate(budget: int, length: int, sinks: int, window: int) -> float:

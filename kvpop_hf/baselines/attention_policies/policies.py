@@ -1,8 +1,8 @@
 """Attention-based policies whose scores change every step: TOVA, H2O and SnapKV (docs/design.md §7).
 
 They are not scorers of single tokens: the score of a stored entry comes from the attention the
-``kvpop`` attention function computes (:mod:`kvpop_hf.attention_scores`), so a cache with one of them
-uses :class:`kvpop_hf.dynamic_layer.DynamicScoreLayer` instead of the static-priority layer. These
+``kvpop`` attention function computes (:mod:`kvpop_hf.baselines.attention_policies.scores`), so a cache with one of them
+uses :class:`kvpop_hf.baselines.attention_policies.layer.DynamicScoreLayer` instead of the static-priority layer. These
 classes only hold the options and the per-policy arithmetic; shapes: ``w`` query weights ``[b, L]``,
 candidate scores ``[b, h, C]`` float32 (a group's attention probabilities, averaged over its ``G``
 query heads, summed over the weighted queries).
@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 from torch.nn import functional as F
 
-from .base import Scorer, check_scorer_option
+from ...scorers.base import Scorer, check_scorer_option
 
 NEG_INF = float("-inf")
 

@@ -1,6 +1,6 @@
 """Fill the model card template for a KVpopTrainer run and write it as README.md.
 
-The template ships inside the package (``kvpop_hf/training/model_card_template.md``, package data), so
+The template ships inside the package (``kvpop_hf/trainer/model_card_template.md``, package data), so
 an installed wheel can build cards; ``model_cards/kvpop_template.md`` in the repository links to it."""
 
 from __future__ import annotations

@@ -12,8 +12,8 @@ from typing import Sequence
 
 import torch
 
-from ..testbed.analysis import record_qkv
-from ..testbed.tasks import make_problem, training_example
+from .analysis import record_qkv
+from .tasks import make_problem, training_example
 
 
 @torch.no_grad()

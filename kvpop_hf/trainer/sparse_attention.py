@@ -13,7 +13,8 @@ import torch.nn.attention.flex_attention as _fa
 
 from ..dense_attention import expand_kv
 from ..flex_compiled import TRAINING_DYNAMIC, compiled_flex
-from ..flex_mask import sparse_block_mask, tiled_block_mask
+from ..flex_mask import tiled_block_mask
+from .block_masks import sparse_block_mask
 from ..topk import RunningTopK, sparse_mask_reference
 
 
@@ -50,7 +51,7 @@ def sparse_mask_mods(topk: RunningTopK, sinks: int, window: int, groups: int):
 def sparse_attention_block_mask(topk: RunningTopK, sinks: int, window: int, groups: int, method: str = "analytic"):
     """The ``BlockMask`` of :func:`sparse_attention` for ``Hq = Hkv * groups`` query heads.
 
-    ``method="analytic"`` (default): per-block flags from rank/cutoff (:func:`kvpop_hf.flex_mask.sparse_block_mask`,
+    ``method="analytic"`` (default): per-block flags from rank/cutoff (:func:`kvpop_hf.trainer.block_masks.sparse_block_mask`,
     ``O(S^2 / 128)`` work, a few dozen kernels); ``"tiled"``: the mask_mod evaluated tile by tile
     (:func:`kvpop_hf.flex_mask.tiled_block_mask`, ``O(S^2)`` work, one loop step per query block). Both give the
     same blocks as ``create_block_mask``."""

@@ -2,7 +2,7 @@
 
 Dynamic Memory Sparsification (Łańcucki et al., 2025), the learned-eviction baseline of KVpop
 (arXiv:2607.05061): each new token gets a hard eviction decision per KV head from the gate
-(:class:`~kvpop_hf.dms.gate.DMSGate`), a marked token is dropped once it leaves the window of the last ``w``
+(:class:`~kvpop_hf.baselines.dms.gate.DMSGate`), a marked token is dropped once it leaves the window of the last ``w``
 tokens, so each head keeps as many tokens as its gate lets it (ragged memory, unlike KVpopCache's fixed
 ``B`` per head). It is a class of its own rather than a KVpopCache scorer (docs/design.md §9).
 
@@ -22,7 +22,7 @@ import os
 import torch
 from transformers.cache_utils import Cache
 
-from ..config import model_shape
+from ...config import model_shape
 from . import config as dms_files
 from .config import DMSConfig
 from .gate import DMSGate

@@ -5,7 +5,7 @@ fraction of the tokens seen that each (layer, KV head) no longer holds at the en
 ``1 - kept / seen`` (0: dense, near 1: window only), for DMS (ragged: the gate decides per head) and for a
 KVpopCache of the same budget ``B`` (the same ``1 - B / seen`` for every head).
 
-    python -m kvpop_hf.dms.heatmap results/dms_cpu/compression.json results/dms_cpu/eviction_ratio_heatmap.png
+    python -m kvpop_hf.baselines.dms.heatmap results/dms_cpu/compression.json results/dms_cpu/eviction_ratio_heatmap.png
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from .base import Scorer, check_scorer_option
+from ..scorers.base import Scorer, check_scorer_option
 
 EPS = 1e-6
 

@@ -294,8 +294,8 @@ def future_mask_mod(window: int):
 
 def future_block_mask_for(S: int, window: int, device):
     """``BlockMask`` of :func:`future_mask_mod`, shared by all rows/heads, built analytically from block
-    indices (``O((S/128)^2)`` ints; :func:`kvpop_hf.flex_mask.future_block_mask`)."""
-    from ..flex_mask import future_block_mask
+    indices (``O((S/128)^2)`` ints; :func:`kvpop_hf.trainer.block_masks.future_block_mask`)."""
+    from .block_masks import future_block_mask
 
     return future_block_mask(S, window, future_mask_mod(window), device)
 

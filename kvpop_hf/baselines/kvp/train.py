@@ -7,7 +7,7 @@ Each step draws ``traces_per_step`` traces and for each a context length ``n`` u
 * ``objective="rl"``: ``K`` permutations ``sigma^k`` by Gumbel-sort, rewards ``R(sigma^k) = -C/C*``
   ``[K, L, Hkv]``, RLOO advantages ``A_k`` (optionally divided by their std over ``k`` and clamped to
   ``[-2, 2]``), loss ``-(1 / (K n)) sum_k A_k log pi(sigma^k)`` summed over heads (each head its own agent).
-* ``objective="supervised"``: :func:`~kvpop_hf.kvp.supervised.supervised_loss` on the same scores.
+* ``objective="supervised"``: :func:`~kvpop_hf.baselines.kvp.supervised.supervised_loss` on the same scores.
 
 All randomness (traces, ``n``, Gumbel noise) comes from one ``torch.Generator`` whose state is saved with the
 weights and the optimiser, so a resumed run continues exactly where it stopped.

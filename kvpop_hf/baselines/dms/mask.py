@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from ..config import check_int
+from ...config import check_int
 
 
 def _check(sinks: int, window: int) -> None:

@@ -13,7 +13,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from ..config import JsonConfig, check_int
+from ...config import JsonConfig, check_int
 
 CONFIG_NAME = "dms_config.json"
 WEIGHTS_NAME = "dms_gate.safetensors"
