@@ -28,8 +28,16 @@ def causal_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
 
     query ``[b, Hq, L, d]``, key/value ``[b, Hkv, S, d]`` (``Hq`` a multiple of ``Hkv``), attention_mask
     ``[b, 1 or Hq, L, S]`` (bool or additive float) or None for causal (sdpa's ``is_causal``, meant for
-    ``L == S``; no mask at all when ``L == 1``) -> ``[b, L, Hq, d]`` contiguous."""
+    ``L == S``; no mask at all when ``L == 1``) -> ``[b, L, Hq, d]`` contiguous.
+
+    Without a mask the KV heads are shared through sdpa's ``enable_gqa`` (no expanded copy of the keys and values:
+    the flash kernel reads them in place, as transformers' own sdpa path does for an unmasked call); with a mask
+    they are expanded, since the memory-efficient kernel that masked calls take has no GQA support."""
     groups = query.shape[1] // key.shape[1]
+    if attention_mask is None and groups > 1:
+        out = F.scaled_dot_product_attention(query, key, value, scale=scaling, dropout_p=dropout,
+                                             is_causal=query.shape[2] > 1, enable_gqa=True)
+        return out.transpose(1, 2).contiguous()
     out = F.scaled_dot_product_attention(query, expand_kv(key, groups), expand_kv(value, groups),
                                          attn_mask=attention_mask, scale=scaling, dropout_p=dropout,
                                          is_causal=attention_mask is None and query.shape[2] > 1)
