@@ -1,3 +1,6 @@
+"""Merge the two kvpop-eval runs of the KVP agents at 75% on the 4k testbed (results/testbed_4k/kvp_cpu/eval_cr75
+and eval_cr75_rest, problems 0-15 and 16-39) into eval_cr75_all: outputs concatenated, rows weighted by problems
+(EM, lookups) and target tokens (token accuracy). Run from the repository root."""
 import csv, pathlib
 d = pathlib.Path("results/testbed_4k/kvp_cpu"); out = d / "eval_cr75_all"; out.mkdir(exist_ok=True)
 parts = [d / "eval_cr75", d / "eval_cr75_rest"]
