@@ -15,6 +15,7 @@ from .config import KVpopConfig, model_shape
 from .baselines.attention_policies.layer import DynamicScoreLayer
 from .layer import KVpopLayer
 from .scorers import Scorer, build_scorer, scorer_name
+from .tensor_parallel import local_kv_heads, slice_heads, slice_scorer, split_model_or_config
 
 
 class KVpopCache(Cache):
@@ -35,8 +36,10 @@ class KVpopCache(Cache):
     exact but a prompt chunk sees all of its own tokens plus the stored ones (a warning says so).
 
     Args:
-        model_config: the model's `PretrainedConfig` (gives layers, KV heads, head size) or None
-            when a `kvpop_config` with the model shape is given.
+        model_config: the model's `PretrainedConfig` (gives layers, KV heads, head size), or the model
+            itself, or None when a `kvpop_config` with the model shape is given. Under tensor parallelism
+            (``tp_plan="auto"``) the model or its config tells the cache which KV heads this rank holds; the
+            cache keeps only those and slices the scorer to them (``kvpop_hf/tensor_parallel.py``).
         sinks, window, topk: the budget. scorer: a name from `kvpop_hf.scorers.SCORERS` or a `Scorer`;
             "tova", "h2o" and "snapkv" take their scores from the attention (docs/design.md §7) and need
             ``attn_implementation="kvpop"``.
@@ -56,6 +59,9 @@ class KVpopCache(Cache):
                                        decay_step=decay_step)
         else:
             kvpop_config.validate()
+        model_config, model = split_model_or_config(model_config)
+        # tensor parallelism: (start, stop) of the KV heads this rank computes, None when it holds them all
+        self.tp_kv_heads = local_kv_heads(model_config, model) if model_config is not None else None
         if model_config is not None:
             for field, value in _check_model_shape(kvpop_config, model_config, "This KVpop checkpoint").items():
                 setattr(kvpop_config, field, value)
@@ -75,12 +81,14 @@ class KVpopCache(Cache):
                 f"head_dim={self.scorer.head_dim}) does not match the model "
                 f"({cfg.num_layers}, {cfg.num_kv_heads}, {cfg.head_dim})."
             )
+        if self.tp_kv_heads is not None:
+            self.scorer = slice_scorer(self.scorer, *self.tp_kv_heads)
         self.scorer.requires_grad_(False)
         self.scorer.eval()
         # optional learned per-head decay [num_layers, kv_heads] (log gamma), else the config's scalar
         self.log_gamma: torch.Tensor | None = None
         if cfg.log_gamma is not None:
-            self.log_gamma = torch.full((cfg.num_layers, cfg.num_kv_heads), float(cfg.log_gamma))
+            self.log_gamma = torch.full((cfg.num_layers, self.scorer.num_kv_heads), float(cfg.log_gamma))
         self._warned_stock = False
         # copies for layers on other devices than the scorer/decay (device_map): device -> copy
         self._scorer_copies: dict = {}
@@ -122,10 +130,15 @@ class KVpopCache(Cache):
 
     def check_shape(self, layer_idx: int, kv_heads: int, head_dim: int) -> None:
         cfg = self.kvpop_config
-        if (kv_heads, head_dim) != (cfg.num_kv_heads, cfg.head_dim):
+        heads = cfg.num_kv_heads if self.tp_kv_heads is None else self.tp_kv_heads[1] - self.tp_kv_heads[0]
+        if (kv_heads, head_dim) != (heads, cfg.head_dim):
+            tp = (f" The model looks tensor parallel (each rank computes {kv_heads} of the {heads} KV heads): build "
+                  "the cache on each rank from the loaded model, KVpopCache(model, ...) or KVpopCache(model.config, "
+                  "...), not from a config loaded separately." if head_dim == cfg.head_dim and kv_heads < heads
+                  and heads % kv_heads == 0 else "")
             raise ValueError(
                 f"Layer {layer_idx} has {kv_heads} KV heads of size {head_dim}, but this KVpopCache was built for "
-                f"{cfg.num_kv_heads} heads of size {cfg.head_dim}. Build the cache from this model's config."
+                f"{heads} heads of size {cfg.head_dim}. Build the cache from this model's config." + tp
             )
 
     def scorer_for(self, device: torch.device) -> Scorer:
@@ -190,6 +203,9 @@ class KVpopCache(Cache):
     # -- Hub I/O -----------------------------------------------------------------------------
     def save_pretrained(self, save_directory: str | os.PathLike) -> None:
         """Write ``kvpop_config.json`` and (for learned scorers / decay) ``kvpop_scorer.safetensors``."""
+        if self.tp_kv_heads is not None:
+            raise ValueError(f"This KVpopCache holds the scorer of KV heads {list(range(*self.tp_kv_heads))} only (one "
+                             "tensor-parallel rank); save the full scorer from a cache built without tensor parallelism.")
         hub.save(save_directory, self.kvpop_config, self.scorer, self.log_gamma)
 
     @classmethod
@@ -206,12 +222,12 @@ class KVpopCache(Cache):
             setattr(config, key, value)
         config.validate()
         if model_config is not None:  # the checkpoint's shape against the model, before any work
-            _check_model_shape(config, model_config, f"Checkpoint {repo_id_or_path}")
+            _check_model_shape(config, split_model_or_config(model_config)[0], f"Checkpoint {repo_id_or_path}")
         scorer = _build(config)
         hub.load_scorer_state(scorer, state, repo_id_or_path)
         cache = cls(model_config, scorer=scorer, kvpop_config=config)
         if log_gamma is not None:
-            cache.log_gamma = log_gamma.float()
+            cache.log_gamma = slice_heads(log_gamma.float(), cache.tp_kv_heads)
         return cache
 
     def push_to_hub(self, repo_id: str, *, private: bool | None = None, token: str | None = None,

@@ -41,6 +41,8 @@ class RandomScorer(Scorer):
     token-by-token runs identical, as the eviction contract requires.
     """
 
+    head_offset = 0  # the model's index of this scorer's first KV head (a tensor-parallel rank's slice)
+
     def __init__(self, num_layers, num_kv_heads, head_dim, seed: int = 0):
         super().__init__(num_layers, num_kv_heads, head_dim)
         self.seed = int(seed)
@@ -49,7 +51,7 @@ class RandomScorer(Scorer):
         return {"seed": self.seed}
 
     def score(self, layer_idx, keys, values, positions):
-        heads = torch.arange(positions.shape[1], device=positions.device).view(1, -1, 1)
+        heads = torch.arange(positions.shape[1], device=positions.device).view(1, -1, 1) + self.head_offset
         key = positions.long() + (heads << 32) + (int(layer_idx) << 42) + (self.seed << 50)
         bits = _mix64(_mix64(key)) & ((1 << 24) - 1)
         return bits.float() / float(1 << 24)
