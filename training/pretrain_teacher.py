@@ -120,9 +120,8 @@ def parse_args(argv=None):
 # --------------------------------------------------------------------------- data
 def batch_length(rng: random.Random, lo: int, hi: int, multiple: int) -> int:
     """A batch's length, uniform over the multiples of ``multiple`` in ``[lo, hi]`` (both ends included; ``lo``
-    itself when there is none). Rounding a uniform draw down instead almost never reaches ``hi``: a teacher
-    trained that way never saw its last positions and failed there (EM 1.0 below 896 tokens,
-    0.1 at 1024: results/teacher/continued_256_1024)."""
+    itself when there is none). Rounding a uniform draw down instead almost never reaches ``hi``, and a teacher
+    trained that way never sees its last positions and fails there."""
     m = max(1, multiple)
     first = -(-lo // m) * m
     choices = list(range(first, hi + 1, m))
