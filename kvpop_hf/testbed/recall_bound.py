@@ -158,7 +158,7 @@ def twin_recall_rows(model, tokenizer, problems: Sequence, twins: int, scored: S
                         oracle_table_from_qkv(qkv, window, backend=backend, kind=kind, query_mask=qmask).to(device))
             own_qkv = record_students(scored, ids)
             for policy, budget, cache, own in scored:
-                if getattr(cache.scorer, "dynamic", False):
+                if cache.scorer.dynamic:
                     continue  # attention-based policies have no static priority
                 for layer in sorted(qkv):
                     prio = cache_priorities(cache, layer, qkv if own is None else own_qkv[id(own)], device)
