@@ -445,7 +445,7 @@ def main(argv=None):
         "command": shlex.join(["python", "training/pretrain_teacher.py"] + list(argv if argv is not None else sys.argv[1:])),
         "args": {k: (list(v) if isinstance(v, tuple) else v) for k, v in vars(args).items() if k != "knob"},
         "seed": args.seed,
-        "git_commit": git_commit() or "unknown",
+        "git_commit": git_commit(),
         "steps": step,
         "final_loss": last_loss,
         "loss_curve": losses,

@@ -433,7 +433,7 @@ def main(argv=None):
     raise_recompile_limit(64)
 
     meta = {"command": " ".join(shlex.quote(x) for x in [sys.executable, *sys.argv]),
-            "git_commit": git_commit(REPO) or "unknown", "date": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
+            "git_commit": git_commit(REPO), "date": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
     meta.update(versions("torch", "triton", missing=lambda err: "unavailable"))
     meta["device"] = torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu ({os.cpu_count()} cores)"
     meta["dtype"] = str(dtype).replace("torch.", "")
