@@ -159,9 +159,6 @@ stage_retrofit() {
       --target_lse "$([ -n "$lse" ] && echo dense || echo sparse)" &
   done
   wait
-  for d in "$OUT"/ckpt*/*; do  # scorer-only: the backbone copy is the unchanged teacher
-    case "$d" in *distill*) ;; *) rm -f "$d/model.safetensors" "$d/training_args.bin" ;; esac
-  done
   [ "${EVAL:-1}" = 1 ] || { stamp "stage retrofit done (EVAL=0: no evaluation)"; return; }
   for d in "$OUT"/ckpt*; do eval_checkpoints "$d" "$OUT/eval_learned${d##*/ckpt}" & done
   wait
