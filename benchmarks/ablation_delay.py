@@ -39,7 +39,7 @@ def main(argv=None):
     ap.add_argument("--out", default=str(ROOT / "results" / "ablation_delay_cpu"))
     args = ap.parse_args(argv)
     cmd = "python benchmarks/ablation_delay.py " + " ".join(sys.argv[1:] if argv is None else argv)
-    commit = git_commit(ROOT) or "unknown"  # read before the run: the code that runs is this commit's
+    commit = git_commit(ROOT)  # read before the run: the code that runs is this commit's
     import retrofit
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

@@ -274,7 +274,7 @@ def main(argv=None) -> int:
     prefix.parent.mkdir(parents=True, exist_ok=True)
     command = "python " + " ".join(shlex.quote(a) for a in [os.path.relpath(sys.argv[0], REPO)] + sys.argv[1:]) \
         if argv is None else "main(" + repr(argv) + ")"
-    commit = (git_commit(REPO) or "unknown")
+    commit = git_commit(REPO)
     info = machine_info(device)
     started = _dt.datetime.now().astimezone().isoformat(timespec="seconds")
     t_start = time.perf_counter()

@@ -459,7 +459,7 @@ def main(argv=None) -> int:
     prefix.parent.mkdir(parents=True, exist_ok=True)
     command = "python " + " ".join(shlex.quote(a) for a in [os.path.relpath(sys.argv[0], REPO)] + sys.argv[1:]) \
         if argv is None else f"main({argv!r})"
-    commit = git_commit(REPO) or "unknown"
+    commit = git_commit(REPO)
     started = _dt.datetime.now().astimezone().isoformat(timespec="seconds")
     torch._dynamo.config.recompile_limit = 64  # one graph per cache kind; never fall back to eager silently
     torch._dynamo.config.accumulated_recompile_limit = 512

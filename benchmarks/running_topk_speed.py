@@ -130,7 +130,7 @@ def main(argv=None) -> None:
         "# Running top-k speed: triton (Fenwick) vs wavelet vs torch reference",
         "",
         f"- command: `{' '.join(shlex.quote(a) for a in [sys.executable, *sys.argv])}`",
-        f"- git commit: {git_commit(REPO) or 'unknown'}",
+        f"- git commit: {git_commit(REPO)}",
         f"- date: {time.strftime('%Y-%m-%d %H:%M:%S %Z')}",
         f"- device: {dev_name}; torch {torch.__version__}; threads {torch.get_num_threads()}",
         f"- input: prio [{args.rows}, S] ~ N(0, 1), sinks {args.sinks}, window {args.window}, "

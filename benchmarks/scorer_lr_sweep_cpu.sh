@@ -35,7 +35,6 @@ for run in $RUNS; do
     --per_device_train_batch_size 4 --target_queries labels --logging_steps 10 --report_to none --save_strategy no \
     --disable_tqdm True --use_cpu True --seed 0 > "$OUT/retrofit_$NAME.log" 2>&1
   echo "$NAME exit $?: $(grep -o "'teacher_topk_recall': '[0-9.]*'" "$OUT/retrofit_$NAME.log" | tail -1)"
-  rm -f "$OUT/ckpt/$NAME/model.safetensors" "$OUT/ckpt/$NAME/training_args.bin"  # the unchanged teacher
 done
 # one evaluation per checkpoint (a policy name takes one checkpoint per budget)
 for run in $RUNS; do

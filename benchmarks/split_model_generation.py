@@ -128,7 +128,7 @@ def main(argv=None) -> int:
     dtype = getattr(torch, args.dtype or ("bfloat16" if first.type == "cuda" else "float32"))
     command = "python " + " ".join(shlex.quote(a) for a in [os.path.relpath(sys.argv[0], REPO)] + sys.argv[1:]) \
         if argv is None else f"main({argv!r})"
-    commit = git_commit(REPO) or "unknown"
+    commit = git_commit(REPO)
     started = _dt.datetime.now().astimezone().isoformat(timespec="seconds")
     model = build_model(args.shape, first, dtype, args.context + args.new_tokens + 64)
     model.set_attn_implementation("kvpop")

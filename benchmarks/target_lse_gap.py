@@ -42,7 +42,7 @@ def main(argv=None):
     ap.add_argument("--out", default=str(ROOT / "results" / "target_lse_gap_cpu"))
     args = ap.parse_args(argv)
     cmd = "python benchmarks/target_lse_gap.py " + " ".join(sys.argv[1:] if argv is None else argv)
-    commit, t0 = git_commit(ROOT) or "unknown", time.time()
+    commit, t0 = git_commit(ROOT), time.time()
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).eval()

@@ -502,7 +502,7 @@ def main(argv=None):
     import kvpop_hf.trainer.student  # noqa: F401  (registers the "kvpop_train" attention)
 
     meta = {"command": " ".join(shlex.quote(a) for a in [sys.executable, *sys.argv]),
-            "git_commit": (git_commit(REPO) or "unknown"), "date": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
+            "git_commit": git_commit(REPO), "date": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
     meta.update(machine_versions(device))
     meta["dtype"] = dtype_name
     meta["shapes"] = (f"q [1, {args.heads}, S, {args.head_dim}], k/v [1, {args.kv_heads}, S, {args.head_dim}], "

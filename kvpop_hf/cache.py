@@ -94,7 +94,7 @@ class KVpopCache(Cache):
         self._scorer_copies: dict = {}
         self._log_gamma_copies: dict = {}
         # attention-based policies (TOVA, H2O, SnapKV) re-score entries every step: their own storage class
-        layer_cls = DynamicScoreLayer if getattr(self.scorer, "dynamic", False) else KVpopLayer
+        layer_cls = DynamicScoreLayer if self.scorer.dynamic else KVpopLayer
         if layer_cls is DynamicScoreLayer and cfg.log_gamma is not None:
             raise ValueError(f"`log_gamma` (recency decay of static priorities) does not apply to the attention-based "
                              f"policy {cfg.scorer!r}, whose scores change every step; leave it None.")

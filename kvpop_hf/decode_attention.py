@@ -26,7 +26,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from .kernels import kernel_wanted, next_pow2, tl, triton
+from .kernels import kernel_wanted, tl, triton
 
 __all__ = ["decode_attention", "decode_attention_reference", "decode_attention_triton", "split_count"]
 
@@ -112,8 +112,8 @@ def decode_attention_triton(query, key, value, seen, scaling, splits: int | None
     acc = torch.empty(b * hkv, ns, g, dv, device=query.device, dtype=torch.float32)
     scale = (1.0 / math.sqrt(d)) if scaling is None else float(scaling)
     split_decode_kernel[(b * hkv, ns)](q, key, value, seen, m, l, acc, scale * math.log2(math.e), hkv, B, per_split,
-                                       G=g, D=d, DV=dv, NS=ns, BLOCK_G=max(16, next_pow2(g)), BLOCK_N=_BLOCK_N,
-                                       BLOCK_D=next_pow2(d), BLOCK_DV=next_pow2(dv))
+                                       G=g, D=d, DV=dv, NS=ns, BLOCK_G=max(16, triton.next_power_of_2(g)), BLOCK_N=_BLOCK_N,
+                                       BLOCK_D=triton.next_power_of_2(d), BLOCK_DV=triton.next_power_of_2(dv))
     # merge the splits; a split past `seen` has m = -inf and l = acc = 0
     top = m.amax(dim=1, keepdim=True)
     w = torch.exp2(m - top)

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import torch
 
-from .kernels import kernel_wanted, next_pow2, tl, triton
+from .kernels import kernel_wanted, tl, triton
 
 __all__ = ["eviction_for", "evict_and_insert_reference", "evict_and_insert_triton", "read_entry", "ring_slot",
            "slot_entry"]
@@ -141,8 +141,8 @@ def evict_and_insert_triton(keys, values, pos, prio, seen, k_new, v_new, p_leave
     p_leave = p_leave.reshape(b, h).float().contiguous()
     p_new = p_new.reshape(b, h).float().contiguous()
     evict_insert_kernel[(b * h,)](keys, values, pos, prio, seen, k_new, v_new, p_leave, p_new, h, B,
-                        D=d, DV=dv, S=sinks, W=window, K=topk, BLOCK_D=next_pow2(d),
-                        BLOCK_DV=next_pow2(dv), BLOCK_K=next_pow2(topk))
+                        D=d, DV=dv, S=sinks, W=window, K=topk, BLOCK_D=triton.next_power_of_2(d),
+                        BLOCK_DV=triton.next_power_of_2(dv), BLOCK_K=triton.next_power_of_2(max(topk, 1)))
 
 
 def eviction_for(device: torch.device):

@@ -301,8 +301,8 @@ def tiled_block_mask(kv_mask_mod, b: int, h: int, L: int, C: int, groups: int, m
                      block: int = 128, max_tile_elems: int = 1 << 22):
     """A ``BlockMask`` built tile by tile, never holding the whole ``[b, Hq, L, C]`` grid.
 
-    ``create_block_mask`` evaluates the mask on the whole grid (seen on an H200 with torch 2.11: the
-    compiled version still allocates it). Here ``kv_mask_mod(b, h, q, kv)`` is evaluated per KV head
+    ``create_block_mask`` evaluates the mask on the whole grid (its compiled version too, as of
+    torch 2.11, allocates it). Here ``kv_mask_mod(b, h, q, kv)`` is evaluated per KV head
     ``h`` on tiles of whole query blocks (at most ``max_tile_elems`` entries at a time, at least one
     block row) and reduced to per-block partial/full flags, the flags ``create_block_mask`` gives;
     ``mask_mod`` (indexed by query head, ``Hq = h * groups``) is what FlexAttention applies inside

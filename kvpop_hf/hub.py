@@ -12,9 +12,9 @@ import tempfile
 from pathlib import Path
 
 import torch
-from huggingface_hub import HfApi, hf_hub_download
-from huggingface_hub import try_to_load_from_cache
-from huggingface_hub.errors import EntryNotFoundError, LocalEntryNotFoundError
+from huggingface_hub import HfApi, constants, hf_hub_download, try_to_load_from_cache
+from huggingface_hub.errors import EntryNotFoundError, HFValidationError, LocalEntryNotFoundError
+from huggingface_hub.utils import validate_repo_id
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
@@ -39,32 +39,73 @@ def save(directory, config: KVpopConfig, scorer: torch.nn.Module, log_gamma: tor
         weights.unlink()
 
 
-def _looks_local(path: Path) -> bool:
-    text = str(path)
-    return path.exists() or path.is_absolute() or text.startswith(".") or text.count("/") > 1 or os.sep != "/" and os.sep in text
+def local_dir(repo_id_or_path) -> Path | None:
+    """The local checkpoint directory ``repo_id_or_path`` names, or None when it is a Hub repo id.
+
+    Read as a local path: an ``os.PathLike``; anything that exists on disk; a string starting with ``/``, ``./``,
+    ``../`` or ``~`` (or exactly ``.``/``..``), holding the platform's own separator where that is not ``/``, or
+    holding more than one ``/``; and a ``first/rest`` string whose ``first`` is a local directory
+    (``checkpoints/kvpop_mlp`` beside a ``checkpoints/`` folder is a mistyped path, not a Hub repo). Any other
+    string (``name`` or ``namespace/name``) is a Hub repo id, checked by huggingface_hub's own validator.
+
+    Raises, before any network call: FileNotFoundError for a path that is not an existing directory,
+    ValueError for a string that is neither a path nor a valid repo id."""
+    if isinstance(repo_id_or_path, os.PathLike):
+        return _existing_dir(Path(repo_id_or_path), str(os.fspath(repo_id_or_path)))
+    if not isinstance(repo_id_or_path, str):
+        raise TypeError(f"Pass a checkpoint directory or a Hub repo id as a str or path, got {repo_id_or_path!r}.")
+    if not repo_id_or_path:
+        raise ValueError("Empty checkpoint name: pass a checkpoint directory or a Hub repo id 'namespace/name'.")
+    text = repo_id_or_path
+    path = Path(text).expanduser()
+    first = text.split("/", 1)[0]
+    if path.exists() or path.is_absolute() or text in (".", "..") or text.startswith(("./", "../", "~")) \
+            or (os.sep != "/" and os.sep in text) or text.count("/") > 1:
+        return _existing_dir(path, text)
+    if "/" in text and Path(first).is_dir():
+        return _existing_dir(path, text, note=f" ({first}/ is a local directory, so {text!r} is read as a local "
+                                              f"path, not as a Hub repo id)")
+    try:
+        validate_repo_id(text)
+    except HFValidationError as err:
+        raise ValueError(f"{text!r} is neither an existing directory nor a valid Hub repo id ({err}). Pass a KVpop "
+                         "checkpoint directory or a repo id 'namespace/name'.") from None
+    return None
 
 
-def _resolve(repo_id_or_path, filename, required, **kwargs) -> str | None:
-    path = Path(repo_id_or_path)
-    if _looks_local(path) and not path.is_dir():
-        raise FileNotFoundError(f"{path} is not a directory; pass a KVpop checkpoint directory or a Hub repo id.")
+def _existing_dir(path: Path, text: str, note: str = "") -> Path:
     if path.is_dir():
-        file = path / filename
+        return path
+    if path.exists():
+        raise FileNotFoundError(f"not a directory: {text} is a file; pass the checkpoint directory that holds "
+                                f"{CONFIG_NAME}.")
+    raise FileNotFoundError(f"no such directory: {text}{note}. Pass an existing checkpoint directory (one holding "
+                            f"{CONFIG_NAME}) or a Hub repo id 'namespace/name'.")
+
+
+def _resolve(repo_id_or_path, directory: Path | None, filename, required, **kwargs) -> str | None:
+    if directory is not None:
+        file = directory / filename
         if file.is_file():
             return str(file)
         if required:
             raise FileNotFoundError(f"{file} not found: {repo_id_or_path} is not a KVpop checkpoint directory.")
         return None
     try:
-        return hf_hub_download(str(repo_id_or_path), filename, **kwargs)
+        return hf_hub_download(repo_id_or_path, filename, **kwargs)
     except LocalEntryNotFoundError as err:  # (a subclass of EntryNotFoundError: test it first)
-        # offline (local_files_only=True or HF_HUB_OFFLINE=1) and not in the local cache
+        # not in the local cache, and either downloads are off or the Hub could not be reached
         if not required and _in_local_cache(repo_id_or_path, CONFIG_NAME, kwargs):
             return None  # the checkpoint is cached without this optional file
+        if kwargs.get("local_files_only") or constants.HF_HUB_OFFLINE:
+            raise FileNotFoundError(
+                f"{repo_id_or_path} is not in the local Hugging Face cache and downloads are off (local_files_only="
+                f"True or HF_HUB_OFFLINE=1): download it once with network access, or pass a local checkpoint "
+                "directory.") from err
         raise FileNotFoundError(
-            f"{repo_id_or_path} is not in the local Hugging Face cache and downloads are off (local_files_only=True "
-            f"or HF_HUB_OFFLINE=1): download it once with network access, or pass a local checkpoint directory."
-        ) from err
+            f"{filename} of the Hub repo {repo_id_or_path} could not be downloaded and is not in the local Hugging "
+            f"Face cache ({err}). Check the network connection and the repo id; a local checkpoint directory must "
+            "exist (a relative path is read from the working directory).") from err
     except EntryNotFoundError:
         if required:
             raise FileNotFoundError(f"{filename} not found in repo {repo_id_or_path}.") from None
@@ -79,14 +120,15 @@ def _in_local_cache(repo_id, filename, kwargs) -> bool:
 
 def load(repo_id_or_path, revision=None, cache_dir=None, token=None, local_files_only=False):
     """Returns (config, scorer state dict or None, log_gamma or None)."""
+    directory = local_dir(repo_id_or_path)  # before any network call: a missing path fails here
     kwargs = dict(revision=revision, cache_dir=cache_dir, token=token, local_files_only=local_files_only)
-    config_file = _resolve(repo_id_or_path, CONFIG_NAME, True, **kwargs)
+    config_file = _resolve(repo_id_or_path, directory, CONFIG_NAME, True, **kwargs)
     try:
         data = json.loads(Path(config_file).read_text())
     except json.JSONDecodeError as err:
         raise ValueError(f"{config_file} is not valid JSON ({err}); the checkpoint is corrupt.") from err
     config = KVpopConfig.from_dict(data)
-    weights = _resolve(repo_id_or_path, WEIGHTS_NAME, False, **kwargs)
+    weights = _resolve(repo_id_or_path, directory, WEIGHTS_NAME, False, **kwargs)
     state = None
     if weights is not None:
         try:

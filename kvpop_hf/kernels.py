@@ -1,5 +1,5 @@
 """What the decode step's Triton kernels share: the optional import, the environment switch between a
-kernel and its torch reference, and block sizes."""
+kernel and its torch reference."""
 
 from __future__ import annotations
 
@@ -14,11 +14,6 @@ except ImportError:  # pragma: no cover - triton is a dependency; the torch refe
     triton = tl = None
 
 MODES = ("auto", "torch", "triton")
-
-
-def next_pow2(n: int) -> int:
-    """The smallest power of two >= ``n`` (1 for ``n <= 1``): a Triton block size."""
-    return 1 << max(int(n) - 1, 0).bit_length()
 
 
 def kernel_wanted(env_var: str, device: torch.device) -> bool:

@@ -349,7 +349,7 @@ class KVpopLayer(CacheLayerMixin):
 
     def _reads_at_entry(self) -> bool:
         scorer = self.scorer
-        return scorer.stateful and not getattr(scorer, "delayed", True)
+        return scorer.stateful and not scorer.delayed
 
     # -- one new token per row: fixed shapes, in place, no host synchronisation ----------------
     def decode_step(self, k_new: torch.Tensor, v_new: torch.Tensor):

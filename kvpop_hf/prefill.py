@@ -3,9 +3,9 @@
 On CUDA, ``model.generate(..., past_key_values=KVpopCache(...))`` compiles every forward it sends through
 ``get_compiled_call`` -- the decode steps, and, with ``prefill_chunk_size``, the prompt chunks too. KVpop's
 chunk path (variable candidate sets, FlexAttention, the eviction bookkeeping) runs eagerly inside that call
-(graph breaks), and under CUDA graphs (``mode="reduce-overhead"``, transformers' default) that fails: on an
-H200 (torch 2.11, transformers 5.17) generate stopped with "accessing tensor output of CUDAGraphs that has
-been overwritten by a subsequent run" (``results/generation_speed/h200_flex_chunk_gpu_check.log``). A
+(graph breaks), and under CUDA graphs (``mode="reduce-overhead"``, transformers' default) that fails: the
+eager chunk reads tensors a later graph replay overwrites, and generate stops with "accessing tensor output
+of CUDAGraphs that has been overwritten by a subsequent run" (torch 2.11, transformers 5.17). A
 ``KVpopCache`` therefore refuses a prompt chunk inside a compiled call on CUDA (``KVpopLayer.update``), and
 long prompts are fed here instead::
 

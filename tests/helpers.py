@@ -56,7 +56,7 @@ def reference_priorities(scorer, layer_idx, k, v, window, log_gamma=None, decay_
     r = torch.full((b, h, S), float("-inf"))
     if scorer.stateful:
         state = scorer.init_state(layer_idx, b, k.device)
-        delay = window if getattr(scorer, "delayed", True) else 0
+        delay = window if scorer.delayed else 0
         for q in range(S):
             u = q - delay
             read = slice(max(u, 0), max(u, 0) + 1)

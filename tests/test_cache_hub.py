@@ -101,7 +101,7 @@ def test_corrupt_or_missing_weights(tmp_path):
     (tmp_path / WEIGHTS_NAME).unlink()
     with pytest.raises(FileNotFoundError, match=WEIGHTS_NAME):
         KVpopCache.from_pretrained(tmp_path)
-    with pytest.raises(FileNotFoundError, match="not a directory"):
+    with pytest.raises(FileNotFoundError, match="no such directory"):
         KVpopCache.from_pretrained(tmp_path / "nowhere")
     (tmp_path / "empty").mkdir()
     with pytest.raises(FileNotFoundError, match=CONFIG_NAME):
@@ -129,3 +129,80 @@ def test_uncached_repo_offline_says_so(tmp_path):
     with pytest.raises(FileNotFoundError, match="not in the local Hugging Face cache"):
         KVpopCache.from_pretrained("kvpop-test-org/not-downloaded", tiny_config(), local_files_only=True,
                                    cache_dir=str(tmp_path))
+
+
+@pytest.fixture
+def no_hub_calls(monkeypatch):
+    """Offline, and any download through huggingface_hub fails the test."""
+    import huggingface_hub
+
+    import kvpop_hf.hub
+
+    def called(*args, **kwargs):
+        raise AssertionError(f"a Hub download was attempted: {args} {kwargs}")
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    for name in ("hf_hub_download", "snapshot_download"):
+        monkeypatch.setattr(huggingface_hub, name, called)
+    monkeypatch.setattr(kvpop_hf.hub, "hf_hub_download", called)
+
+
+@pytest.mark.parametrize("name", ["checkpoints/kvpop_mlp", "./nope", "../nope-kvpop-missing", "a/b/c", "~/nope-kvpop",
+                                  ".", "checkpoints/sub/kvpop"])
+def test_a_missing_local_path_fails_at_once(tmp_path, monkeypatch, no_hub_calls, name):
+    (tmp_path / "work" / "checkpoints").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path / "work")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    with pytest.raises(FileNotFoundError) as err:
+        KVpopCache.from_pretrained(name, tiny_config())
+    if name == ".":  # exists, but holds no checkpoint
+        assert CONFIG_NAME in str(err.value)
+    else:
+        assert f"no such directory: {name}" in str(err.value)
+    if name == "checkpoints/kvpop_mlp":
+        assert "checkpoints/ is a local directory" in str(err.value)
+
+
+def test_absolute_path_file_and_bad_repo_id_fail_at_once(tmp_path, monkeypatch, no_hub_calls):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(FileNotFoundError, match="no such directory: "):
+        KVpopCache.from_pretrained(str(tmp_path / "missing"))
+    (tmp_path / "file.json").write_text("{}")
+    with pytest.raises(FileNotFoundError, match="not a directory: file.json is a file"):
+        KVpopCache.from_pretrained("file.json")
+    with pytest.raises(ValueError, match="neither an existing directory nor a valid Hub repo id"):
+        KVpopCache.from_pretrained("org/bad name")
+    with pytest.raises(ValueError, match="Empty checkpoint name"):
+        KVpopCache.from_pretrained("")
+    with pytest.raises(TypeError, match="str or path"):
+        KVpopCache.from_pretrained(3)
+
+
+def test_relative_checkpoint_directory_loads_without_the_hub(tmp_path, monkeypatch, no_hub_calls):
+    cfg = tiny_config()
+    KVpopCache(cfg, sinks=1, window=2, topk=3, scorer="mlp").save_pretrained(tmp_path / "checkpoints" / "kvpop_mlp")
+    monkeypatch.chdir(tmp_path)
+    for name in ("checkpoints/kvpop_mlp", "./checkpoints/kvpop_mlp"):
+        assert KVpopCache.from_pretrained(name, cfg).kvpop_config.topk == 3
+
+
+def test_repo_id_goes_to_the_hub_and_a_failed_download_is_not_called_offline(tmp_path, monkeypatch):
+    """A ``namespace/name`` with no such local folder is a repo id; when the Hub cannot be reached (downloads on),
+    the error says so rather than that downloads are off."""
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    import kvpop_hf.hub
+
+    seen = []
+
+    def unreachable(repo_id, filename, **kwargs):
+        seen.append(repo_id)
+        raise LocalEntryNotFoundError("Cannot reach the Hub (connection error)")
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(kvpop_hf.hub, "hf_hub_download", unreachable)
+    monkeypatch.setattr(kvpop_hf.hub.constants, "HF_HUB_OFFLINE", False)
+    with pytest.raises(FileNotFoundError) as err:
+        KVpopCache.from_pretrained("kvpop-test-org/somewhere", tiny_config(), cache_dir=str(tmp_path / "hub"))
+    assert seen == ["kvpop-test-org/somewhere"]
+    assert "could not be downloaded" in str(err.value) and "downloads are off" not in str(err.value)

@@ -7,8 +7,8 @@ import torch
 import kvpop_hf  # noqa: F401
 from helpers import distinct_ids, tiny_model
 from kvpop_hf.baselines.dms import CompressionSchedule, DMSGate, compression_loss, mean_eviction, target_eviction_rate
-from kvpop_hf.baselines.dms.mask import (hard_visibility, hard_visibility_reference, soft_eviction_bias,
-                               soft_eviction_bias_reference)
+from kvpop_hf.baselines.dms.mask import hard_visibility, soft_eviction_bias
+from references import hard_visibility_reference, soft_eviction_bias_reference
 from kvpop_hf.baselines.dms.relaxation import eviction_probability, log_keep, relaxed_logits
 from kvpop_hf.baselines.dms.train_attention import TRAIN_ATTN_NAME, dms_forward
 

@@ -13,12 +13,12 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, Qwen3Config
 
 from helpers import distinct_ids, tiny_model
+from references import auc_cost_reference, future_attention_reference, pl_log_prob_reference
 from kvpop_hf import KVpopCache
 from kvpop_hf.compat import with_cache
 from kvpop_hf.baselines.kvp.metric import auc_cost_per_head, eval_points, evicted_fraction, ordering
-from kvpop_hf.baselines.kvp.ranking import gumbel_sort, pl_log_prob, pl_log_prob_reference, rloo_advantages
-from kvpop_hf.baselines.kvp.reward import (auc_cost, auc_cost_reference, future_attention, future_attention_reference,
-                                 normalized_auc_cost, reward)
+from kvpop_hf.baselines.kvp.ranking import gumbel_sort, pl_log_prob, rloo_advantages
+from kvpop_hf.baselines.kvp.reward import auc_cost, future_attention, normalized_auc_cost, reward
 from kvpop_hf.baselines.kvp.supervised import supervised_loss
 from kvpop_hf.scorers import build_scorer
 from kvpop_hf.testbed import policies

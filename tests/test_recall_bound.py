@@ -10,8 +10,8 @@ from helpers import load_benchmark
 
 from kvpop_hf.testbed import build_tokenizer, make_problem, reasoning_twin, training_example
 from kvpop_hf.testbed.analysis import oracle_topk_recall
-from kvpop_hf.testbed.recall_bound import (causal_recall_bound, causal_recall_bound_reference, shared_prefix,
-                                           twin_recall_rows)
+from kvpop_hf.testbed.recall_bound import causal_recall_bound, shared_prefix, twin_recall_rows
+from references import causal_recall_bound_reference
 from kvpop_hf.topk import running_topk
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -21,19 +21,36 @@ class FakeClock:
         return self.now
 
 
-def test_budget_stops_after_its_seconds_counted_from_the_first_step():
+def test_budget_stops_after_its_seconds_counted_from_the_start_of_training():
     clock = FakeClock()
     budget = TimeBudget(10, clock=clock)
     assert budget.elapsed_fraction() == 0.0
-    clock.now = 500.0  # time before the first step (data loading, compilation) does not count
-    control = budget.on_step_end(None, None, TrainerControl())
-    assert not control.should_training_stop and budget.elapsed_fraction() == 0.0
-    clock.now = 505.0
-    assert budget.elapsed_fraction() == pytest.approx(0.5)
+    clock.now = 500.0  # before Trainer.train begins (model loading, data) does not count
+    budget.on_train_begin(None, None, TrainerControl())
+    assert budget.elapsed_fraction() == 0.0
+    clock.now = 506.0  # the first step (with its compilation) counts
     assert not budget.on_step_end(None, None, TrainerControl()).should_training_stop
+    assert budget.elapsed_fraction() == pytest.approx(0.6)
     clock.now = 510.5
     assert budget.on_step_end(None, None, TrainerControl()).should_training_stop
     assert budget.elapsed_fraction() == 1.0
+
+
+def test_a_first_step_longer_than_the_budget_ends_training():
+    clock = FakeClock()
+    budget = TimeBudget(10, clock=clock)
+    budget.on_train_begin(None, None, TrainerControl())
+    clock.now += 30
+    assert budget.on_step_end(None, None, TrainerControl()).should_training_stop
+
+
+def test_without_train_begin_the_clock_starts_at_the_first_step_end():
+    clock = FakeClock()
+    budget = TimeBudget(10, clock=clock)
+    clock.now = 500.0
+    assert not budget.on_step_end(None, None, TrainerControl()).should_training_stop
+    clock.now = 505.0
+    assert budget.elapsed_fraction() == pytest.approx(0.5)
 
 
 @pytest.mark.parametrize("seconds", [0, -3])
@@ -48,6 +65,7 @@ def test_time_decay_warms_up_by_steps_then_decays_with_the_clock():
     p = torch.nn.Parameter(torch.zeros(()))
     opt = torch.optim.SGD([p], lr=2.0)
     sched = time_decay_schedule(opt, budget, warmup_steps=4)
+    budget.on_train_begin(None, None, TrainerControl())
     assert opt.param_groups[0]["lr"] == 0.0  # step 0 of the warmup
     lrs = []
     for _ in range(4):
@@ -73,6 +91,7 @@ def test_retrofit_needs_seconds_for_the_time_decay(tmp_path):
 
 
 def test_retrofit_decays_the_learning_rate_over_its_seconds(tmp_path):
+    # 25 s: the first step (setup, first forward) counts and takes several seconds on a small CPU
     from test_streaming_plus import _teacher
 
     teacher = _teacher(tmp_path)
@@ -80,7 +99,7 @@ def test_retrofit_decays_the_learning_rate_over_its_seconds(tmp_path):
         "--model", str(teacher), "--dataset", "testbed:reasoning", "--seq_len", "256", "--sinks", "2",
         "--window", "8", "--topk", "8", "--scorer", "mlp", "--output_dir", str(tmp_path / "o"),
         "--max_steps", "100000", "--num_examples", "4", "--per_device_train_batch_size", "2",
-        "--learning_rate", "1e-2", "--max_train_seconds", "3", "--lr_decay_by_time", "True", "--logging_steps", "1",
+        "--learning_rate", "1e-2", "--max_train_seconds", "25", "--lr_decay_by_time", "True", "--logging_steps", "1",
         "--report_to", "none", "--save_strategy", "no", "--use_cpu", "True", "--disable_tqdm", "True"])
     lrs = [e["learning_rate"] for e in trainer.state.log_history if "learning_rate" in e]
     assert len(lrs) >= 3 and trainer.state.global_step < 100000  # the seconds ended training

@@ -120,9 +120,8 @@ def parse_args(argv=None):
 # --------------------------------------------------------------------------- data
 def batch_length(rng: random.Random, lo: int, hi: int, multiple: int) -> int:
     """A batch's length, uniform over the multiples of ``multiple`` in ``[lo, hi]`` (both ends included; ``lo``
-    itself when there is none). Rounding a uniform draw down instead almost never reaches ``hi``: a teacher
-    trained that way never saw its last positions and failed there (EM 1.0 below 896 tokens,
-    0.1 at 1024: results/teacher/continued_256_1024)."""
+    itself when there is none). Rounding a uniform draw down instead almost never reaches ``hi``, and a teacher
+    trained that way never sees its last positions and fails there."""
     m = max(1, multiple)
     first = -(-lo // m) * m
     choices = list(range(first, hi + 1, m))
@@ -446,7 +445,7 @@ def main(argv=None):
         "command": shlex.join(["python", "training/pretrain_teacher.py"] + list(argv if argv is not None else sys.argv[1:])),
         "args": {k: (list(v) if isinstance(v, tuple) else v) for k, v in vars(args).items() if k != "knob"},
         "seed": args.seed,
-        "git_commit": git_commit() or "unknown",
+        "git_commit": git_commit(),
         "steps": step,
         "final_loss": last_loss,
         "loss_curve": losses,

@@ -29,6 +29,7 @@ from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, HfArgumentParser
+from transformers.utils import is_torch_bf16_gpu_available, is_torch_xla_available
 
 from kvpop_hf.trainer import KVpopTrainer, KVpopTrainingArguments
 from kvpop_hf.trainer.merged_save import check_merged_dtype, merged_dtype
@@ -54,11 +55,29 @@ class ScriptArguments:
         "help": "With --merge_lora, the dtype of the saved weights: source (the dtype the --model checkpoint "
                 "records; float32 if none), float32, bfloat16 or float16."})
     max_train_seconds: float | None = field(default=None, metadata={
-        "help": "Stop training (and save) after this many seconds, whatever max_steps says."})
+        "help": "Stop training (and save) after the first optimizer step that ends this many seconds after training "
+                "began (the first step, compilation included, counts), whatever max_steps says."})
     lr_decay_by_time: bool = field(default=False, metadata={
         "help": "With --max_train_seconds: after the warmup steps, decay the learning rate linearly to 0 over the "
                 "remaining seconds (kvpop_hf/trainer/time_budget.py) instead of using --lr_scheduler_type over "
                 "max_steps, which a time budget usually cuts short."})
+
+
+@dataclass
+class _PrecisionFlags:
+    """The two TrainingArguments flags :func:`check_bf16_device` reads, parsed ahead of the rest."""
+
+    bf16: bool = False
+    use_cpu: bool = False
+
+
+def check_bf16_device(argv) -> None:
+    """``--bf16`` without a GPU that has bf16 (training on the CPU): a ValueError naming the fix, before the
+    arguments are parsed (where the Trainer's own check stops with "Your setup doesn't support bf16/gpu")."""
+    flags, _ = HfArgumentParser(_PrecisionFlags).parse_known_args(args=argv)
+    if flags.bf16 and not flags.use_cpu and not is_torch_bf16_gpu_available() and not is_torch_xla_available():
+        raise ValueError("--bf16 needs a GPU with bfloat16 support, and this machine has none: drop --bf16 on CPU "
+                         "(training then runs in float32), or add --use_cpu True to train under CPU bf16 autocast.")
 
 
 def check_time_arguments(script) -> None:
@@ -157,6 +176,7 @@ def train_and_save(trainer_cls, model, args, data, tokenizer, script, callbacks=
 
 def main(argv=None, callbacks=None):
     """Parses `argv`, builds the data, trains and saves; `callbacks`: extra `TrainerCallback`s. Returns the trainer."""
+    check_bf16_device(argv)
     parser = HfArgumentParser((ScriptArguments, KVpopTrainingArguments))
     script, args = parser.parse_args_into_dataclasses(args=argv)
     check_time_arguments(script)  # before any work

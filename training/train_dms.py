@@ -27,7 +27,8 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, HfArgumentParser
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from retrofit import examples_needed, lora_student, run_cli, testbed_examples, train_and_save  # noqa: E402
+from retrofit import (check_bf16_device, examples_needed, lora_student, run_cli, testbed_examples,  # noqa: E402
+                      train_and_save)
 
 from kvpop_hf.baselines.dms import target_eviction_rate  # noqa: E402
 from kvpop_hf.baselines.dms.trainer import DMSTrainer, DMSTrainingArguments  # noqa: E402
@@ -53,11 +54,13 @@ class ScriptArguments:
         "help": "The dtype of the saved merged weights: source (the dtype the --model checkpoint records), "
                 "float32, bfloat16 or float16."})
     max_train_seconds: float | None = field(default=None, metadata={
-        "help": "Stop training (and save) after this many seconds; the target then ramps up over ramp_fraction of "
+        "help": "Stop training (and save) after the first optimizer step that ends this many seconds after training "
+                "began (the first step counts); the target then ramps up over ramp_fraction of "
                 "this time (unless --ramp_seconds is given)."})
 
 
 def main(argv=None, callbacks=None):
+    check_bf16_device(argv)
     parser = HfArgumentParser((ScriptArguments, DMSTrainingArguments))
     script, args = parser.parse_args_into_dataclasses(args=argv)
     if not 0.0 < script.compression < 1.0:

@@ -6,8 +6,7 @@
 # Usage: OUT=dir bash benchmarks/gpu/evaluate_testbed.sh            (~2 min on one H200)
 #        OUT=dir TEACHER=dir/final/teacher SCORERS=dir/ckpt bash benchmarks/gpu/evaluate_testbed.sh
 # Knobs: TEACHER (default checkpoints/teacher), SCORERS (a folder of scorer checkpoints, default
-# checkpoints/scorers), EVAL_N (default 20, as committed), LIMIT_S (time limit, default 300 s; the committed run
-# had what was left of a 515 s job after the teacher and the retrofits, and finished within it).
+# checkpoints/scorers), EVAL_N (default 20), LIMIT_S (time limit, default 300 s).
 set -u
 : "${OUT:?set OUT to an output directory}"
 export PYTHONUNBUFFERED=1 PYTHONPATH=. TOKENIZERS_PARALLELISM=false

@@ -10,13 +10,13 @@ their time, and which variant fixes it.
 Cases per S (q ``[1, H, S, d]``, k/v ``[1, Hkv, S, d]``, random priorities -> running top-k, budget S/8):
 
   calib   compiled flex causal forward (no score_mod, analytic causal block mask, no LSE) and dense SDPA;
-  sparse  block-mask build alone (analytic = library default, and the old tile-by-tile ``tiled_block_mask``),
+  sparse  block-mask build alone (analytic = library default, and the generic tile-by-tile ``tiled_block_mask``),
           the flex kernel alone with a prebuilt mask, the whole ``sparse_attention``;
-  target  block-mask build alone (analytic, and old tiled), the flex kernel alone with prebuilt inputs and mask,
+  target  block-mask build alone (analytic, and tiled), the flex kernel alone with prebuilt inputs and mask,
           the whole ``future_attention_target(backend="flex")``; in bf16 and in fp32 (ieee, and tf32 via
           ``kernel_options``);
   variant candidate fixes/attributions: kernel_options BLOCK_M/BLOCK_N, no full blocks (every block partial),
-          the old int64 mask_mod, a causal-only mask_mod on the sparse block structure, target without score_mod,
+          an int64 mask_mod, a causal-only mask_mod on the sparse block structure, target without score_mod,
           target dummy value dims.
 
 Each case: warmup calls (compile), one call for peak memory (CUDA ``max_memory_allocated`` minus the allocation
@@ -320,7 +320,7 @@ def variant_section(d: Diag, S: int, dtype, state: dict):
         # attribution: mask_mod cost and block structure
         rank64, cut64 = plan.rank, plan.cutoff
 
-        def old_mask_mod(bi, h, q_idx, kv_idx):  # the int64 mask_mod before this change
+        def old_mask_mod(bi, h, q_idx, kv_idx):  # the same mask read through int64 rank/cutoff
             hk = h // groups
             recent = (kv_idx <= q_idx) & ((kv_idx < s) | (q_idx - kv_idx < w))
             kept = (kv_idx >= s) & (kv_idx <= q_idx - w) & (rank64[bi, hk, kv_idx] <= cut64[bi, hk, q_idx])
@@ -433,7 +433,7 @@ def main(argv=None):
     raise_recompile_limit(64)
 
     meta = {"command": " ".join(shlex.quote(x) for x in [sys.executable, *sys.argv]),
-            "git_commit": git_commit(REPO) or "unknown", "date": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
+            "git_commit": git_commit(REPO), "date": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
     meta.update(versions("torch", "triton", missing=lambda err: "unavailable"))
     meta["device"] = torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu ({os.cpu_count()} cores)"
     meta["dtype"] = str(dtype).replace("torch.", "")

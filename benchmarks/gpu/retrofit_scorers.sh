@@ -27,5 +27,4 @@ retro() {  # name scorer topk
 retro kvpop_cr88 mlstm $TK88 & retro kvpop_cr75 mlstm $TK75 &
 retro kvpop_mlp_cr88 mlp $TK88 & retro kvpop_mlp_cr75 mlp $TK75 &
 wait
-for d in "$OUT"/ckpt/*; do rm -f "$d/model.safetensors" "$d/training_args.bin"; done
 stamp done

@@ -36,7 +36,7 @@
 # Usage: OUT=dir bash benchmarks/gpu/testbed_4k.sh                                   (STAGE=teacher, ~9 min)
 #        OUT=dir STAGE=retrofit TEACHER=checkpoints/teacher_4k bash benchmarks/gpu/testbed_4k.sh   (~9 min)
 # Knobs: TB (teacher training seconds, 240), RS (retrofit seconds, 200), WINDOW (the protected window, 64;
-# WINDOW=32 reproduces the runs of results/testbed_4k made before the window was widened), VARIANTS (the retrofits to run, default
+# WINDOW=32 gives the window-32 rows of results/testbed_4k), VARIANTS (the retrofits to run, default
 # the eight above, e.g. "kvpop_cr88 kvpop_distill_cr88"; a policy is evaluated when its _cr88 run exists),
 # ORACLE=0 (skip the answer-query oracles), EVAL=0 (retrofit only: no evaluation), BASE_POLICIES (the untrained rows of the evaluation, dense,streaming), EVAL_N (problems per evaluation, 40),
 # DEADLINE (seconds after start by which the last evaluations are cut, 540); for a CPU smoke test of the script:
@@ -159,9 +159,6 @@ stage_retrofit() {
       --target_lse "$([ -n "$lse" ] && echo dense || echo sparse)" &
   done
   wait
-  for d in "$OUT"/ckpt*/*; do  # scorer-only: the backbone copy is the unchanged teacher
-    case "$d" in *distill*) ;; *) rm -f "$d/model.safetensors" "$d/training_args.bin" ;; esac
-  done
   [ "${EVAL:-1}" = 1 ] || { stamp "stage retrofit done (EVAL=0: no evaluation)"; return; }
   for d in "$OUT"/ckpt*; do eval_checkpoints "$d" "$OUT/eval_learned${d##*/ckpt}" & done
   wait

@@ -17,9 +17,24 @@ from torch import nn
 
 
 class Scorer(nn.Module):
-    """Base class. Subclasses implement :meth:`score` (stateless) or the stateful trio."""
+    """Base class. Subclasses implement :meth:`score` (stateless) or the stateful trio.
+
+    Three class attributes say what kind of scorer it is; the cache, its layers and the trainer read them
+    (a subclass sets those that differ from the defaults here)."""
 
     stateful: bool = False
+    """True: a per-layer memory absorbs every token in order (:meth:`init_state`, :meth:`absorb_and_read`);
+    False: each token is scored from its own key and value (:meth:`score`)."""
+
+    delayed: bool = True
+    """For a stateful scorer, when a token is read: True reads token ``u = q - w`` as it leaves the protected
+    window, from the memory after it absorbed token ``q`` (delayed scoring, paper Sec. 3); False reads each
+    token as it enters, right after absorbing it. Not used by stateless scorers."""
+
+    dynamic: bool = False
+    """True: scores come from the model's attention probabilities, not from keys and values alone
+    (:class:`kvpop_hf.baselines.attention_policies.policies.AttentionPolicy`); ``KVpopCache`` then builds its layers
+    as :class:`~kvpop_hf.baselines.attention_policies.layer.DynamicScoreLayer`."""
 
     def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int):
         super().__init__()

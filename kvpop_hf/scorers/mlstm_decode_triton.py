@@ -28,7 +28,7 @@ import math
 import torch
 
 from ..decode_eviction import read_entry
-from ..kernels import next_pow2, tl, triton
+from ..kernels import tl, triton
 from ..priority import decayed_priorities
 
 __all__ = ["mlstm_decode_priority_reference", "mlstm_decode_priority_triton"]
@@ -146,5 +146,6 @@ def mlstm_decode_priority_triton(scorer, layer_idx: int, state, keys, values, po
         *weights, *token, gamma, p, h, B, decay_step, 1.0 / math.sqrt(ds),
         D=d, DV=dv, DS=ds, S=sinks, W=window, READ_NEW=read_new, HAS_DECAY=log_gamma is not None,
         TOKEN=scorer.token_readout,
-        BLOCK_D=next_pow2(d), BLOCK_DV=next_pow2(dv), BLOCK_DS=next_pow2(ds))
+        BLOCK_D=triton.next_power_of_2(d), BLOCK_DV=triton.next_power_of_2(dv),
+        BLOCK_DS=triton.next_power_of_2(ds))
     return p.view(b, h, 1)

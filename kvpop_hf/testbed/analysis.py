@@ -171,7 +171,7 @@ def oracle_recall_rows(model, tokenizer, problems: Sequence[Problem], scored: Se
         oracles: dict[int, torch.Tensor] = {}  # window -> [num_layers, Hkv, S]
         for layer in sorted(qkv):
             for policy, budget, cache, own in scored:
-                if getattr(cache.scorer, "dynamic", False):
+                if cache.scorer.dynamic:
                     continue  # TOVA/H2O/SnapKV: no static priority to rank the sequence with
                 cfg = cache.kvpop_config
                 if cfg.window not in oracles:

@@ -283,7 +283,8 @@ def token_accuracy(model: Any, tokenizer: Any, problems: Sequence[Problem],
                 logits = model(ids, use_cache=False).logits[0]
             else:
                 starts = list(range(0, T, chunk or T))
-                if not chunk and getattr(getattr(cache, "scorer", None), "dynamic", False):
+                scorer = getattr(cache, "scorer", None)  # None: a cache without a scorer (DMSCache)
+                if not chunk and scorer is not None and scorer.dynamic:
                     # attention-based policies (TOVA, H2O, SnapKV) attend densely inside a chunk: the prompt
                     # as one chunk (compressed at its end), then the target token by token
                     first = int((labels != -100).nonzero()[0]) if bool((labels != -100).any()) else T

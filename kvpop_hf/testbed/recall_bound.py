@@ -15,9 +15,8 @@ Take ``m`` *twins* -- sequences equal up to position ``shared`` (the same contex
 counts (:func:`kvpop_hf.testbed.analysis.oracle_topk_recall`: every query where eviction happens), it bounds
 the twins' mean oracle top-k recall for every causal policy, learned or not.
 
-:func:`causal_recall_bound` is the vectorised form, :func:`causal_recall_bound_reference` the plain loop the
-tests compare it with; :func:`twin_recall_rows` runs both the bound and given scorers' recall on the twins of
-testbed problems.
+:func:`causal_recall_bound` computes the bound; :func:`twin_recall_rows` runs both the bound and given scorers'
+recall on the twins of testbed problems.
 """
 
 from __future__ import annotations
@@ -29,7 +28,7 @@ import torch
 
 from ..topk import running_topk
 
-__all__ = ["causal_recall_bound", "causal_recall_bound_reference", "shared_prefix", "twin_recall_rows"]
+__all__ = ["causal_recall_bound", "shared_prefix", "twin_recall_rows"]
 
 
 def _check(oracles: torch.Tensor, sinks: int, window: int, topk: int, shared: int) -> None:
@@ -73,30 +72,6 @@ def causal_recall_bound(oracles: torch.Tensor, sinks: int, window: int, topk: in
     if count == 0:
         return torch.full((H,), float("nan"), dtype=torch.float64)
     return (total / count).cpu()
-
-
-def causal_recall_bound_reference(oracles: torch.Tensor, sinks: int, window: int, topk: int,
-                                  shared: int) -> torch.Tensor:
-    """:func:`causal_recall_bound` by a loop over heads and queries, with the oracle's kept sets found by
-    sorting each eligible set (newer token first on ties, the running top-k's order) and the best kept set by
-    sorting the tokens by how many oracles keep them. For tests."""
-    _check(oracles, sinks, window, topk, shared)
-    m, H, S = oracles.shape
-    out = []
-    for h in range(H):
-        vals = []
-        for q in range(S):
-            elig = list(range(sinks, q - window + 1))
-            if len(elig) <= topk:
-                continue
-            if q >= shared:
-                vals.append(1.0)
-                continue
-            kept = [set(sorted(elig, key=lambda t: (-float(oracles[i, h, t]), -t))[:topk]) for i in range(m)]
-            counts = sorted((sum(t in k for k in kept) for t in elig), reverse=True)
-            vals.append(sum(counts[:topk]) / (m * topk))
-        out.append(sum(vals) / len(vals) if vals else float("nan"))
-    return torch.tensor(out, dtype=torch.float64)
 
 
 def shared_prefix(ids: Sequence[Sequence[int]]) -> int:
@@ -158,7 +133,7 @@ def twin_recall_rows(model, tokenizer, problems: Sequence, twins: int, scored: S
                         oracle_table_from_qkv(qkv, window, backend=backend, kind=kind, query_mask=qmask).to(device))
             own_qkv = record_students(scored, ids)
             for policy, budget, cache, own in scored:
-                if getattr(cache.scorer, "dynamic", False):
+                if cache.scorer.dynamic:
                     continue  # attention-based policies have no static priority
                 for layer in sorted(qkv):
                     prio = cache_priorities(cache, layer, qkv if own is None else own_qkv[id(own)], device)

@@ -20,8 +20,11 @@ def _last_logged(history: list[dict], key: str):
 
 
 def render_model_card(config, *, model_name: str, repo: str, dataset: str, steps: int, history: list[dict],
-                      ref_len: int | None = None, quality: dict | None = None, target: str | None = None) -> str:
-    """``target``: what the scorer was trained to rank by (e.g. the future-attention statistic), shown as is."""
+                      ref_len: int | None = None, quality: dict | None = None, target: str | None = None,
+                      model_repo: str | None = None) -> str:
+    """``target``: what the scorer was trained to rank by (e.g. the future-attention statistic), shown as is.
+    ``model_repo``: where the model weights load from, when not from ``repo`` (a scorer-only checkpoint: the base
+    model)."""
     if not TEMPLATE.is_file():
         raise FileNotFoundError(f"Model card template {TEMPLATE} is missing: the kvpop-hf installation is "
                                 "incomplete; reinstall it (pip install --force-reinstall kvpop-hf).")
@@ -35,7 +38,9 @@ def render_model_card(config, *, model_name: str, repo: str, dataset: str, steps
     quality_md = "\n".join(["| metric | value |", "|---|---|"] + [f"| {k} | {v} |" for k, v in rows.items()])
     compression = f"{1 - config.budget / ref_len:.0%} of the KV cache removed" if ref_len else "n/a"
     return TEMPLATE.read_text().format(
-        model_name=model_name, repo=repo, base_model=config.base_model or "unknown", budget=config.budget,
+        model_name=model_name, repo=repo, model_repo=model_repo or repo,
+        model_note="  # the unchanged base model: this repo holds the scorer only" if model_repo else "",
+        base_model=config.base_model or "unknown", budget=config.budget,
         sinks=config.sinks, window=config.window, topk=config.topk, scorer=config.scorer,
         scorer_desc=(f"a learned **{config.scorer}** scorer" if config.scorer in ("mlp", "mlstm") else
                      f"the fixed **{config.scorer}** scorer (backbone distilled at this budget)"),
@@ -56,6 +61,14 @@ def _target_text(args) -> str | None:
     return f"future attention, {stat} over {who}{exact}"  # default: weights under the student's sparse attention
 
 
+def _base_model_repo(trainer) -> str | None:
+    """The base model a scorer-only run (``train_backbone=False``) leaves unchanged and does not save; None when
+    the run saves its own weights."""
+    if getattr(trainer.args, "train_backbone", True):
+        return None
+    return trainer.kvpop_config.base_model or "BASE_MODEL"
+
+
 def write_model_card(trainer, model_name=None, dataset=None, kvpop_quality=None, reference_length=None, **_):
     out = trainer.args.output_dir
     os.makedirs(out, exist_ok=True)
@@ -66,5 +79,6 @@ def write_model_card(trainer, model_name=None, dataset=None, kvpop_quality=None,
         dataset = ", ".join(map(str, dataset))
     text = render_model_card(trainer.kvpop_config, model_name=name, repo=repo, dataset=dataset or "unspecified",
                              steps=trainer.state.global_step, history=trainer.state.log_history, ref_len=ref_len,
-                             quality=kvpop_quality, target=_target_text(trainer.args))
+                             quality=kvpop_quality, target=_target_text(trainer.args),
+                             model_repo=_base_model_repo(trainer))
     Path(out, "README.md").write_text(text)

@@ -23,7 +23,7 @@ def sequence_priorities(scorer, layer_idx: int, keys: torch.Tensor, values: torc
     if scorer.stateful:
         state = scorer.init_state(layer_idx, b, keys.device)
         valid = torch.ones(b, S, dtype=torch.bool, device=keys.device)
-        if getattr(scorer, "delayed", True):
+        if scorer.delayed:
             src = (torch.arange(S, device=keys.device) - window).clamp_min(0)
             _, read = scorer.absorb_and_read(layer_idx, state, keys, values, valid, keys[:, :, src], values[:, :, src])
             tail = read.new_full((b, h, min(window, S)), float("-inf"))

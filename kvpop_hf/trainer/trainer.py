@@ -9,9 +9,13 @@ A fixed (parameter-free) scorer such as ``"streaming"`` with ``train_backbone=Tr
 alone at that budget (StreamingLLM+ with ``topk=0``: the trained-window baseline of the paper); the
 boundary-loss target pass is then skipped, since no scorer parameter would use it.
 
-Every checkpoint directory holds the model (``config.json`` + ``model.safetensors``) *and* the
-scorer (``kvpop_config.json`` + ``kvpop_scorer.safetensors``), so
-``AutoModelForCausalLM.from_pretrained(d)`` and ``KVpopCache.from_pretrained(d)`` load from it.
+A run that trains the backbone saves, in every checkpoint directory, the model (``config.json`` +
+``model.safetensors``, or the LoRA adapter) *and* the scorer (``kvpop_config.json`` +
+``kvpop_scorer.safetensors``), so ``AutoModelForCausalLM.from_pretrained(d)`` and
+``KVpopCache.from_pretrained(d)`` load from it. A scorer-only run (``train_backbone=False``) leaves the
+backbone as it was loaded, so its directories hold the scorer and the tokenizer only (and, in checkpoint-N
+folders, the optimizer and trainer state that resuming needs):
+the model is the base model (``kvpop_config.json``'s ``base_model``), and resuming reads the scorer alone.
 """
 
 from __future__ import annotations
@@ -268,6 +272,9 @@ class KVpopTrainer(Trainer):
     # -- checkpoints: model files + KVpop files in the same directory -------------------------------
     def _save(self, output_dir=None, state_dict=None):
         output_dir = output_dir if output_dir is not None else self.args.output_dir
+        if not self.args.train_backbone:  # the backbone is the unchanged base model: save what training made
+            self._save_scorer_only(output_dir)
+            return
         if state_dict is None:
             state_dict = self.model.state_dict()
         state_dict = {k: v for k, v in state_dict.items() if SCORER_ATTR not in k and LOG_GAMMA_ATTR not in k}
@@ -284,6 +291,17 @@ class KVpopTrainer(Trainer):
             if lg is not None:
                 base.register_parameter(LOG_GAMMA_ATTR, lg)
         hub.save(output_dir, self.kvpop_config, scorer, None if lg is None else lg.detach())
+
+    def _save_scorer_only(self, output_dir):
+        """The scorer (and decay) and the tokenizer; no copy of the frozen backbone."""
+        if not self.args.should_save:
+            return
+        Path(output_dir).mkdir(parents=True, exist_ok=True)
+        base = unwrap_model(self.model)
+        lg = base._parameters.get(LOG_GAMMA_ATTR)
+        hub.save(output_dir, self.kvpop_config, base._modules[SCORER_ATTR], None if lg is None else lg.detach())
+        if self.processing_class is not None:
+            self.processing_class.save_pretrained(output_dir)
 
     def save_merged_model(self, output_dir=None, dtype: torch.dtype | None = None):
         """Write a plain model directory: LoRA adapters merged into the weights (``merge_and_unload``, the
@@ -316,7 +334,8 @@ class KVpopTrainer(Trainer):
         hub.save(output_dir, self.kvpop_config, scorer, None if lg is None else lg.detach())
 
     def _load_from_checkpoint(self, resume_from_checkpoint, model=None):
-        super()._load_from_checkpoint(resume_from_checkpoint, model)
+        if self.args.train_backbone:  # a scorer-only checkpoint holds no backbone: the loaded one is unchanged
+            super()._load_from_checkpoint(resume_from_checkpoint, model)
         _, state, log_gamma = hub.load(resume_from_checkpoint)
         hub.load_scorer_state(self.scorer, state, resume_from_checkpoint)
         lg = self._log_gamma(self.model)

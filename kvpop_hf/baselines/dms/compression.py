@@ -8,7 +8,7 @@ schedule), so the model has time to adapt to each level:
 
 One-sided: only a shortfall is penalised, the distillation pulls the other way, and how the evictions are
 spread over layers and heads is free, which makes DMS's memory per head ragged. Nothing stops the rate from
-passing the target, though (it did in the CPU runs, results/dms_cpu); the ``two_sided`` variant
+passing the target, though (a penalty that is met no longer pulls); the ``two_sided`` variant
 ``|rate(step) - mean alpha|`` holds it there, for comparisons at matched average memory.
 
 Budget matching (this library's budgets, ``B = s + w + k`` per layer and KV head at sequence length ``L``):

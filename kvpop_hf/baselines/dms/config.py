@@ -62,7 +62,9 @@ def save(directory, config: DMSConfig, gate: torch.nn.Module) -> None:
 def load(directory) -> tuple[DMSConfig, dict]:
     directory = Path(directory)
     if not directory.is_dir():
-        raise FileNotFoundError(f"{directory} is not a directory; pass a DMS checkpoint directory.")
+        what = "not a directory" if directory.exists() else "no such directory"
+        raise FileNotFoundError(f"{what}: {directory}; pass a DMS checkpoint directory (written by "
+                                "training/train_dms.py).")
     for name in (CONFIG_NAME, WEIGHTS_NAME):
         if not (directory / name).is_file():
             raise FileNotFoundError(f"{directory / name} not found: {directory} is not a DMS checkpoint "

@@ -1,4 +1,4 @@
-"""The delayed-eviction rule of DMS, as a training bias and as a hard visibility rule, each with a plain reference.
+"""The delayed-eviction rule of DMS, as a training bias and as a hard visibility rule.
 
 DMS (Łańcucki et al., 2025; KVpop, arXiv:2607.05061, baselines) delays evictions by a sliding window: a token
 ``j`` marked for eviction stays visible while it is one of the last ``w`` tokens and is gone afterwards.
@@ -38,23 +38,6 @@ def soft_eviction_bias(log_keep: torch.Tensor, sinks: int, window: int) -> torch
     return bias.masked_fill(j > i, float("-inf"))
 
 
-def soft_eviction_bias_reference(log_keep: torch.Tensor, sinks: int, window: int) -> torch.Tensor:
-    """The same bias, one entry at a time."""
-    b, h, S = log_keep.shape
-    out = torch.empty(b, h, S, S, dtype=log_keep.dtype)
-    for bi in range(b):
-        for hi in range(h):
-            for i in range(S):
-                for j in range(S):
-                    if j > i:
-                        out[bi, hi, i, j] = float("-inf")
-                    elif j >= sinks and i - j >= window:
-                        out[bi, hi, i, j] = log_keep[bi, hi, j]
-                    else:
-                        out[bi, hi, i, j] = 0.0
-    return out
-
-
 def hard_visibility(query_pos: torch.Tensor, key_pos: torch.Tensor, evict: torch.Tensor, sinks: int,
                     window: int) -> torch.Tensor:
     """query_pos ``[b, L]`` (-1: padding), key_pos ``[b, h, C]`` (-1: none), evict ``[b, h, C]`` bool ->
@@ -64,20 +47,3 @@ def hard_visibility(query_pos: torch.Tensor, key_pos: torch.Tensor, evict: torch
     p = key_pos[:, :, None, :]
     e = evict[:, :, None, :]
     return (q >= 0) & (p >= 0) & (p <= q) & ((p < sinks) | (q - p < window) | ~e)
-
-
-def hard_visibility_reference(query_pos, key_pos, evict, sinks: int, window: int) -> torch.Tensor:
-    """The same rule, one entry at a time."""
-    b, L = query_pos.shape
-    h, C = key_pos.shape[1:]
-    out = torch.zeros(b, h, L, C, dtype=torch.bool)
-    for bi in range(b):
-        for hi in range(h):
-            for li in range(L):
-                q = int(query_pos[bi, li])
-                for c in range(C):
-                    p = int(key_pos[bi, hi, c])
-                    if q < 0 or p < 0 or p > q:
-                        continue
-                    out[bi, hi, li, c] = p < sinks or q - p < window or not bool(evict[bi, hi, c])
-    return out

@@ -29,16 +29,6 @@ def pl_log_prob(scores: torch.Tensor, perm: torch.Tensor) -> torch.Tensor:
     return (s - tail).sum(-1)
 
 
-def pl_log_prob_reference(scores: torch.Tensor, perm: torch.Tensor) -> float:
-    """One permutation ``perm [n]`` of ``scores [n]``, picked item by item (the sequential definition)."""
-    left = list(range(scores.shape[0]))
-    total = 0.0
-    for item in perm.tolist():
-        total += float(scores[item] - torch.logsumexp(scores[left], 0))
-        left.remove(item)
-    return total
-
-
 def rloo_advantages(rewards: torch.Tensor) -> torch.Tensor:
     """rewards ``[K, ...]`` (``K >= 2`` samples of the same problem) -> ``R_k - mean_{l != k} R_l``, same shape."""
     K = rewards.shape[0]

@@ -41,31 +41,12 @@ def future_attention(q: torch.Tensor, k: torch.Tensor, n: int, scale: float, chu
     return u
 
 
-def future_attention_reference(q: torch.Tensor, k: torch.Tensor, n: int, scale: float) -> torch.Tensor:
-    """The same, one future query at a time (loops)."""
-    Hq, S, _ = q.shape
-    Hkv = k.shape[0]
-    G = Hq // Hkv
-    u = torch.zeros(Hkv, n, dtype=torch.float64)
-    for h in range(Hkv):
-        for j in range(n, S):
-            rows = [torch.softmax(scale * k[h, : j + 1].double() @ q[h * G + g, j].double(), 0)[:n] for g in range(G)]
-            u[h] += torch.stack(rows).amax(0)
-    return u.float()
-
-
 def auc_cost(u: torch.Tensor, perm: torch.Tensor) -> torch.Tensor:
     """Rank-weighted AUC ``C(sigma) = sum_r r * u[sigma_r]``: u ``[..., n]`` (broadcast), perm ``[..., n]``
     -> ``[...]``."""
     n = perm.shape[-1]
     ranks = torch.arange(1, n + 1, device=perm.device, dtype=torch.float32)
     return (torch.gather(u.float().expand(perm.shape), -1, perm) * ranks).sum(-1)
-
-
-def auc_cost_reference(u: torch.Tensor, perm: torch.Tensor) -> float:
-    """``sum_{b=0}^{n-1} C_b``, evicted future attention summed over every budget (loops; ``u``, ``perm`` ``[n]``)."""
-    n = perm.shape[0]
-    return float(sum(u[perm[b:]].double().sum() for b in range(n)))
 
 
 def oracle_auc_cost(u: torch.Tensor) -> torch.Tensor:
