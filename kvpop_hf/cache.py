@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import os
 import sys
 import warnings
@@ -15,6 +14,7 @@ from .config import KVpopConfig, model_shape
 from .baselines.attention_policies.layer import DynamicScoreLayer
 from .layer import KVpopLayer
 from .scorers import Scorer, build_scorer, scorer_name
+from .shared import KVpopShared
 
 
 class KVpopCache(Cache):
@@ -62,35 +62,30 @@ class KVpopCache(Cache):
             kvpop_config.base_model = kvpop_config.base_model or getattr(model_config, "_name_or_path", None) or None
         if kvpop_config.num_layers is None:
             raise ValueError("KVpopCache needs the model shape: pass the model's config as first argument.")
-        self.kvpop_config = kvpop_config
         cfg = kvpop_config
-        if isinstance(scorer, Scorer):
-            self.scorer = scorer
-        else:
-            self.scorer = _build(cfg)
-        if (self.scorer.num_layers, self.scorer.num_kv_heads, self.scorer.head_dim) != (
+        if not isinstance(scorer, Scorer):
+            scorer = _build(cfg)
+        if (scorer.num_layers, scorer.num_kv_heads, scorer.head_dim) != (
                 cfg.num_layers, cfg.num_kv_heads, cfg.head_dim):
             raise ValueError(
-                f"Scorer shape (layers={self.scorer.num_layers}, kv_heads={self.scorer.num_kv_heads}, "
-                f"head_dim={self.scorer.head_dim}) does not match the model "
+                f"Scorer shape (layers={scorer.num_layers}, kv_heads={scorer.num_kv_heads}, "
+                f"head_dim={scorer.head_dim}) does not match the model "
                 f"({cfg.num_layers}, {cfg.num_kv_heads}, {cfg.head_dim})."
             )
-        self.scorer.requires_grad_(False)
-        self.scorer.eval()
+        scorer.requires_grad_(False)
+        scorer.eval()
         # optional learned per-head decay [num_layers, kv_heads] (log gamma), else the config's scalar
-        self.log_gamma: torch.Tensor | None = None
+        log_gamma = None
         if cfg.log_gamma is not None:
-            self.log_gamma = torch.full((cfg.num_layers, cfg.num_kv_heads), float(cfg.log_gamma))
-        self._warned_stock = False
-        # copies for layers on other devices than the scorer/decay (device_map): device -> copy
-        self._scorer_copies: dict = {}
-        self._log_gamma_copies: dict = {}
+            log_gamma = torch.full((cfg.num_layers, cfg.num_kv_heads), float(cfg.log_gamma))
+        # what every layer reads (config, scorer and its device copies, decay); the layers hold no cache reference
+        self.shared = KVpopShared(cfg, scorer, log_gamma)
         # attention-based policies (TOVA, H2O, SnapKV) re-score entries every step: their own storage class
         layer_cls = DynamicScoreLayer if getattr(self.scorer, "dynamic", False) else KVpopLayer
         if layer_cls is DynamicScoreLayer and cfg.log_gamma is not None:
             raise ValueError(f"`log_gamma` (recency decay of static priorities) does not apply to the attention-based "
                              f"policy {cfg.scorer!r}, whose scores change every step; leave it None.")
-        super().__init__(layers=[layer_cls(self, i) for i in range(cfg.num_layers)])
+        super().__init__(layers=[layer_cls(self.shared, i) for i in range(cfg.num_layers)])
 
     # -- transformers Cache API ---------------------------------------------------------------
     def update(self, key_states, value_states, layer_idx: int, *args, **kwargs):
@@ -101,6 +96,8 @@ class KVpopCache(Cache):
             )
         if layer_idx == 0 and not torch.compiler.is_compiling():
             self._check_every_layer_updated()
+        if layer_idx > 0 and self.layers[layer_idx - 1].flush_at_next_layer:
+            self.layers[layer_idx - 1].flush()  # the layer below attended just before: a stock attention raises now
         return super().update(key_states, value_states, layer_idx, *args, **kwargs)
 
     def _check_every_layer_updated(self) -> None:
@@ -115,61 +112,43 @@ class KVpopCache(Cache):
                 "cache.reset() before reusing the cache)."
             )
 
-    # -- helpers used by the layers ----------------------------------------------------------
+    # -- settings (shared with the layers, see kvpop_hf/shared.py) ------------------------------
+    @property
+    def kvpop_config(self) -> KVpopConfig:
+        return self.shared.config
+
+    @property
+    def scorer(self) -> Scorer:
+        return self.shared.scorers.module
+
+    @property
+    def log_gamma(self) -> torch.Tensor | None:
+        """Per-head decay ``[num_layers, kv_heads]`` (log gamma) or None; may be replaced (e.g. learned values)."""
+        return self.shared.log_gamma
+
+    @log_gamma.setter
+    def log_gamma(self, value: torch.Tensor | None) -> None:
+        self.shared.log_gamma = value
+
     @property
     def budget(self) -> int:
         return self.kvpop_config.budget
 
     def check_shape(self, layer_idx: int, kv_heads: int, head_dim: int) -> None:
-        cfg = self.kvpop_config
-        if (kv_heads, head_dim) != (cfg.num_kv_heads, cfg.head_dim):
-            raise ValueError(
-                f"Layer {layer_idx} has {kv_heads} KV heads of size {head_dim}, but this KVpopCache was built for "
-                f"{cfg.num_kv_heads} heads of size {cfg.head_dim}. Build the cache from this model's config."
-            )
+        self.shared.check_shape(layer_idx, kv_heads, head_dim)
 
     def scorer_for(self, device: torch.device) -> Scorer:
         """The scorer on ``device``: the scorer itself on the device it lives on, else a copy made once for
         that device (weights stay float32). Layers spread over several devices (``device_map``) each read
         their own device's copy, so no weights move during generation."""
-        device = _canonical(device)
-        first = next(iter(self.scorer.parameters()), None)
-        if first is None or first.device == device:
-            return self.scorer
-        replica = self._scorer_copies.get(device)
-        if replica is None:
-            replica = copy.deepcopy(self.scorer).to(device)
-            self._scorer_copies[device] = replica
-        return replica
+        return self.shared.scorers.on(device)
 
     def log_gamma_for(self, layer_idx: int, device) -> torch.Tensor | None:
         """This layer's per-head decay on ``device`` (copied once per device), or None."""
-        if self.log_gamma is None:
-            return None
-        device = _canonical(device)
-        if self.log_gamma.device == device:
-            return self.log_gamma[layer_idx]
-        source, copy_on_device = self._log_gamma_copies.get(device, (None, None))
-        if source is not self.log_gamma:  # first use on this device, or `log_gamma` was replaced since
-            copy_on_device = self.log_gamma.to(device)
-            self._log_gamma_copies[device] = (self.log_gamma, copy_on_device)
-        return copy_on_device[layer_idx]
+        return self.shared.log_gamma_for(layer_idx, device)
 
     def warn_stock_attention(self, padding_unseen: bool = False) -> None:
-        """Warn once that a chunk ran under a stock attention; ``padding_unseen``: a batch of several rows whose
-        position ids transformers did not pass to ``update``, so left padding could not be checked."""
-        if not self._warned_stock:
-            self._warned_stock = True
-            padding = (" This transformers version does not pass the position ids to the cache, so a left-padded "
-                       "batch cannot be recognised: its padded rows would come out wrong without an error; "
-                       "attn_implementation='kvpop' handles left padding exactly." if padding_unseen else "")
-            warnings.warn(
-                "KVpopCache: a multi-token chunk is attended with a stock attention implementation, so its "
-                "queries see every stored entry plus all tokens of the chunk (more than the budget). Load the "
-                "model with attn_implementation='kvpop' for exact per-head eviction inside chunks; single-token "
-                "decoding is exact either way." + padding,
-                stacklevel=user_stacklevel(),
-            )
+        self.shared.warn_stock_attention(padding_unseen)
 
     # -- introspection ---------------------------------------------------------------------------
     def stored_positions(self, layer_idx: int) -> torch.Tensor:
@@ -228,13 +207,6 @@ def _check_model_shape(config: KVpopConfig, model_config, what: str) -> dict:
             raise ValueError(f"{what} was made for {field}={stored}, but the model has {field}={value}. Use a KVpop "
                              "checkpoint trained for this model (or a heuristic scorer).")
     return shape
-
-
-def _canonical(device) -> torch.device:
-    device = torch.device(device)
-    if device.type == "cuda" and device.index is None:
-        device = torch.device("cuda", torch.cuda.current_device())
-    return device
 
 
 def user_stacklevel() -> int:

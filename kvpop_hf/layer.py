@@ -22,6 +22,7 @@ from transformers.cache_utils import CacheLayerMixin
 
 from .decode_eviction import eviction_for, read_entry, ring_slot
 from .priority import decayed_priorities
+from .shared import copy_layer
 
 NEG_INF = float("-inf")
 
@@ -145,12 +146,15 @@ class KVpopLayer(CacheLayerMixin):
 
     is_compileable = True
     is_sliding = False
+    flush_at_next_layer = False  # a pending chunk is committed at this layer's next update
 
-    def __init__(self, cache, layer_idx: int):
+    def __init__(self, shared, layer_idx: int):
+        """shared: the cache's :class:`~kvpop_hf.shared.KVpopShared` (config, scorer, decay); the layer keeps no
+        reference to its cache, so ``copy.deepcopy`` of a cache (or a layer) is independent of the original."""
         super().__init__()
-        self._cache = weakref.ref(cache)  # no cycle: dropping the cache frees its buffers at once
+        self.shared = shared
         self.layer_idx = layer_idx
-        cfg = cache.kvpop_config
+        cfg = shared.config
         self.sinks, self.window, self.topk = cfg.sinks, cfg.window, cfg.topk
         self.budget = cfg.budget
         self.tokens = torch.zeros((), dtype=torch.long)
@@ -158,17 +162,16 @@ class KVpopLayer(CacheLayerMixin):
         self._full_on_host = False  # True once the host knows that all B slots are in use (no sync needed then)
         self.updates = 0  # eager updates, for the cache's layer-count check
 
-    @property
-    def cache(self):
-        cache = self._cache()
-        if cache is None:
-            raise RuntimeError("This KVpopLayer's KVpopCache was deleted; layers live only inside their cache.")
-        return cache
+    def __deepcopy__(self, memo):
+        """A copy with its own tensors (keys, values, positions, priorities, counters, scorer state) that shares the
+        scorer's read-only weights. A chunk still waiting for its attention is committed first (:meth:`flush`)."""
+        self.flush()
+        return copy_layer(self, memo, shared_modules=(getattr(self, "scorer", None),))
 
     # -- transformers layer API ----------------------------------------------------------------
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         b, h, _, d = key_states.shape
-        self.cache.check_shape(self.layer_idx, h, d)
+        self.shared.check_shape(self.layer_idx, h, d)
         self.dtype, self.device = key_states.dtype, key_states.device
         B = self.budget
         self.keys = torch.zeros(b, h, B, d, dtype=key_states.dtype, device=self.device)
@@ -177,7 +180,7 @@ class KVpopLayer(CacheLayerMixin):
         self.prio = torch.full((b, h, B), NEG_INF, dtype=torch.float32, device=self.device)
         self.seen = torch.zeros(b, dtype=torch.long, device=self.device)
         self.tokens = self.tokens.to(self.device)
-        self.scorer = scorer = self.cache.scorer_for(self.device)  # this layer's device: nothing moves per step
+        self.scorer = scorer = self.shared.scorers.on(self.device)  # this layer's device: nothing moves per step
         self.state = scorer.init_state(self.layer_idx, b, self.device) if scorer.stateful else None
         self._evict = eviction_for(self.device)  # the fused kernel on CUDA, chosen once
         self._scorer_step = scorer.decode_kernel(self.device)  # the scorer's fused decode step, or None
@@ -267,7 +270,7 @@ class KVpopLayer(CacheLayerMixin):
         of a batch of several rows says that padding goes unnoticed."""
         if self.pending is not None:
             self._refuse_padding_under_stock_attention(self.pending)
-            self.cache.warn_stock_attention(self.pending.position_ids is None and self.pending.k_new.shape[0] > 1)
+            self.shared.warn_stock_attention(self.pending.position_ids is None and self.pending.k_new.shape[0] > 1)
             self.pending.commit(None)  # clears self.pending
 
     def _refuse_padding_under_stock_attention(self, chunk: "PendingChunk") -> None:
@@ -333,8 +336,8 @@ class KVpopLayer(CacheLayerMixin):
     # -- priorities --------------------------------------------------------------------------
     def _priority(self, scores: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """``p_t = r_t - floor(t / n) * log_gamma_h`` (block-aligned recency decay, docs/design.md §1)."""
-        log_gamma = self.cache.log_gamma_for(self.layer_idx, self.device)
-        return decayed_priorities(scores, positions.clamp_min(0), log_gamma, self.cache.kvpop_config.decay_step)
+        log_gamma = self.shared.log_gamma_for(self.layer_idx, self.device)
+        return decayed_priorities(scores, positions.clamp_min(0), log_gamma, self.shared.config.decay_step)
 
     def _score(self, k_new, v_new, valid_new, k_read, v_read, pos_read):
         """Scores of the tokens read at each new position; advances the stateful scorer in place."""
@@ -363,8 +366,8 @@ class KVpopLayer(CacheLayerMixin):
         read_new = self._reads_at_entry()
         if self._scorer_step is not None:  # read, absorb, score and decay in one kernel; state updated in place
             p = self._scorer_step(self.scorer, self.layer_idx, self.state, self.keys, self.values, self.pos, t,
-                                  k_new, v_new, s, w, self.cache.log_gamma_for(self.layer_idx, self.device),
-                                  self.cache.kvpop_config.decay_step, read_new)
+                                  k_new, v_new, s, w, self.shared.log_gamma_for(self.layer_idx, self.device),
+                                  self.shared.config.decay_step, read_new)
         else:  # the new token, or the one leaving through that slot scored after absorbing t
             pos_r, k_r, v_r = read_entry(self.keys, self.values, self.pos, t, k_new, v_new, s, w, read_new)
             p = self._score(k_new, v_new, None, k_r, v_r, pos_r)

@@ -16,13 +16,13 @@ Example::
 
 from __future__ import annotations
 
-import copy
 import os
 
 import torch
 from transformers.cache_utils import Cache
 
 from ...config import model_shape
+from ...shared import DeviceCopies
 from . import config as dms_files
 from .config import DMSConfig
 from .gate import DMSGate
@@ -54,9 +54,12 @@ class DMSCache(Cache):
             raise ValueError(f"Gate shape (layers={gate.num_layers}, kv_heads={gate.num_kv_heads}, head_dim="
                              f"{gate.head_dim}) does not match the model ({layers}, {heads}, {head_dim}).")
         self.dms_config = cfg
-        self.gate = gate.requires_grad_(False).eval()
-        self._gate_copies: dict = {}
-        super().__init__(layers=[DMSLayer(self, i) for i in range(layers)])
+        self._gates = DeviceCopies(gate.requires_grad_(False).eval())  # shared read-only by deep copies
+        super().__init__(layers=[DMSLayer(cfg, self._gates, i) for i in range(layers)])
+
+    @property
+    def gate(self) -> DMSGate:
+        return self._gates.module
 
     def update(self, key_states, value_states, layer_idx: int, *args, **kwargs):
         if not 0 <= layer_idx < len(self.layers):
@@ -68,19 +71,9 @@ class DMSCache(Cache):
             self.layers[-1].flush()
         return super().update(key_states, value_states, layer_idx, *args, **kwargs)
 
-    def check_shape(self, layer_idx: int, kv_heads: int, head_dim: int) -> None:
-        cfg = self.dms_config
-        if (kv_heads, head_dim) != (cfg.num_kv_heads, cfg.head_dim):
-            raise ValueError(f"Layer {layer_idx} has {kv_heads} KV heads of size {head_dim}, but this DMSCache was "
-                             f"built for {cfg.num_kv_heads} heads of size {cfg.head_dim}.")
-
     def gate_for(self, device) -> DMSGate:
-        device = torch.device(device)
-        if self.gate.weight.device == device:
-            return self.gate
-        if device not in self._gate_copies:
-            self._gate_copies[device] = copy.deepcopy(self.gate).to(device)
-        return self._gate_copies[device]
+        """The gate on ``device`` (a copy made once per device)."""
+        return self._gates.on(device)
 
     # -- what the cache holds ----------------------------------------------------------------------
     def _ready(self) -> list[DMSLayer]:
