@@ -36,6 +36,17 @@ CHUNK_IN_COMPILED_CALL = (
 )
 
 
+STOCK_ATTENTION_SHARED_POSITIONS = (
+    "KVpopCache: a prompt chunk of a batch of {rows} rows was attended with a stock attention implementation (sdpa, "
+    "eager, ...) and the model got no position_ids per row, so the cache cannot tell whether the batch is "
+    "left-padded. A stock attention applies the attention mask to the cache's slots, which are not in position "
+    "order, so padded rows would come out wrong without an error. For an unpadded batch pass position_ids with one "
+    "row per batch row (e.g. torch.arange(n).expand(batch, n) + tokens seen) or use model.generate, which passes "
+    "them; a left-padded batch needs attn_implementation='kvpop' (or model.set_attn_implementation('kvpop')), which "
+    "handles padding exactly. Then start again with cache.reset() (or a new cache)."
+)
+
+
 def chunk_in_compiled_call_unsupported(key_states: torch.Tensor) -> bool:
     """Whether a prompt chunk may not run inside a compiled forward: on CUDA, where transformers compiles with
     CUDA graphs and the chunk path's graph breaks fail there (``kvpop_hf/prefill.py``). On other devices the
@@ -265,7 +276,10 @@ class KVpopLayer(CacheLayerMixin):
 
         A stock attention never shows the cache the padding mask. Where the model handed its position ids
         to ``update`` and they show left padding (a row's positions do not count on from the tokens seen),
-        the chunk was attended wrongly: that raises instead of going on silently. Where it did not (transformers
+        the chunk was attended wrongly: that raises instead of going on silently; so does a batch of several rows
+        whose position ids the model made itself (one row for all: the caller passed none, so padding cannot be
+        told apart, and the attention mask of the next call would be applied to slots, not positions). Where the
+        model did not hand them over (transformers
         5.17 passes only the keys and values), nothing that reaches the cache shows padding, so the warning
         of a batch of several rows says that padding goes unnoticed."""
         if self.pending is not None:
@@ -276,6 +290,10 @@ class KVpopLayer(CacheLayerMixin):
     def _refuse_padding_under_stock_attention(self, chunk: "PendingChunk") -> None:
         if chunk.position_ids is None:
             return
+        rows = chunk.k_new.shape[0]
+        if rows > 1 and chunk.position_ids.shape[0] == 1:
+            self.pending = None  # the cache cannot hold this chunk correctly; reset() before reuse
+            raise ValueError(STOCK_ATTENTION_SHARED_POSITIONS.format(rows=rows))
         L = chunk.k_new.shape[2]
         start = int(self.tokens) - L  # tokens seen before the chunk
         expected = torch.arange(start, start + L, device=chunk.position_ids.device)
