@@ -10,7 +10,7 @@ import torch
 from transformers.cache_utils import Cache
 
 from . import hub
-from .config import KVpopConfig, model_shape
+from .config import KVpopConfig, model_config_of, model_shape
 from .baselines.attention_policies.layer import DynamicScoreLayer
 from .layer import KVpopLayer
 from .scorers import Scorer, build_scorer, scorer_name
@@ -35,8 +35,9 @@ class KVpopCache(Cache):
     exact but a prompt chunk sees all of its own tokens plus the stored ones (a warning says so).
 
     Args:
-        model_config: the model's `PretrainedConfig` (gives layers, KV heads, head size) or None
-            when a `kvpop_config` with the model shape is given.
+        model_config: the model's `PretrainedConfig` (gives layers, KV heads, head size), or the model itself
+            (its ``.config`` is taken; nothing else of the model is kept), or None when a `kvpop_config` with the
+            model shape is given.
         sinks, window, topk: the budget. scorer: a name from `kvpop_hf.scorers.SCORERS` or a `Scorer`;
             "tova", "h2o" and "snapkv" take their scores from the attention (docs/design.md §7) and need
             ``attn_implementation="kvpop"``.
@@ -47,6 +48,7 @@ class KVpopCache(Cache):
     def __init__(self, model_config=None, sinks: int = 4, window: int = 256, topk: int = 1788,
                  scorer: str | Scorer = "knorm", log_gamma: float | None = None, decay_step: int = 64,
                  scorer_kwargs: dict | None = None, kvpop_config: KVpopConfig | None = None):
+        model_config = model_config_of(model_config)
         if kvpop_config is None:
             name = scorer if isinstance(scorer, str) else scorer_name(scorer)
             if isinstance(scorer, Scorer) and scorer_kwargs is None:
@@ -86,6 +88,11 @@ class KVpopCache(Cache):
             raise ValueError(f"`log_gamma` (recency decay of static priorities) does not apply to the attention-based "
                              f"policy {cfg.scorer!r}, whose scores change every step; leave it None.")
         super().__init__(layers=[layer_cls(self.shared, i) for i in range(cfg.num_layers)])
+
+    def __repr__(self) -> str:
+        cfg = self.kvpop_config
+        return (f"{type(self).__name__}(sinks={cfg.sinks}, window={cfg.window}, topk={cfg.topk}, budget={cfg.budget}, "
+                f"scorer={cfg.scorer!r}, layers={len(self.layers)})")
 
     # -- transformers Cache API ---------------------------------------------------------------
     def update(self, key_states, value_states, layer_idx: int, *args, **kwargs):
@@ -147,8 +154,8 @@ class KVpopCache(Cache):
         """This layer's per-head decay on ``device`` (copied once per device), or None."""
         return self.shared.log_gamma_for(layer_idx, device)
 
-    def warn_stock_attention(self, padding_unseen: bool = False) -> None:
-        self.shared.warn_stock_attention(padding_unseen)
+    def warn_stock_attention(self, evicted: bool, padding_unseen: bool = False) -> None:
+        self.shared.warn_stock_attention(evicted, padding_unseen)
 
     # -- introspection ---------------------------------------------------------------------------
     def stored_positions(self, layer_idx: int) -> torch.Tensor:
@@ -184,6 +191,7 @@ class KVpopCache(Cache):
                 raise ValueError(f"Unknown override {key!r}; valid fields: {sorted(config.to_dict())}.")
             setattr(config, key, value)
         config.validate()
+        model_config = model_config_of(model_config)
         if model_config is not None:  # the checkpoint's shape against the model, before any work
             _check_model_shape(config, model_config, f"Checkpoint {repo_id_or_path}")
         scorer = _build(config)

@@ -272,7 +272,8 @@ class KVpopLayer(CacheLayerMixin):
             )
 
     def flush(self) -> None:
-        """Commit a chunk that no ``kvpop`` attention committed (a stock attention ran): as unpadded.
+        """Commit a chunk that no ``kvpop`` attention committed (a stock attention ran): as unpadded. It warns (once)
+        only where the chunk made the cache evict: otherwise the stock attention saw exactly each query's set.
 
         A stock attention never shows the cache the padding mask. Where the model handed its position ids
         to ``update`` and they show left padding (a row's positions do not count on from the tokens seen),
@@ -284,7 +285,9 @@ class KVpopLayer(CacheLayerMixin):
         of a batch of several rows says that padding goes unnoticed."""
         if self.pending is not None:
             self._refuse_padding_under_stock_attention(self.pending)
-            self.shared.warn_stock_attention(self.pending.position_ids is None and self.pending.k_new.shape[0] > 1)
+            chunk = self.pending
+            evicted = chunk.n_old + chunk.k_new.shape[2] > self.budget  # else every query saw exactly its own set
+            self.shared.warn_stock_attention(evicted, chunk.position_ids is None and chunk.k_new.shape[0] > 1)
             self.pending.commit(None)  # clears self.pending
 
     def _refuse_padding_under_stock_attention(self, chunk: "PendingChunk") -> None:

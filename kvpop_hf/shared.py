@@ -50,14 +50,14 @@ class DeviceCopies:
 class KVpopShared:
     """The settings of one KVpopCache's layers: ``config`` (a :class:`~kvpop_hf.config.KVpopConfig`), the scorer
     (:class:`DeviceCopies`), the optional per-head decay ``log_gamma [num_layers, kv_heads]`` (replaceable: the
-    layers read it through :meth:`log_gamma_for`) and the once-only stock-attention warning."""
+    layers read it through :meth:`log_gamma_for`) and the once-only stock-attention warnings."""
 
     def __init__(self, config, scorer: torch.nn.Module, log_gamma: torch.Tensor | None = None):
         self.config = config
         self.scorers = DeviceCopies(scorer)
         self.log_gamma = log_gamma
         self._log_gamma_copies: dict = {}
-        self.warned_stock = False
+        self.warned_stock: set[str] = set()  # reasons already warned about
 
     def check_shape(self, layer_idx: int, kv_heads: int, head_dim: int) -> None:
         cfg = self.config
@@ -80,25 +80,31 @@ class KVpopShared:
             self._log_gamma_copies[device] = (self.log_gamma, copy_on_device)
         return copy_on_device[layer_idx]
 
-    def warn_stock_attention(self, padding_unseen: bool = False) -> None:
-        """Warn once that a chunk ran under a stock attention; ``padding_unseen``: a batch of several rows whose
-        position ids transformers did not pass to ``update``, so left padding could not be checked."""
-        if self.warned_stock:
-            return
-        self.warned_stock = True
+    def warn_stock_attention(self, evicted: bool, padding_unseen: bool = False) -> None:
+        """Warn (once for each of the two reasons) about a chunk that ran under a stock attention: ``evicted``, the
+        cache had to drop tokens inside it (stored entries + chunk > budget), so its queries saw more than their
+        budget; ``padding_unseen``, a batch of several rows whose position ids transformers did not pass to
+        ``update``, so left padding could not be checked. A chunk that evicted nothing was attended exactly."""
         from .cache import user_stacklevel
 
-        padding = (" This transformers version does not pass the position ids to the cache, so a left-padded "
-                   "batch cannot be recognised: its padded rows would come out wrong without an error; "
-                   "attn_implementation='kvpop' handles left padding exactly." if padding_unseen else "")
-        warnings.warn(
-            "KVpopCache: a multi-token chunk is attended with a stock attention implementation, so its "
-            "queries see every stored entry plus all tokens of the chunk (more than the budget). Load the "
-            "model with attn_implementation='kvpop' for exact per-head eviction inside chunks; single-token "
-            "decoding is exact either way." + padding,
-            stacklevel=user_stacklevel(),
-        )
-
+        if evicted and "evicted" not in self.warned_stock:
+            self.warned_stock.add("evicted")
+            warnings.warn(
+                "KVpopCache: a multi-token chunk is attended with a stock attention implementation while the cache "
+                "evicts, so its queries see every stored entry plus all tokens of the chunk (more than the budget). "
+                "Load the model with attn_implementation='kvpop' for exact per-head eviction inside chunks; "
+                "single-token decoding is exact either way.",
+                stacklevel=user_stacklevel(),
+            )
+        if padding_unseen and "padding" not in self.warned_stock:
+            self.warned_stock.add("padding")
+            warnings.warn(
+                "KVpopCache: a batch of several rows is attended with a stock attention implementation, and this "
+                "transformers version does not pass the position ids to the cache, so a left-padded batch cannot be "
+                "recognised: its padded rows would come out wrong without an error; attn_implementation='kvpop' "
+                "handles left padding exactly.",
+                stacklevel=user_stacklevel(),
+            )
 
 def copy_layer(layer, memo: dict, shared_modules=()):
     """``copy.deepcopy`` of a cache layer: every attribute deep-copied (through ``memo``, so the settings object of

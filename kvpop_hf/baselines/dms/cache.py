@@ -21,7 +21,7 @@ import os
 import torch
 from transformers.cache_utils import Cache
 
-from ...config import model_shape
+from ...config import model_config_of, model_shape
 from ...shared import DeviceCopies
 from . import config as dms_files
 from .config import DMSConfig
@@ -31,7 +31,7 @@ from .layer import DMSLayer
 
 class DMSCache(Cache):
     """Args:
-        model_config: the model's config (layers, KV heads, head size).
+        model_config: the model's config (layers, KV heads, head size), or the model (its ``.config`` is taken).
         gate: a trained :class:`DMSGate` (default: a fresh gate that evicts nothing, ``bias = init_bias < 0``).
         sinks, window: never-evicted first tokens and the delayed-eviction window ``w``.
         dms_config: a :class:`DMSConfig` instead of ``sinks``/``window``.
@@ -40,6 +40,7 @@ class DMSCache(Cache):
 
     def __init__(self, model_config, gate: DMSGate | None = None, sinks: int = 4, window: int = 32,
                  dms_config: DMSConfig | None = None, init_bias: float = -2.0):
+        model_config = model_config_of(model_config, "DMSCache")
         layers, heads, head_dim = model_shape(model_config)
         cfg = dms_config if dms_config is not None else DMSConfig(sinks=sinks, window=window)
         cfg.validate()
@@ -56,6 +57,10 @@ class DMSCache(Cache):
         self.dms_config = cfg
         self._gates = DeviceCopies(gate.requires_grad_(False).eval())  # shared read-only by deep copies
         super().__init__(layers=[DMSLayer(cfg, self._gates, i) for i in range(layers)])
+
+    def __repr__(self) -> str:
+        cfg = self.dms_config
+        return f"{type(self).__name__}(sinks={cfg.sinks}, window={cfg.window}, layers={len(self.layers)})"
 
     @property
     def gate(self) -> DMSGate:
