@@ -17,6 +17,15 @@ from .scorers import Scorer, build_scorer, scorer_name
 from .shared import KVpopShared
 
 
+OFFLOADING_UNSUPPORTED = (
+    "KVpopCache does not support offloading=True: transformers offloads a layer right after its update, before the "
+    "attention has run, but KVpopCache's 'kvpop' attention still writes into the layer (a prompt chunk is committed "
+    "there), and its compiled decode steps need buffers at fixed addresses. Its memory is already fixed at "
+    "sinks + window + topk entries per KV head: choose a smaller budget instead. To park a filled cache on the CPU "
+    "between calls, call cache.layers[i].offload() for each layer and cache.layers[i].prefetch() before the next call."
+)
+
+
 class KVpopCache(Cache):
     """Fixed-budget KV cache: per layer and KV head, ``sinks`` first tokens, the ``window`` most recent
     tokens and ``topk`` long-range tokens won by a scorer's static priority.
@@ -43,11 +52,19 @@ class KVpopCache(Cache):
             ``attn_implementation="kvpop"``.
         log_gamma, decay_step: optional recency decay shared by all heads.
         scorer_kwargs: keyword arguments of the scorer (e.g. ``{"hidden": 64}`` for "mlp").
+        offloading: must stay False (see ``OFFLOADING_UNSUPPORTED``); each layer's ``offload()``/``prefetch()`` move
+            all of its tensors (keys, values, positions, priorities, counters, scorer state).
+
+    ``copy.deepcopy(cache)`` gives an independent cache (its own tensors, scorer state included) that shares the
+    frozen scorer weights with the original.
     """
 
     def __init__(self, model_config=None, sinks: int = 4, window: int = 256, topk: int = 1788,
                  scorer: str | Scorer = "knorm", log_gamma: float | None = None, decay_step: int = 64,
-                 scorer_kwargs: dict | None = None, kvpop_config: KVpopConfig | None = None):
+                 scorer_kwargs: dict | None = None, kvpop_config: KVpopConfig | None = None,
+                 offloading: bool = False):
+        if offloading:
+            raise ValueError(OFFLOADING_UNSUPPORTED)
         model_config = model_config_of(model_config)
         if kvpop_config is None:
             name = scorer if isinstance(scorer, str) else scorer_name(scorer)

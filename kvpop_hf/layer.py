@@ -22,7 +22,7 @@ from transformers.cache_utils import CacheLayerMixin
 
 from .decode_eviction import eviction_for, read_entry, ring_slot
 from .priority import decayed_priorities
-from .shared import copy_layer
+from .shared import copy_layer, offload_layer, prefetch_layer
 
 NEG_INF = float("-inf")
 
@@ -347,6 +347,14 @@ class KVpopLayer(CacheLayerMixin):
         if self.state is not None:
             self.state = tuple(fn(x) for x in self.state)
         self._mark_static()
+
+    def offload(self) -> None:
+        """Every tensor of the layer (keys, values, positions, priorities, counters, scorer state) to the CPU."""
+        offload_layer(self)
+
+    def prefetch(self) -> None:
+        """Every tensor back to the layer's device, re-tagged for CUDA graphs."""
+        prefetch_layer(self)
 
     def crop(self, max_length: int) -> None:
         raise NotImplementedError(

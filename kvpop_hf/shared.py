@@ -119,3 +119,29 @@ def copy_layer(layer, memo: dict, shared_modules=()):
     if getattr(clone, "is_initialized", False) and hasattr(clone, "_mark_static"):
         clone._mark_static()
     return clone
+
+
+def map_tensors(layer, fn) -> None:
+    """Replace every tensor a cache layer holds by ``fn(tensor)``: tensor attributes and the tensors of tuple/list
+    attributes (a scorer's recurrent state). Modules (scorer, gate) are not tensors and stay where they are."""
+    for name, value in list(vars(layer).items()):
+        if isinstance(value, torch.Tensor):
+            setattr(layer, name, fn(value))
+        elif isinstance(value, (tuple, list)) and value and all(isinstance(x, torch.Tensor) for x in value):
+            setattr(layer, name, type(value)(fn(x) for x in value))
+
+
+def offload_layer(layer) -> None:
+    """``CacheLayerMixin.offload`` for layers with more state than keys and values: all of it to the CPU. A hand-off
+    still waiting for its attention is settled first (``flush``, as at the layer's next update)."""
+    if layer.is_initialized:
+        layer.flush()
+        map_tensors(layer, lambda t: t.to("cpu", non_blocking=True))
+
+
+def prefetch_layer(layer) -> None:
+    """``CacheLayerMixin.prefetch``: all the layer's tensors back to its device (``layer.device``)."""
+    if layer.is_initialized and layer.keys.device != layer.device:
+        map_tensors(layer, lambda t: t.to(layer.device, non_blocking=True))
+        if hasattr(layer, "_mark_static"):
+            layer._mark_static()

@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 from transformers.cache_utils import CacheLayerMixin
 
-from ...shared import copy_layer
+from ...shared import copy_layer, offload_layer, prefetch_layer
 from .handoff import STOCK_ATTENTION, DMSChunk, DMSDecode
 
 
@@ -179,6 +179,13 @@ class DMSLayer(CacheLayerMixin):
         self.flush()
         for name in ("keys", "values", "pos", "evict", "seen", "marked"):
             setattr(self, name, fn(getattr(self, name)))
+
+    def offload(self) -> None:
+        """Every tensor of the layer (keys, values, positions, decisions, counters) to the CPU."""
+        offload_layer(self)
+
+    def prefetch(self) -> None:
+        prefetch_layer(self)
 
     def crop(self, max_length: int) -> None:
         raise NotImplementedError("DMSCache evicts tokens permanently, so it cannot be cropped (assisted/speculative "
