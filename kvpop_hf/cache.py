@@ -41,7 +41,8 @@ class KVpopCache(Cache):
 
     With ``attn_implementation="kvpop"`` every query of a multi-token chunk sees exactly its own
     fixed-budget set per head; with a stock implementation (sdpa, eager) single-token decoding is
-    exact but a prompt chunk sees all of its own tokens plus the stored ones (a warning says so).
+    exact but a prompt chunk sees all of its own tokens plus the stored ones (a warning says so once the cache
+    evicts), and a batch of several rows needs position ids per row (generate passes them; padding is refused).
 
     Args:
         model_config: the model's `PretrainedConfig` (gives layers, KV heads, head size), or the model itself
