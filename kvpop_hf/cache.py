@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import os
 import sys
 import warnings
@@ -11,11 +10,21 @@ import torch
 from transformers.cache_utils import Cache
 
 from . import hub
-from .config import KVpopConfig, model_shape
+from .config import KVpopConfig, model_config_of, model_shape
 from .baselines.attention_policies.layer import DynamicScoreLayer
 from .layer import KVpopLayer
 from .scorers import Scorer, build_scorer, scorer_name
 from .tensor_parallel import local_kv_heads, slice_heads, slice_scorer, split_model_or_config
+from .shared import KVpopShared
+
+
+OFFLOADING_UNSUPPORTED = (
+    "KVpopCache does not support offloading=True: transformers offloads a layer right after its update, before the "
+    "attention has run, but KVpopCache's 'kvpop' attention still writes into the layer (a prompt chunk is committed "
+    "there), and its compiled decode steps need buffers at fixed addresses. Its memory is already fixed at "
+    "sinks + window + topk entries per KV head: choose a smaller budget instead. To park a filled cache on the CPU "
+    "between calls, call cache.layers[i].offload() for each layer and cache.layers[i].prefetch() before the next call."
+)
 
 
 class KVpopCache(Cache):
@@ -33,23 +42,35 @@ class KVpopCache(Cache):
 
     With ``attn_implementation="kvpop"`` every query of a multi-token chunk sees exactly its own
     fixed-budget set per head; with a stock implementation (sdpa, eager) single-token decoding is
-    exact but a prompt chunk sees all of its own tokens plus the stored ones (a warning says so).
+    exact but a prompt chunk sees all of its own tokens plus the stored ones (a warning says so once the cache
+    evicts), and a batch of several rows needs position ids per row (generate passes them; padding is refused).
 
     Args:
-        model_config: the model's `PretrainedConfig` (gives layers, KV heads, head size), or the model
-            itself, or None when a `kvpop_config` with the model shape is given. Under tensor parallelism
-            (``tp_plan="auto"``) the model or its config tells the cache which KV heads this rank holds; the
-            cache keeps only those and slices the scorer to them (``kvpop_hf/tensor_parallel.py``).
+        model_config: the model's `PretrainedConfig` (gives layers, KV heads, head size), or the model itself
+            (its ``.config`` is taken, and under tensor parallelism its device mesh), or None when a `kvpop_config`
+            with the model shape is given. Under tensor parallelism (``tp_plan="auto"``) the model or its config
+            tells the cache which KV heads this rank holds; the cache keeps only those and slices the scorer to them
+            (``kvpop_hf/tensor_parallel.py``).
         sinks, window, topk: the budget. scorer: a name from `kvpop_hf.scorers.SCORERS` or a `Scorer`;
             "tova", "h2o" and "snapkv" take their scores from the attention (docs/design.md §7) and need
             ``attn_implementation="kvpop"``.
         log_gamma, decay_step: optional recency decay shared by all heads.
         scorer_kwargs: keyword arguments of the scorer (e.g. ``{"hidden": 64}`` for "mlp").
+        offloading: must stay False (see ``OFFLOADING_UNSUPPORTED``); each layer's ``offload()``/``prefetch()`` move
+            all of its tensors (keys, values, positions, priorities, counters, scorer state).
+
+    ``copy.deepcopy(cache)`` gives an independent cache (its own tensors, scorer state included) that shares the
+    frozen scorer weights with the original.
     """
 
     def __init__(self, model_config=None, sinks: int = 4, window: int = 256, topk: int = 1788,
                  scorer: str | Scorer = "knorm", log_gamma: float | None = None, decay_step: int = 64,
-                 scorer_kwargs: dict | None = None, kvpop_config: KVpopConfig | None = None):
+                 scorer_kwargs: dict | None = None, kvpop_config: KVpopConfig | None = None,
+                 offloading: bool = False):
+        if offloading:
+            raise ValueError(OFFLOADING_UNSUPPORTED)
+        model_config, model = split_model_or_config(model_config)
+        model_config = model_config_of(model_config)
         if kvpop_config is None:
             name = scorer if isinstance(scorer, str) else scorer_name(scorer)
             if isinstance(scorer, Scorer) and scorer_kwargs is None:
@@ -59,7 +80,6 @@ class KVpopCache(Cache):
                                        decay_step=decay_step)
         else:
             kvpop_config.validate()
-        model_config, model = split_model_or_config(model_config)
         # tensor parallelism: (start, stop) of the KV heads this rank computes, None when it holds them all
         self.tp_kv_heads = local_kv_heads(model_config, model) if model_config is not None else None
         if model_config is not None:
@@ -68,37 +88,37 @@ class KVpopCache(Cache):
             kvpop_config.base_model = kvpop_config.base_model or getattr(model_config, "_name_or_path", None) or None
         if kvpop_config.num_layers is None:
             raise ValueError("KVpopCache needs the model shape: pass the model's config as first argument.")
-        self.kvpop_config = kvpop_config
         cfg = kvpop_config
-        if isinstance(scorer, Scorer):
-            self.scorer = scorer
-        else:
-            self.scorer = _build(cfg)
-        if (self.scorer.num_layers, self.scorer.num_kv_heads, self.scorer.head_dim) != (
+        if not isinstance(scorer, Scorer):
+            scorer = _build(cfg)
+        if (scorer.num_layers, scorer.num_kv_heads, scorer.head_dim) != (
                 cfg.num_layers, cfg.num_kv_heads, cfg.head_dim):
             raise ValueError(
-                f"Scorer shape (layers={self.scorer.num_layers}, kv_heads={self.scorer.num_kv_heads}, "
-                f"head_dim={self.scorer.head_dim}) does not match the model "
+                f"Scorer shape (layers={scorer.num_layers}, kv_heads={scorer.num_kv_heads}, "
+                f"head_dim={scorer.head_dim}) does not match the model "
                 f"({cfg.num_layers}, {cfg.num_kv_heads}, {cfg.head_dim})."
             )
         if self.tp_kv_heads is not None:
-            self.scorer = slice_scorer(self.scorer, *self.tp_kv_heads)
-        self.scorer.requires_grad_(False)
-        self.scorer.eval()
+            scorer = slice_scorer(scorer, *self.tp_kv_heads)
+        scorer.requires_grad_(False)
+        scorer.eval()
         # optional learned per-head decay [num_layers, kv_heads] (log gamma), else the config's scalar
-        self.log_gamma: torch.Tensor | None = None
+        log_gamma = None
         if cfg.log_gamma is not None:
-            self.log_gamma = torch.full((cfg.num_layers, self.scorer.num_kv_heads), float(cfg.log_gamma))
-        self._warned_stock = False
-        # copies for layers on other devices than the scorer/decay (device_map): device -> copy
-        self._scorer_copies: dict = {}
-        self._log_gamma_copies: dict = {}
+            log_gamma = torch.full((cfg.num_layers, scorer.num_kv_heads), float(cfg.log_gamma))
+        # what every layer reads (config, scorer and its device copies, decay); the layers hold no cache reference
+        self.shared = KVpopShared(cfg, scorer, log_gamma, self.tp_kv_heads)
         # attention-based policies (TOVA, H2O, SnapKV) re-score entries every step: their own storage class
         layer_cls = DynamicScoreLayer if self.scorer.dynamic else KVpopLayer
         if layer_cls is DynamicScoreLayer and cfg.log_gamma is not None:
             raise ValueError(f"`log_gamma` (recency decay of static priorities) does not apply to the attention-based "
                              f"policy {cfg.scorer!r}, whose scores change every step; leave it None.")
-        super().__init__(layers=[layer_cls(self, i) for i in range(cfg.num_layers)])
+        super().__init__(layers=[layer_cls(self.shared, i) for i in range(cfg.num_layers)])
+
+    def __repr__(self) -> str:
+        cfg = self.kvpop_config
+        return (f"{type(self).__name__}(sinks={cfg.sinks}, window={cfg.window}, topk={cfg.topk}, budget={cfg.budget}, "
+                f"scorer={cfg.scorer!r}, layers={len(self.layers)})")
 
     # -- transformers Cache API ---------------------------------------------------------------
     def update(self, key_states, value_states, layer_idx: int, *args, **kwargs):
@@ -109,6 +129,8 @@ class KVpopCache(Cache):
             )
         if layer_idx == 0 and not torch.compiler.is_compiling():
             self._check_every_layer_updated()
+        if layer_idx > 0 and self.layers[layer_idx - 1].flush_at_next_layer:
+            self.layers[layer_idx - 1].flush()  # the layer below attended just before: a stock attention raises now
         return super().update(key_states, value_states, layer_idx, *args, **kwargs)
 
     def _check_every_layer_updated(self) -> None:
@@ -123,66 +145,43 @@ class KVpopCache(Cache):
                 "cache.reset() before reusing the cache)."
             )
 
-    # -- helpers used by the layers ----------------------------------------------------------
+    # -- settings (shared with the layers, see kvpop_hf/shared.py) ------------------------------
+    @property
+    def kvpop_config(self) -> KVpopConfig:
+        return self.shared.config
+
+    @property
+    def scorer(self) -> Scorer:
+        return self.shared.scorers.module
+
+    @property
+    def log_gamma(self) -> torch.Tensor | None:
+        """Per-head decay ``[num_layers, kv_heads]`` (log gamma) or None; may be replaced (e.g. learned values)."""
+        return self.shared.log_gamma
+
+    @log_gamma.setter
+    def log_gamma(self, value: torch.Tensor | None) -> None:
+        self.shared.log_gamma = value
+
     @property
     def budget(self) -> int:
         return self.kvpop_config.budget
 
     def check_shape(self, layer_idx: int, kv_heads: int, head_dim: int) -> None:
-        cfg = self.kvpop_config
-        heads = cfg.num_kv_heads if self.tp_kv_heads is None else self.tp_kv_heads[1] - self.tp_kv_heads[0]
-        if (kv_heads, head_dim) != (heads, cfg.head_dim):
-            tp = (f" The model looks tensor parallel (each rank computes {kv_heads} of the {heads} KV heads): build "
-                  "the cache on each rank from the loaded model, KVpopCache(model, ...) or KVpopCache(model.config, "
-                  "...), not from a config loaded separately." if head_dim == cfg.head_dim and kv_heads < heads
-                  and heads % kv_heads == 0 else "")
-            raise ValueError(
-                f"Layer {layer_idx} has {kv_heads} KV heads of size {head_dim}, but this KVpopCache was built for "
-                f"{heads} heads of size {cfg.head_dim}. Build the cache from this model's config." + tp
-            )
+        self.shared.check_shape(layer_idx, kv_heads, head_dim)
 
     def scorer_for(self, device: torch.device) -> Scorer:
         """The scorer on ``device``: the scorer itself on the device it lives on, else a copy made once for
         that device (weights stay float32). Layers spread over several devices (``device_map``) each read
         their own device's copy, so no weights move during generation."""
-        device = _canonical(device)
-        first = next(iter(self.scorer.parameters()), None)
-        if first is None or first.device == device:
-            return self.scorer
-        replica = self._scorer_copies.get(device)
-        if replica is None:
-            replica = copy.deepcopy(self.scorer).to(device)
-            self._scorer_copies[device] = replica
-        return replica
+        return self.shared.scorers.on(device)
 
     def log_gamma_for(self, layer_idx: int, device) -> torch.Tensor | None:
         """This layer's per-head decay on ``device`` (copied once per device), or None."""
-        if self.log_gamma is None:
-            return None
-        device = _canonical(device)
-        if self.log_gamma.device == device:
-            return self.log_gamma[layer_idx]
-        source, copy_on_device = self._log_gamma_copies.get(device, (None, None))
-        if source is not self.log_gamma:  # first use on this device, or `log_gamma` was replaced since
-            copy_on_device = self.log_gamma.to(device)
-            self._log_gamma_copies[device] = (self.log_gamma, copy_on_device)
-        return copy_on_device[layer_idx]
+        return self.shared.log_gamma_for(layer_idx, device)
 
-    def warn_stock_attention(self, padding_unseen: bool = False) -> None:
-        """Warn once that a chunk ran under a stock attention; ``padding_unseen``: a batch of several rows whose
-        position ids transformers did not pass to ``update``, so left padding could not be checked."""
-        if not self._warned_stock:
-            self._warned_stock = True
-            padding = (" This transformers version does not pass the position ids to the cache, so a left-padded "
-                       "batch cannot be recognised: its padded rows would come out wrong without an error; "
-                       "attn_implementation='kvpop' handles left padding exactly." if padding_unseen else "")
-            warnings.warn(
-                "KVpopCache: a multi-token chunk is attended with a stock attention implementation, so its "
-                "queries see every stored entry plus all tokens of the chunk (more than the budget). Load the "
-                "model with attn_implementation='kvpop' for exact per-head eviction inside chunks; single-token "
-                "decoding is exact either way." + padding,
-                stacklevel=user_stacklevel(),
-            )
+    def warn_stock_attention(self, evicted: bool, padding_unseen: bool = False) -> None:
+        self.shared.warn_stock_attention(evicted, padding_unseen)
 
     # -- introspection ---------------------------------------------------------------------------
     def stored_positions(self, layer_idx: int) -> torch.Tensor:
@@ -222,7 +221,7 @@ class KVpopCache(Cache):
             setattr(config, key, value)
         config.validate()
         if model_config is not None:  # the checkpoint's shape against the model, before any work
-            _check_model_shape(config, split_model_or_config(model_config)[0], f"Checkpoint {repo_id_or_path}")
+            _check_model_shape(config, model_config_of(model_config), f"Checkpoint {repo_id_or_path}")
         scorer = _build(config)
         hub.load_scorer_state(scorer, state, repo_id_or_path)
         cache = cls(model_config, scorer=scorer, kvpop_config=config)
@@ -244,13 +243,6 @@ def _check_model_shape(config: KVpopConfig, model_config, what: str) -> dict:
             raise ValueError(f"{what} was made for {field}={stored}, but the model has {field}={value}. Use a KVpop "
                              "checkpoint trained for this model (or a heuristic scorer).")
     return shape
-
-
-def _canonical(device) -> torch.device:
-    device = torch.device(device)
-    if device.type == "cuda" and device.index is None:
-        device = torch.device("cuda", torch.cuda.current_device())
-    return device
 
 
 def user_stacklevel() -> int:

@@ -99,6 +99,23 @@ class KVpopConfig(JsonConfig):
 
 
 
+def model_config_of(model_or_config, who: str = "KVpopCache"):
+    """The model config to build a cache from: a config as is (None stays None), a model (a ``PreTrainedModel`` or
+    any module with a ``PretrainedConfig`` as ``.config``, e.g. a PEFT wrapper) gives its ``.config``. Anything
+    else is a TypeError naming what was passed."""
+    from transformers import PretrainedConfig
+
+    if model_or_config is None or isinstance(model_or_config, PretrainedConfig):
+        return model_or_config
+    config = getattr(model_or_config, "config", None)
+    if isinstance(config, PretrainedConfig):
+        return config
+    if hasattr(model_or_config, "num_hidden_layers"):  # a config-like object (duck typing)
+        return model_or_config
+    raise TypeError(f"{who} needs the model's config (a transformers PretrainedConfig) or the model itself as first "
+                    f"argument, got {type(model_or_config).__name__}: {who}(model.config, ...).")
+
+
 def model_shape(model_config) -> tuple[int, int, int]:
     """(num_layers, num_kv_heads, head_dim) of a transformers decoder config.
 

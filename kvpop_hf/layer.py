@@ -22,6 +22,7 @@ from transformers.cache_utils import CacheLayerMixin
 
 from .decode_eviction import eviction_for, read_entry, ring_slot
 from .priority import decayed_priorities
+from .shared import copy_layer, offload_layer, prefetch_layer
 
 NEG_INF = float("-inf")
 
@@ -32,6 +33,17 @@ CHUNK_IN_COMPILED_CALL = (
     "under CUDA graphs. Fill the prompt first with kvpop_hf.prefill_in_chunks(model, cache, input_ids, "
     "chunk_size, attention_mask) and then call generate without prefill_chunk_size (its decode steps stay "
     "compiled), or pass disable_compile=True to generate."
+)
+
+
+STOCK_ATTENTION_SHARED_POSITIONS = (
+    "KVpopCache: a prompt chunk of a batch of {rows} rows was attended with a stock attention implementation (sdpa, "
+    "eager, ...) and the model got no position_ids per row, so the cache cannot tell whether the batch is "
+    "left-padded. A stock attention applies the attention mask to the cache's slots, which are not in position "
+    "order, so padded rows would come out wrong without an error. For an unpadded batch pass position_ids with one "
+    "row per batch row (e.g. torch.arange(n).expand(batch, n) + tokens seen) or use model.generate, which passes "
+    "them; a left-padded batch needs attn_implementation='kvpop' (or model.set_attn_implementation('kvpop')), which "
+    "handles padding exactly. Then start again with cache.reset() (or a new cache)."
 )
 
 
@@ -145,12 +157,15 @@ class KVpopLayer(CacheLayerMixin):
 
     is_compileable = True
     is_sliding = False
+    flush_at_next_layer = False  # a pending chunk is committed at this layer's next update
 
-    def __init__(self, cache, layer_idx: int):
+    def __init__(self, shared, layer_idx: int):
+        """shared: the cache's :class:`~kvpop_hf.shared.KVpopShared` (config, scorer, decay); the layer keeps no
+        reference to its cache, so ``copy.deepcopy`` of a cache (or a layer) is independent of the original."""
         super().__init__()
-        self._cache = weakref.ref(cache)  # no cycle: dropping the cache frees its buffers at once
+        self.shared = shared
         self.layer_idx = layer_idx
-        cfg = cache.kvpop_config
+        cfg = shared.config
         self.sinks, self.window, self.topk = cfg.sinks, cfg.window, cfg.topk
         self.budget = cfg.budget
         self.tokens = torch.zeros((), dtype=torch.long)
@@ -158,17 +173,16 @@ class KVpopLayer(CacheLayerMixin):
         self._full_on_host = False  # True once the host knows that all B slots are in use (no sync needed then)
         self.updates = 0  # eager updates, for the cache's layer-count check
 
-    @property
-    def cache(self):
-        cache = self._cache()
-        if cache is None:
-            raise RuntimeError("This KVpopLayer's KVpopCache was deleted; layers live only inside their cache.")
-        return cache
+    def __deepcopy__(self, memo):
+        """A copy with its own tensors (keys, values, positions, priorities, counters, scorer state) that shares the
+        scorer's read-only weights. A chunk still waiting for its attention is committed first (:meth:`flush`)."""
+        self.flush()
+        return copy_layer(self, memo, shared_modules=(getattr(self, "scorer", None),))
 
     # -- transformers layer API ----------------------------------------------------------------
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         b, h, _, d = key_states.shape
-        self.cache.check_shape(self.layer_idx, h, d)
+        self.shared.check_shape(self.layer_idx, h, d)
         self.dtype, self.device = key_states.dtype, key_states.device
         B = self.budget
         self.keys = torch.zeros(b, h, B, d, dtype=key_states.dtype, device=self.device)
@@ -177,7 +191,7 @@ class KVpopLayer(CacheLayerMixin):
         self.prio = torch.full((b, h, B), NEG_INF, dtype=torch.float32, device=self.device)
         self.seen = torch.zeros(b, dtype=torch.long, device=self.device)
         self.tokens = self.tokens.to(self.device)
-        self.scorer = scorer = self.cache.scorer_for(self.device)  # this layer's device: nothing moves per step
+        self.scorer = scorer = self.shared.scorers.on(self.device)  # this layer's device: nothing moves per step
         self.state = scorer.init_state(self.layer_idx, b, self.device) if scorer.stateful else None
         self._evict = eviction_for(self.device)  # the fused kernel on CUDA, chosen once
         self._scorer_step = scorer.decode_kernel(self.device)  # the scorer's fused decode step, or None
@@ -258,21 +272,31 @@ class KVpopLayer(CacheLayerMixin):
             )
 
     def flush(self) -> None:
-        """Commit a chunk that no ``kvpop`` attention committed (a stock attention ran): as unpadded.
+        """Commit a chunk that no ``kvpop`` attention committed (a stock attention ran): as unpadded. It warns (once)
+        only where the chunk made the cache evict: otherwise the stock attention saw exactly each query's set.
 
         A stock attention never shows the cache the padding mask. Where the model handed its position ids
         to ``update`` and they show left padding (a row's positions do not count on from the tokens seen),
-        the chunk was attended wrongly: that raises instead of going on silently. Where it did not (transformers
+        the chunk was attended wrongly: that raises instead of going on silently; so does a batch of several rows
+        whose position ids the model made itself (one row for all: the caller passed none, so padding cannot be
+        told apart, and the attention mask of the next call would be applied to slots, not positions). Where the
+        model did not hand them over (transformers
         5.17 passes only the keys and values), nothing that reaches the cache shows padding, so the warning
         of a batch of several rows says that padding goes unnoticed."""
         if self.pending is not None:
             self._refuse_padding_under_stock_attention(self.pending)
-            self.cache.warn_stock_attention(self.pending.position_ids is None and self.pending.k_new.shape[0] > 1)
+            chunk = self.pending
+            evicted = chunk.n_old + chunk.k_new.shape[2] > self.budget  # else every query saw exactly its own set
+            self.shared.warn_stock_attention(evicted, chunk.position_ids is None and chunk.k_new.shape[0] > 1)
             self.pending.commit(None)  # clears self.pending
 
     def _refuse_padding_under_stock_attention(self, chunk: "PendingChunk") -> None:
         if chunk.position_ids is None:
             return
+        rows = chunk.k_new.shape[0]
+        if rows > 1 and chunk.position_ids.shape[0] == 1:
+            self.pending = None  # the cache cannot hold this chunk correctly; reset() before reuse
+            raise ValueError(STOCK_ATTENTION_SHARED_POSITIONS.format(rows=rows))
         L = chunk.k_new.shape[2]
         start = int(self.tokens) - L  # tokens seen before the chunk
         expected = torch.arange(start, start + L, device=chunk.position_ids.device)
@@ -324,6 +348,14 @@ class KVpopLayer(CacheLayerMixin):
             self.state = tuple(fn(x) for x in self.state)
         self._mark_static()
 
+    def offload(self) -> None:
+        """Every tensor of the layer (keys, values, positions, priorities, counters, scorer state) to the CPU."""
+        offload_layer(self)
+
+    def prefetch(self) -> None:
+        """Every tensor back to the layer's device, re-tagged for CUDA graphs."""
+        prefetch_layer(self)
+
     def crop(self, max_length: int) -> None:
         raise NotImplementedError(
             "KVpopCache evicts tokens permanently, so it cannot be cropped (assisted/speculative decoding "
@@ -333,8 +365,8 @@ class KVpopLayer(CacheLayerMixin):
     # -- priorities --------------------------------------------------------------------------
     def _priority(self, scores: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """``p_t = r_t - floor(t / n) * log_gamma_h`` (block-aligned recency decay, docs/design.md §1)."""
-        log_gamma = self.cache.log_gamma_for(self.layer_idx, self.device)
-        return decayed_priorities(scores, positions.clamp_min(0), log_gamma, self.cache.kvpop_config.decay_step)
+        log_gamma = self.shared.log_gamma_for(self.layer_idx, self.device)
+        return decayed_priorities(scores, positions.clamp_min(0), log_gamma, self.shared.config.decay_step)
 
     def _score(self, k_new, v_new, valid_new, k_read, v_read, pos_read):
         """Scores of the tokens read at each new position; advances the stateful scorer in place."""
@@ -363,8 +395,8 @@ class KVpopLayer(CacheLayerMixin):
         read_new = self._reads_at_entry()
         if self._scorer_step is not None:  # read, absorb, score and decay in one kernel; state updated in place
             p = self._scorer_step(self.scorer, self.layer_idx, self.state, self.keys, self.values, self.pos, t,
-                                  k_new, v_new, s, w, self.cache.log_gamma_for(self.layer_idx, self.device),
-                                  self.cache.kvpop_config.decay_step, read_new)
+                                  k_new, v_new, s, w, self.shared.log_gamma_for(self.layer_idx, self.device),
+                                  self.shared.config.decay_step, read_new)
         else:  # the new token, or the one leaving through that slot scored after absorbing t
             pos_r, k_r, v_r = read_entry(self.keys, self.values, self.pos, t, k_new, v_new, s, w, read_new)
             p = self._score(k_new, v_new, None, k_r, v_r, pos_r)

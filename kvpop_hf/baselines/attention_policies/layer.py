@@ -101,17 +101,13 @@ class DynamicScoreLayer(KVpopLayer):
     but the step is not captured as a graph (``is_compileable = False``): the hand-off is a Python object."""
 
     is_compileable = False
-
-    def update(self, key_states, value_states, *args, **kwargs):
-        if self.layer_idx > 0:  # the layer below attended just before: a stock attention is caught in this forward
-            self.cache.layers[self.layer_idx - 1].flush()
-        return super().update(key_states, value_states, *args, **kwargs)
+    flush_at_next_layer = True  # the cache flushes layer i at layer i+1's update: a stock attention raises at once
 
     def flush(self) -> None:
         """A call whose attention never handed its scores back: a stock attention ran."""
         if self.pending is not None and not self.pending.done:
             self.pending = None
-            raise ValueError(STOCK_ATTENTION.format(name=self.cache.kvpop_config.scorer))
+            raise ValueError(STOCK_ATTENTION.format(name=self.shared.config.scorer))
         self.pending = None
 
     def decode_step(self, k_new: torch.Tensor, v_new: torch.Tensor):

@@ -16,13 +16,13 @@ Example::
 
 from __future__ import annotations
 
-import copy
 import os
 
 import torch
 from transformers.cache_utils import Cache
 
-from ...config import model_shape
+from ...config import model_config_of, model_shape
+from ...shared import DeviceCopies
 from . import config as dms_files
 from .config import DMSConfig
 from .gate import DMSGate
@@ -31,7 +31,7 @@ from .layer import DMSLayer
 
 class DMSCache(Cache):
     """Args:
-        model_config: the model's config (layers, KV heads, head size).
+        model_config: the model's config (layers, KV heads, head size), or the model (its ``.config`` is taken).
         gate: a trained :class:`DMSGate` (default: a fresh gate that evicts nothing, ``bias = init_bias < 0``).
         sinks, window: never-evicted first tokens and the delayed-eviction window ``w``.
         dms_config: a :class:`DMSConfig` instead of ``sinks``/``window``.
@@ -40,6 +40,7 @@ class DMSCache(Cache):
 
     def __init__(self, model_config, gate: DMSGate | None = None, sinks: int = 4, window: int = 32,
                  dms_config: DMSConfig | None = None, init_bias: float = -2.0):
+        model_config = model_config_of(model_config, "DMSCache")
         layers, heads, head_dim = model_shape(model_config)
         cfg = dms_config if dms_config is not None else DMSConfig(sinks=sinks, window=window)
         cfg.validate()
@@ -54,9 +55,16 @@ class DMSCache(Cache):
             raise ValueError(f"Gate shape (layers={gate.num_layers}, kv_heads={gate.num_kv_heads}, head_dim="
                              f"{gate.head_dim}) does not match the model ({layers}, {heads}, {head_dim}).")
         self.dms_config = cfg
-        self.gate = gate.requires_grad_(False).eval()
-        self._gate_copies: dict = {}
-        super().__init__(layers=[DMSLayer(self, i) for i in range(layers)])
+        self._gates = DeviceCopies(gate.requires_grad_(False).eval())  # shared read-only by deep copies
+        super().__init__(layers=[DMSLayer(cfg, self._gates, i) for i in range(layers)])
+
+    def __repr__(self) -> str:
+        cfg = self.dms_config
+        return f"{type(self).__name__}(sinks={cfg.sinks}, window={cfg.window}, layers={len(self.layers)})"
+
+    @property
+    def gate(self) -> DMSGate:
+        return self._gates.module
 
     def update(self, key_states, value_states, layer_idx: int, *args, **kwargs):
         if not 0 <= layer_idx < len(self.layers):
@@ -68,19 +76,9 @@ class DMSCache(Cache):
             self.layers[-1].flush()
         return super().update(key_states, value_states, layer_idx, *args, **kwargs)
 
-    def check_shape(self, layer_idx: int, kv_heads: int, head_dim: int) -> None:
-        cfg = self.dms_config
-        if (kv_heads, head_dim) != (cfg.num_kv_heads, cfg.head_dim):
-            raise ValueError(f"Layer {layer_idx} has {kv_heads} KV heads of size {head_dim}, but this DMSCache was "
-                             f"built for {cfg.num_kv_heads} heads of size {cfg.head_dim}.")
-
     def gate_for(self, device) -> DMSGate:
-        device = torch.device(device)
-        if self.gate.weight.device == device:
-            return self.gate
-        if device not in self._gate_copies:
-            self._gate_copies[device] = copy.deepcopy(self.gate).to(device)
-        return self._gate_copies[device]
+        """The gate on ``device`` (a copy made once per device)."""
+        return self._gates.on(device)
 
     # -- what the cache holds ----------------------------------------------------------------------
     def _ready(self) -> list[DMSLayer]:

@@ -17,11 +17,10 @@ chunk rewrites the storage compacted to the live entries.
 
 from __future__ import annotations
 
-import weakref
-
 import torch
 from transformers.cache_utils import CacheLayerMixin
 
+from ...shared import copy_layer, offload_layer, prefetch_layer
 from .handoff import STOCK_ATTENTION, DMSChunk, DMSDecode
 
 
@@ -29,26 +28,28 @@ class DMSLayer(CacheLayerMixin):
     is_compileable = False
     is_sliding = False
 
-    def __init__(self, cache, layer_idx: int):
+    def __init__(self, dms_config, gates, layer_idx: int):
+        """dms_config: the cache's :class:`DMSConfig` (budget and model shape); gates: the cache's
+        :class:`~kvpop_hf.shared.DeviceCopies` of its gate. No reference to the cache: deep copies are independent."""
         super().__init__()
-        self._cache = weakref.ref(cache)
+        self.config, self.gates = dms_config, gates
         self.layer_idx = layer_idx
-        self.sinks, self.window = cache.dms_config.sinks, cache.dms_config.window
+        self.sinks, self.window = dms_config.sinks, dms_config.window
         self.tokens = torch.zeros((), dtype=torch.long)
         self.pending = None
         self.updates = 0
 
-    @property
-    def cache(self):
-        cache = self._cache()
-        if cache is None:
-            raise RuntimeError("This DMSLayer's DMSCache was deleted; layers live only inside their cache.")
-        return cache
+    def __deepcopy__(self, memo):
+        """Own tensors, shared read-only gate weights; a stock-attention step not yet caught raises here."""
+        self.flush()
+        return copy_layer(self, memo, shared_modules=(getattr(self, "gate", None),))
 
     # -- transformers layer API ----------------------------------------------------------------
     def lazy_initialization(self, key_states, value_states) -> None:
         b, h, _, d = key_states.shape
-        self.cache.check_shape(self.layer_idx, h, d)
+        if (h, d) != (self.config.num_kv_heads, self.config.head_dim):
+            raise ValueError(f"Layer {self.layer_idx} has {h} KV heads of size {d}, but this DMSCache was built for "
+                             f"{self.config.num_kv_heads} heads of size {self.config.head_dim}.")
         self.dtype, self.device = key_states.dtype, key_states.device
         self.keys = key_states.new_zeros(b, h, 0, d)
         self.values = value_states.new_zeros(b, h, 0, value_states.shape[-1])
@@ -57,7 +58,7 @@ class DMSLayer(CacheLayerMixin):
         self.seen = torch.zeros(b, dtype=torch.long, device=self.device)
         self.marked = torch.zeros(b, h, dtype=torch.long, device=self.device)
         self.tokens = self.tokens.to(self.device)
-        self.gate = self.cache.gate_for(self.device)
+        self.gate = self.gates.on(self.device)
         self.is_initialized = True
 
     def get_seq_length(self):
@@ -178,6 +179,13 @@ class DMSLayer(CacheLayerMixin):
         self.flush()
         for name in ("keys", "values", "pos", "evict", "seen", "marked"):
             setattr(self, name, fn(getattr(self, name)))
+
+    def offload(self) -> None:
+        """Every tensor of the layer (keys, values, positions, decisions, counters) to the CPU."""
+        offload_layer(self)
+
+    def prefetch(self) -> None:
+        prefetch_layer(self)
 
     def crop(self, max_length: int) -> None:
         raise NotImplementedError("DMSCache evicts tokens permanently, so it cannot be cropped (assisted/speculative "
