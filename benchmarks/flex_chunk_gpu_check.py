@@ -21,7 +21,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
 from helpers import distinct_ids, tiny_model  # noqa: E402
 
 from kvpop_hf import KVpopCache  # noqa: E402
-from kvpop_hf.attention import _flex_chunk_attention, set_chunk_attention  # noqa: E402
+from kvpop_hf.chunk_attention import flex_chunk_attention as _flex_chunk_attention, set_chunk_attention  # noqa: E402
 from kvpop_hf.flex_mask import chunk_cutoff, chunk_cutoff_reference  # noqa: E402
 from kvpop_hf.layer import ChunkPlan  # noqa: E402
 

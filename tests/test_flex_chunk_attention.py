@@ -10,7 +10,7 @@ from torch.nn import functional as F
 
 from helpers import distinct_ids, left_padded, reference_logits, run_chunks, run_whole, tiny_model
 from kvpop_hf import KVpopCache
-from kvpop_hf.attention import _flex_chunk_attention, set_chunk_attention
+from kvpop_hf.chunk_attention import flex_chunk_attention as _flex_chunk_attention, set_chunk_attention
 from kvpop_hf.flex_mask import chunk_cutoff, chunk_cutoff_reference, dense_from_compact
 from kvpop_hf.layer import ChunkPlan
 
