@@ -4,6 +4,7 @@ Importing the package registers the ``"kvpop"`` attention implementation.
 """
 
 from .attention import register as _register_attention
+from .backends import Backends
 from .cache import KVpopCache
 from .config import KVpopConfig
 from .prefill import prefill_in_chunks
@@ -24,5 +25,5 @@ def __getattr__(name):  # the training stack is imported on first use
     raise AttributeError(f"module 'kvpop_hf' has no attribute {name!r}")
 
 
-__all__ = ["KVpopCache", "KVpopConfig", "prefill_in_chunks", "Scorer", "SCORERS", "build_scorer", "KVpopTrainer", "KVpopTrainingArguments"]
+__all__ = ["Backends", "KVpopCache", "KVpopConfig", "prefill_in_chunks", "Scorer", "SCORERS", "build_scorer", "KVpopTrainer", "KVpopTrainingArguments"]
 __version__ = "0.1.0"

@@ -10,53 +10,35 @@ the chunk's new tokens) and which of them each query sees. Two implementations:
 
 from __future__ import annotations
 
-import os
-
 import torch
 from torch.nn import functional as F
 
-_CHUNK_MODES = ("auto", "flex", "dense")
-_CHUNK_MODE: list[str] = [os.environ.get("KVPOP_CHUNK_ATTENTION", "auto").lower()]
+from .backends import Backends
+
+_DYNAMIC = {"auto": None, "true": True, "false": False}
 
 
-def set_chunk_attention(mode: str) -> str:
-    """How multi-token chunks are attended: ``"auto"`` (FlexAttention on CUDA, dense SDPA mask otherwise),
-    ``"flex"`` (always FlexAttention; eager on CPU, for testing) or ``"dense"``. Returns the previous mode.
-    The default comes from the env var ``KVPOP_CHUNK_ATTENTION``."""
-    mode = mode.lower()
-    if mode not in _CHUNK_MODES:
-        raise ValueError(f"chunk attention mode must be one of {_CHUNK_MODES}, got {mode!r}")
-    old, _CHUNK_MODE[0] = _CHUNK_MODE[0], mode
-    return old
+def _flex_fns(device_type: str, flex_dynamic: str = "auto"):
+    """``(flex_attention, create_block_mask)``, compiled on CUDA with ``dynamic`` from ``flex_dynamic``
+    (``auto``: torch's default; kvpop_hf/flex_compiled.py)."""
+    from .flex_compiled import compiled_create_block_mask, compiled_flex
 
-
-def use_flex(query: torch.Tensor) -> bool:
-    mode = _CHUNK_MODE[0]
-    if mode not in _CHUNK_MODES:
-        raise ValueError(f"KVPOP_CHUNK_ATTENTION must be one of {_CHUNK_MODES}, got {mode!r}")
-    return mode == "flex" or (mode == "auto" and query.is_cuda)
-
-
-def _flex_fns(device_type: str):
-    """``(flex_attention, create_block_mask)``, compiled on CUDA with the inference policy (flex_compiled.py)."""
-    from .flex_compiled import compiled_create_block_mask, compiled_flex, inference_dynamic
-
-    dynamic = inference_dynamic()
+    dynamic = _DYNAMIC[flex_dynamic]
     return compiled_flex(device_type, dynamic), compiled_create_block_mask(device_type, dynamic)
 
 
-def flex_chunk_attention(plan, query, key, value, scaling):
-    """FlexAttention over the chunk's candidates. By default (``KVPOP_FLEX_BLOCK_MASK=interval``) the candidates
-    are reordered so that each query block visits about ``B / 128`` key blocks (kvpop_hf/interval_mask.py);
-    ``tiled`` keeps plan order with the rank/cutoff block flags, ``create`` uses ``create_block_mask``."""
+def flex_chunk_attention(plan, query, key, value, scaling, backends: Backends | None = None):
+    """FlexAttention over the chunk's candidates. ``backends`` (resolved; default: the device's) gives the block
+    mask: ``interval`` (the default) reorders the candidates so that each query block visits about ``B / 128``
+    key blocks (kvpop_hf/interval_mask.py), ``tiled`` keeps plan order with the rank/cutoff block flags,
+    ``create`` uses ``create_block_mask``; and the cutoff (``chunk_cutoff``) and ``flex_dynamic``."""
+    backends = backends or Backends.defaults(query.device)
     b, hq, L, _ = query.shape
     hkv, C = key.shape[1], key.shape[2]
     groups = hq // hkv
-    flex, make_block_mask = _flex_fns(query.device.type)
-    cm = plan.compact()
-    layout = os.environ.get("KVPOP_FLEX_BLOCK_MASK", "interval")
-    if layout not in ("interval", "tiled", "create"):
-        raise ValueError(f"KVPOP_FLEX_BLOCK_MASK must be interval, tiled or create, got {layout!r}")
+    flex, make_block_mask = _flex_fns(query.device.type, backends.flex_dynamic)
+    cm = plan.compact(backend=backends.chunk_cutoff)
+    layout = backends.flex_block_mask
     if layout == "interval":
         from .interval_mask import interval_block_mask, interval_chunk_mask, interval_layout
 
@@ -76,10 +58,11 @@ def flex_chunk_attention(plan, query, key, value, scaling):
     return out.transpose(1, 2).contiguous()
 
 
-def attend_chunk(plan, query, key, value, scaling):
-    """query ``[b, Hq, L, d]``, key/value ``[b, Hkv, C, d]`` (the plan's candidates) -> ``[b, L, Hq, dv]``."""
-    if use_flex(query):
-        return flex_chunk_attention(plan, query, key, value, scaling)
+def attend_chunk(plan, query, key, value, scaling, backends: Backends):
+    """query ``[b, Hq, L, d]``, key/value ``[b, Hkv, C, d]`` (the plan's candidates) -> ``[b, L, Hq, dv]``, by
+    ``backends.chunk_attention`` (a resolved :class:`~kvpop_hf.backends.Backends`): ``flex`` or ``dense``."""
+    if backends.chunk_attention == "flex":
+        return flex_chunk_attention(plan, query, key, value, scaling, backends)
     b, hq, L, d = query.shape
     hkv = key.shape[1]
     groups = hq // hkv

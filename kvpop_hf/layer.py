@@ -21,7 +21,7 @@ import torch
 from transformers.cache_utils import CacheLayerMixin
 
 from .chunk_attention import attend_chunk
-from .decode_attention import decode_attention
+from .decode_attention import decode_attention_for
 from .decode_eviction import eviction_for, read_entry, ring_slot
 from .handoff import Handoff, attach, mark_decode_slots
 from .priority import decayed_priorities
@@ -139,7 +139,9 @@ class PendingChunk(Handoff):
 
     def attend(self, query, key, value, valid, scaling):
         """Commit with this forward's padding, then attend each query to ``R(q)`` per head."""
-        return attend_chunk(self.commit(valid, key, value), query, key, value, scaling)
+        layer = self._layer()
+        backends = layer.backends if layer is not None else None  # commit raises when the layer is gone
+        return attend_chunk(self.commit(valid, key, value), query, key, value, scaling, backends)
 
 
 class KVpopLayer(CacheLayerMixin):
@@ -189,8 +191,12 @@ class KVpopLayer(CacheLayerMixin):
         self.tokens = self.tokens.to(self.device)
         self.scorer = scorer = self.cache.scorer_for(self.device)  # this layer's device: nothing moves per step
         self.state = scorer.init_state(self.layer_idx, b, self.device) if scorer.stateful else None
-        self._evict = eviction_for(self.device)  # the fused kernel on CUDA, chosen once
-        self._scorer_step = scorer.decode_kernel(self.device)  # the scorer's fused decode step, or None
+        # the implementations, chosen once for this device (docs/backends.md)
+        self.backends = backends = self.cache.backends.resolve(self.device)
+        self._evict = eviction_for(backends.decode_eviction)
+        self._decode_attention = decode_attention_for(backends.decode_attention)
+        # the scorer's fused decode step, or None: the torch path
+        self._scorer_step = scorer.decode_kernel(self.device) if backends.mlstm_step == "triton" else None
         self._mark_static()
         self.is_initialized = True
 
@@ -200,7 +206,7 @@ class KVpopLayer(CacheLayerMixin):
     def _mark_static(self) -> None:
         """Tag the buffers for CUDA graphs (fixed addresses) and tell the attention function, through
         the keys it is handed, where the per-row counts live (:class:`kvpop_hf.handoff.DecodeSlots`)."""
-        mark_decode_slots(self.keys, self.seen, decode_attention)
+        mark_decode_slots(self.keys, self.seen, self._decode_attention)
         if not torch.compiler.is_compiling():
             for t in self._buffers():
                 torch._dynamo.mark_static_address(t)
