@@ -21,7 +21,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
 from helpers import distinct_ids, tiny_model  # noqa: E402
 
 from kvpop_hf import KVpopCache  # noqa: E402
-from kvpop_hf.attention import _flex_chunk_attention, set_chunk_attention  # noqa: E402
+from kvpop_hf.chunk_attention import flex_chunk_attention as _flex_chunk_attention  # noqa: E402
 from kvpop_hf.flex_mask import chunk_cutoff, chunk_cutoff_reference  # noqa: E402
 from kvpop_hf.layer import ChunkPlan  # noqa: E402
 
@@ -92,13 +92,12 @@ def model_checks(dev, archs=("qwen3", "llama"), dtypes=("float32", "bfloat16", "
             for feed_name, sizes in (("whole", (200,)), ("chunks", (37, 1, 64, 5, 93))):
                 outs = {}
                 for mode in ("dense", "flex"):
-                    set_chunk_attention(mode)
-                    outs[mode] = run_chunks(model, ids, KVpopCache(model.config, **kw), sizes)
+                    cache = KVpopCache(model.config, **kw, backends={"chunk_attention": mode})
+                    outs[mode] = run_chunks(model, ids, cache, sizes)
                 if dtype == torch.float32:
                     cpu_model = tiny_model(arch)
-                    set_chunk_attention("dense")
-                    cpu_ref[arch, feed_name] = run_chunks(cpu_model, ids.cpu(), KVpopCache(cpu_model.config, **kw),
-                                                          sizes)
+                    cpu_cache = KVpopCache(cpu_model.config, **kw, backends={"chunk_attention": "dense"})
+                    cpu_ref[arch, feed_name] = run_chunks(cpu_model, ids.cpu(), cpu_cache, sizes)
                 compare(f"{arch}/{str(dtype)[6:]}/{feed_name}", outs["flex"], outs["dense"],
                         cpu_ref.get((arch, feed_name)))
             # left padding + prefill_chunk_size through generate (eager: on CUDA a KVpopCache refuses chunks inside
@@ -114,14 +113,12 @@ def model_checks(dev, archs=("qwen3", "llama"), dtypes=("float32", "bfloat16", "
                        output_logits=True, prefill_chunk_size=48, disable_compile=True)
             res = {}
             for mode in ("dense", "flex"):
-                set_chunk_attention(mode)
-                res[mode] = model.generate(pad_ids.to(dev), attention_mask=mask.to(dev),
-                                           past_key_values=KVpopCache(model.config, **kw), **gen)
+                cache = KVpopCache(model.config, **kw, backends={"chunk_attention": mode})
+                res[mode] = model.generate(pad_ids.to(dev), attention_mask=mask.to(dev), past_key_values=cache, **gen)
             same_seq = torch.equal(res["flex"].sequences, res["dense"].sequences)
             d = max((a.float() - b.float()).abs().max().item() for a, b in zip(res["flex"].logits, res["dense"].logits))
             log(check=f"{arch}/{str(dtype)[6:]}/left_pad_generate_chunk48", same_sequences=same_seq,
                 max_abs_logits_flex_vs_dense=d)
-            set_chunk_attention("auto")
 
 
 def big_chunk(dev, budget_left):

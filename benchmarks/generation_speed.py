@@ -55,7 +55,7 @@ from kvpop_hf import KVpopCache
 from kvpop_hf.cache import kv_tensor_bytes
 from kvpop_hf.compat import with_cache
 from kvpop_hf.baselines.dms import DMSCache, DMSGate
-from kvpop_hf.kernels import kernel_wanted
+from kvpop_hf.backends import Backends
 from kvpop_hf.utils.provenance import git_commit
 from kvpop_hf.utils.timing import quantiles, sync
 
@@ -489,7 +489,7 @@ def main(argv=None) -> int:
     if "disagreed" in mlstm_note:
         os.environ["KVPOP_MLSTM_STEP"] = "torch"
         notes.append("the mLSTM step kernel disagreed: this run decodes with the torch scorer (KVPOP_MLSTM_STEP=torch)")
-    notes.append("mLSTM decode step: " + ("the fused kernel" if kernel_wanted("KVPOP_MLSTM_STEP", device)
+    notes.append("mLSTM decode step: " + ("the fused kernel" if Backends().resolve(device).mlstm_step == "triton"
                                           else "the torch path"))
     if "20/20" not in eviction_note and device.type == "cuda":
         os.environ["KVPOP_DECODE_EVICTION"] = "torch"

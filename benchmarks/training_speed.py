@@ -495,9 +495,10 @@ def main(argv=None):
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
     # every (S, grad mode, dtype) is one compiled flex graph; keep dynamo from giving up and falling back
-    from kvpop_hf.flex_compiled import raise_recompile_limit
+    from kvpop_hf.flex_compiled import recompile_limits
 
-    raise_recompile_limit(64)
+    for name, value in recompile_limits(64).items():  # this script's own process
+        setattr(torch._dynamo.config, name, value)
 
     import kvpop_hf.trainer.student  # noqa: F401  (registers the "kvpop_train" attention)
 

@@ -4,6 +4,7 @@ Importing the package registers the ``"kvpop"`` attention implementation.
 """
 
 from .attention import register as _register_attention
+from .backends import Backends
 from .cache import KVpopCache
 from .config import KVpopConfig
 from .prefill import prefill_in_chunks
@@ -14,9 +15,9 @@ _register_attention()
 
 def __getattr__(name):  # the training stack is imported on first use
     if name in ("KVpopTrainer", "KVpopTrainingArguments"):
-        from . import training
+        from . import trainer
 
-        return getattr(training, name)
+        return getattr(trainer, name)
     if name == "DMSCache":  # the DMS baseline (kvpop_hf/baselines/dms)
         from .baselines.dms import DMSCache
 
@@ -24,5 +25,5 @@ def __getattr__(name):  # the training stack is imported on first use
     raise AttributeError(f"module 'kvpop_hf' has no attribute {name!r}")
 
 
-__all__ = ["KVpopCache", "KVpopConfig", "prefill_in_chunks", "Scorer", "SCORERS", "build_scorer", "KVpopTrainer", "KVpopTrainingArguments"]
+__all__ = ["Backends", "KVpopCache", "KVpopConfig", "prefill_in_chunks", "Scorer", "SCORERS", "build_scorer", "KVpopTrainer", "KVpopTrainingArguments"]
 __version__ = "0.1.0"

@@ -10,6 +10,7 @@ import torch
 from transformers.cache_utils import Cache
 
 from . import hub
+from .backends import Backends
 from .config import KVpopConfig, model_config_of, model_shape
 from .baselines.attention_policies.layer import DynamicScoreLayer
 from .layer import KVpopLayer
@@ -56,6 +57,9 @@ class KVpopCache(Cache):
             ``attn_implementation="kvpop"``.
         log_gamma, decay_step: optional recency decay shared by all heads.
         scorer_kwargs: keyword arguments of the scorer (e.g. ``{"hidden": 64}`` for "mlp").
+        backends: which implementation runs each fast path, a :class:`~kvpop_hf.backends.Backends` or a dict of
+            its fields (docs/backends.md); unset fields come from ``KVPOP_*`` environment variables, else the
+            device's default. A runtime choice: not part of the saved config.
         offloading: must stay False (see ``OFFLOADING_UNSUPPORTED``); each layer's ``offload()``/``prefetch()`` move
             all of its tensors (keys, values, positions, priorities, counters, scorer state).
 
@@ -66,9 +70,10 @@ class KVpopCache(Cache):
     def __init__(self, model_config=None, sinks: int = 4, window: int = 256, topk: int = 1788,
                  scorer: str | Scorer = "knorm", log_gamma: float | None = None, decay_step: int = 64,
                  scorer_kwargs: dict | None = None, kvpop_config: KVpopConfig | None = None,
-                 offloading: bool = False):
+                 offloading: bool = False, backends: Backends | dict | None = None):
         if offloading:
             raise ValueError(OFFLOADING_UNSUPPORTED)
+        self.backends = Backends.coerce(backends)
         model_config, model = split_model_or_config(model_config)
         model_config = model_config_of(model_config)
         if kvpop_config is None:
@@ -107,7 +112,7 @@ class KVpopCache(Cache):
         if cfg.log_gamma is not None:
             log_gamma = torch.full((cfg.num_layers, scorer.num_kv_heads), float(cfg.log_gamma))
         # what every layer reads (config, scorer and its device copies, decay); the layers hold no cache reference
-        self.shared = KVpopShared(cfg, scorer, log_gamma, self.tp_kv_heads)
+        self.shared = KVpopShared(cfg, scorer, log_gamma, self.tp_kv_heads, self.backends)
         # attention-based policies (TOVA, H2O, SnapKV) re-score entries every step: their own storage class
         layer_cls = DynamicScoreLayer if self.scorer.dynamic else KVpopLayer
         if layer_cls is DynamicScoreLayer and cfg.log_gamma is not None:
@@ -210,9 +215,12 @@ class KVpopCache(Cache):
     @classmethod
     def from_pretrained(cls, repo_id_or_path: str | os.PathLike, model_config=None, *, revision: str | None = None,
                         cache_dir: str | None = None, token: str | None = None, local_files_only: bool = False,
+                        backends: Backends | dict | None = None,
                         **overrides) -> "KVpopCache":
         """Load from a local directory or a Hub repo id (through `huggingface_hub`, so the local HF cache
-        and ``HF_HUB_OFFLINE=1`` work). `overrides` replace budget fields (e.g. ``topk=...``)."""
+        and ``HF_HUB_OFFLINE=1`` work). `overrides` replace budget fields (e.g. ``topk=...``); ``backends`` as in
+        the constructor (never stored in a checkpoint)."""
+        backends = Backends.coerce(backends)  # a bad choice fails before any download
         config, state, log_gamma = hub.load(repo_id_or_path, revision=revision, cache_dir=cache_dir, token=token,
                                             local_files_only=local_files_only)
         for key, value in overrides.items():
@@ -224,7 +232,7 @@ class KVpopCache(Cache):
             _check_model_shape(config, model_config_of(model_config), f"Checkpoint {repo_id_or_path}")
         scorer = _build(config)
         hub.load_scorer_state(scorer, state, repo_id_or_path)
-        cache = cls(model_config, scorer=scorer, kvpop_config=config)
+        cache = cls(model_config, scorer=scorer, kvpop_config=config, backends=backends)
         if log_gamma is not None:
             cache.log_gamma = slice_heads(log_gamma.float(), cache.tp_kv_heads)
         return cache

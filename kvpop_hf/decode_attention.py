@@ -12,8 +12,8 @@ versions read every key and value once per KV head and never expand them.
   sum ``l``, unnormalised output ``acc``), then the splits are merged:
   ``out = sum_s e^{m_s - M} acc_s / sum_s e^{m_s - M} l_s`` with ``M = max_s m_s``.
 
-:func:`decode_attention` picks the Triton version for CUDA tensors (``KVPOP_DECODE_ATTENTION=torch``
-keeps the reference); tests compare the two on random inputs (``TRITON_INTERPRET=1`` on CPU).
+:func:`decode_attention_for` gives the one a layer's ``Backends.decode_attention`` names (the Triton version is
+the CUDA default, docs/backends.md); tests compare the two on random inputs (``TRITON_INTERPRET=1`` on CPU).
 
 Shapes: query ``[b, Hq, 1, d]``, key ``[b, Hkv, B, d]``, value ``[b, Hkv, B, dv]``, seen ``[b]`` int64
 -> ``[b, 1, Hq, dv]`` in the query's dtype.
@@ -26,9 +26,9 @@ import math
 import torch
 import torch.nn.functional as F
 
-from .kernels import kernel_wanted, tl, triton
+from .kernels import tl, triton
 
-__all__ = ["decode_attention", "decode_attention_reference", "decode_attention_triton", "split_count"]
+__all__ = ["decode_attention_for", "decode_attention_reference", "decode_attention_triton", "split_count"]
 
 
 def decode_attention_reference(query, key, value, seen, scaling):
@@ -121,9 +121,7 @@ def decode_attention_triton(query, key, value, seen, scaling, splits: int | None
     return out.to(query.dtype).reshape(b, 1, hq, dv)
 
 
-def decode_attention(query, key, value, seen, scaling):
-    """Dispatch: :func:`decode_attention_triton` on CUDA (``KVPOP_DECODE_ATTENTION=torch|triton``
-    overrides), else :func:`decode_attention_reference`."""
-    if kernel_wanted("KVPOP_DECODE_ATTENTION", query.device):
-        return decode_attention_triton(query, key, value, seen, scaling)
-    return decode_attention_reference(query, key, value, seen, scaling)
+def decode_attention_for(choice: str):
+    """The decode attention a resolved ``Backends.decode_attention`` names: ``"triton"`` (split-KV) or ``"torch"``
+    (the reference). Chosen once per layer, so decode steps never read the environment."""
+    return {"triton": decode_attention_triton, "torch": decode_attention_reference}[choice]

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import torch
 
-from .kernels import kernel_wanted, tl, triton
+from .kernels import tl, triton
 
 __all__ = ["eviction_for", "evict_and_insert_reference", "evict_and_insert_triton", "read_entry", "ring_slot",
            "slot_entry"]
@@ -145,8 +145,8 @@ def evict_and_insert_triton(keys, values, pos, prio, seen, k_new, v_new, p_leave
                         BLOCK_DV=triton.next_power_of_2(dv), BLOCK_K=triton.next_power_of_2(max(topk, 1)))
 
 
-def eviction_for(device: torch.device):
-    """The eviction function for buffers on ``device``: the fused kernel on CUDA, the torch reference
-    elsewhere (``KVPOP_DECODE_EVICTION=torch|triton`` overrides). Chosen once, when a layer allocates its
+def eviction_for(choice: str):
+    """The eviction function a resolved ``Backends.decode_eviction`` names (kvpop_hf/backends.py): ``"triton"``
+    (the fused kernel, the CUDA default) or ``"torch"`` (the reference). Chosen once, when a layer allocates its
     buffers, so decode steps neither read the environment nor branch on it."""
-    return evict_and_insert_triton if kernel_wanted("KVPOP_DECODE_EVICTION", device) else evict_and_insert_reference
+    return {"triton": evict_and_insert_triton, "torch": evict_and_insert_reference}[choice]

@@ -71,9 +71,12 @@ def ranks_of(order: torch.Tensor) -> torch.Tensor:
 
 
 def _topk_backend(device: torch.device, backend: str | None) -> str:
-    if backend is not None:
-        return backend
-    return "blocked"
+    """The cutoff backend for tensors on ``device``: ``backend``, or ``"auto"`` for None, resolved for the device
+    like ``Backends.chunk_cutoff`` (``blocked`` on every device; ``triton`` refused without Triton, or off CUDA
+    without the interpreter)."""
+    from .backends import resolve_choice
+
+    return resolve_choice("chunk_cutoff", "auto" if backend is None else backend, device)
 
 
 def chunk_cutoff(pos: torch.Tensor, order: torch.Tensor, query_pos: torch.Tensor, sinks: int, window: int,
@@ -81,8 +84,9 @@ def chunk_cutoff(pos: torch.Tensor, order: torch.Tensor, query_pos: torch.Tensor
     """``cutoff [b,h,L]`` (int64) via the running top-k (see module docstring).
 
     pos ``[b,h,C]``, order ``[b,h,C]`` (candidate indices, best first), query_pos ``[b,L]``.
-    ``backend``: ``"blocked"`` (default, :func:`blocked_chunk_cutoff`: parallel over query blocks) or a
-    :func:`kvpop_hf.topk.running_topk` backend (``"torch"``, ``"triton"``: one sequential sweep per head).
+    ``backend``: ``"blocked"`` (the default on every device, :func:`blocked_chunk_cutoff`: parallel over query
+    blocks) or a :func:`kvpop_hf.topk.running_topk` backend (``"torch"``, ``"wavelet"``, ``"triton"``: a running
+    top-k per head); None or ``"auto"``: the device's default (``Backends.chunk_cutoff``, docs/backends.md).
     ``rank``: :func:`ranks_of` ``(order)`` when the caller has it already.
     """
     from .topk import running_topk

@@ -20,7 +20,10 @@ from dataclasses import dataclass
 import torch
 from transformers.cache_utils import CacheLayerMixin
 
+from .chunk_attention import attend_chunk
+from .decode_attention import decode_attention_for
 from .decode_eviction import eviction_for, read_entry, ring_slot
+from .handoff import Handoff, attach, mark_decode_slots
 from .priority import decayed_priorities
 from .shared import copy_layer, offload_layer, prefetch_layer
 
@@ -108,17 +111,20 @@ class ChunkPlan:
                                   reference=reference, backend=backend)
 
 
-class PendingChunk:
-    """A multi-token update that waits for the padding of its queries before it is committed.
+class PendingChunk(Handoff):
+    """A multi-token update that waits for the padding of its queries before it is committed: the
+    ``"chunk"`` hand-off (kvpop_hf/handoff.py).
 
     ``update`` cannot see the forward's padding mask; the ``kvpop`` attention function can (it gets
     it from the ``kvpop`` mask function of the same call). So ``update`` returns the candidates
-    (stored slots, then the new tokens) with this object attached to the returned keys as
-    ``keys.kvpop_chunk``; the attention function calls :meth:`commit` with the padding and gets the
-    exact :class:`ChunkPlan`. When a stock attention runs instead, the layer commits the chunk
-    itself at its next call, as unpadded. The hand-off belongs to the returned tensor: no module
+    (stored slots, then the new tokens) with this object attached to the returned keys; the attention
+    function calls :meth:`attend`, which commits the chunk with the padding (:meth:`commit`, giving the
+    exact :class:`ChunkPlan`) and attends to it. When a stock attention runs instead, the layer commits the
+    chunk itself at its next call, as unpadded. The hand-off belongs to the returned tensor: no module
     state, so two caches in two threads or a nested model cannot see each other's chunks.
     """
+
+    kind = "chunk"
 
     def __init__(self, layer: "KVpopLayer", k_new: torch.Tensor, v_new: torch.Tensor, n_old: int,
                  position_ids: torch.Tensor | None = None):
@@ -142,6 +148,12 @@ class PendingChunk:
         self.committed = True
         self.k_new = self.v_new = self.position_ids = None
         return plan
+
+    def attend(self, query, key, value, valid, scaling):
+        """Commit with this forward's padding, then attend each query to ``R(q)`` per head."""
+        layer = self._layer()
+        backends = layer.backends if layer is not None else None  # commit raises when the layer is gone
+        return attend_chunk(self.commit(valid, key, value), query, key, value, scaling, backends)
 
 
 class KVpopLayer(CacheLayerMixin):
@@ -193,8 +205,12 @@ class KVpopLayer(CacheLayerMixin):
         self.tokens = self.tokens.to(self.device)
         self.scorer = scorer = self.shared.scorers.on(self.device)  # this layer's device: nothing moves per step
         self.state = scorer.init_state(self.layer_idx, b, self.device) if scorer.stateful else None
-        self._evict = eviction_for(self.device)  # the fused kernel on CUDA, chosen once
-        self._scorer_step = scorer.decode_kernel(self.device)  # the scorer's fused decode step, or None
+        # the implementations, chosen once for this device (docs/backends.md)
+        self.backends = backends = self.shared.backends.resolve(self.device)
+        self._evict = eviction_for(backends.decode_eviction)
+        self._decode_attention = decode_attention_for(backends.decode_attention)
+        # the scorer's fused decode step, or None: the torch path
+        self._scorer_step = scorer.decode_kernel(self.device) if backends.mlstm_step == "triton" else None
         self._mark_static()
         self.is_initialized = True
 
@@ -203,8 +219,8 @@ class KVpopLayer(CacheLayerMixin):
 
     def _mark_static(self) -> None:
         """Tag the buffers for CUDA graphs (fixed addresses) and tell the attention function, through
-        the keys it is handed, where the per-row counts live (``keys.kvpop_seen``)."""
-        self.keys.kvpop_seen = self.seen
+        the keys it is handed, where the per-row counts live (:class:`kvpop_hf.handoff.DecodeSlots`)."""
+        mark_decode_slots(self.keys, self.seen, self._decode_attention)
         if not torch.compiler.is_compiling():
             for t in self._buffers():
                 torch._dynamo.mark_static_address(t)
@@ -387,7 +403,7 @@ class KVpopLayer(CacheLayerMixin):
     def decode_step(self, k_new: torch.Tensor, v_new: torch.Tensor):
         """Write token ``t = seen`` of every row, score the token leaving the window, keep the better of
         it and the weakest long-range slot (:mod:`kvpop_hf.decode_eviction`). Returns all ``B`` slots
-        (``keys.kvpop_seen`` masks the empty ones). k_new/v_new ``[b, h, 1, d]``."""
+        (the keys' :class:`~kvpop_hf.handoff.DecodeSlots` mask the empty ones). k_new/v_new ``[b, h, 1, d]``."""
         s, w = self.sinks, self.window
         b, h = k_new.shape[:2]
         t = self.seen  # [b] real position of the new token
@@ -411,12 +427,13 @@ class KVpopLayer(CacheLayerMixin):
     # -- many new tokens: exact selection over old slots + new tokens ------------------------
     def begin_chunk(self, k_new: torch.Tensor, v_new: torch.Tensor, position_ids: torch.Tensor | None = None):
         """Return the candidates (the ``n_old`` stored slots, then the ``L`` new tokens) with a
-        :class:`PendingChunk` attached as ``keys.kvpop_chunk``; the state changes at its commit."""
+        :class:`PendingChunk` attached to the keys (:func:`kvpop_hf.handoff.attach`); the state changes at its
+        commit."""
         n_old = self.stored_length()
         cand_k = torch.cat([self.keys[:, :, :n_old], k_new.to(self.keys.dtype)], dim=2)
         cand_v = torch.cat([self.values[:, :, :n_old], v_new.to(self.values.dtype)], dim=2)
         self.pending = PendingChunk(self, k_new, v_new, n_old, position_ids)
-        cand_k.kvpop_chunk = self.pending
+        attach(cand_k, self.pending)
         self.tokens.add_(k_new.shape[2])
         self._full_on_host = n_old + k_new.shape[2] >= self.budget
         return cand_k, cand_v

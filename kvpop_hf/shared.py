@@ -53,8 +53,9 @@ class KVpopShared:
     layers read it through :meth:`log_gamma_for`) and the once-only stock-attention warnings."""
 
     def __init__(self, config, scorer: torch.nn.Module, log_gamma: torch.Tensor | None = None,
-                 tp_kv_heads: tuple[int, int] | None = None):
+                 tp_kv_heads: tuple[int, int] | None = None, backends=None):
         self.config = config
+        self.backends = backends  # the cache's Backends (unresolved); each layer resolves it for its device
         self.tp_kv_heads = tp_kv_heads  # (start, stop) of this rank's KV heads under tensor parallelism, else None
         self.scorers = DeviceCopies(scorer)
         self.log_gamma = log_gamma

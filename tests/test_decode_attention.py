@@ -4,7 +4,7 @@ and a decode step through the cache uses it when asked."""
 import pytest
 import torch
 
-from kvpop_hf.decode_attention import (decode_attention, decode_attention_reference, decode_attention_triton,
+from kvpop_hf.decode_attention import (decode_attention_for, decode_attention_reference, decode_attention_triton,
                                        split_count)
 
 
@@ -50,13 +50,9 @@ def test_split_count_covers_the_slots():
         assert per % 64 == 0 and (ns - 1) * per < slots <= ns * per
 
 
-def test_dispatch_follows_the_environment(monkeypatch):
-    q, k, v, seen = random_inputs(1, 4, 2, 40, 8, 8, seed=1)
-    monkeypatch.setenv("KVPOP_DECODE_ATTENTION", "triton")
-    torch.testing.assert_close(decode_attention(q, k, v, seen, None), decode_attention_reference(q, k, v, seen, None))
-    monkeypatch.setenv("KVPOP_DECODE_ATTENTION", "fast")
-    with pytest.raises(ValueError, match="KVPOP_DECODE_ATTENTION"):
-        decode_attention(q, k, v, seen, None)
+def test_each_choice_names_its_function():
+    assert decode_attention_for("triton") is decode_attention_triton
+    assert decode_attention_for("torch") is decode_attention_reference
 
 
 def test_cache_decode_with_split_kernels_matches_reference_mask(monkeypatch):

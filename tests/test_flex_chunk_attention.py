@@ -10,20 +10,13 @@ from torch.nn import functional as F
 
 from helpers import distinct_ids, left_padded, reference_logits, run_chunks, run_whole, tiny_model
 from kvpop_hf import KVpopCache
-from kvpop_hf.attention import _flex_chunk_attention, set_chunk_attention
+from kvpop_hf.chunk_attention import flex_chunk_attention as _flex_chunk_attention
 from kvpop_hf.flex_mask import chunk_cutoff, chunk_cutoff_reference, dense_from_compact
 from kvpop_hf.layer import ChunkPlan
 
 S, W, K = 2, 5, 6
 
 warnings.filterwarnings("ignore", message=".*flex_attention called without torch.compile.*")
-
-
-@pytest.fixture
-def chunk_mode():
-    old = set_chunk_attention("auto")
-    yield set_chunk_attention
-    set_chunk_attention(old)
 
 
 # ---------------------------------------------------------------- compact mask == visibility()
@@ -131,22 +124,21 @@ def test_flex_chunk_attention_matches_dense_mask(dtype):
 
 # ---------------------------------------------------------------- whole models: flex == dense == reference
 @pytest.mark.parametrize("scorer", ["knorm", "mlp", "mlstm"])
-def test_flex_logits_match_dense_and_reference(scorer, chunk_mode):
+def test_flex_logits_match_dense_and_reference(scorer):
     model = tiny_model("qwen3")  # 4 query heads over 2 KV heads
     ids = distinct_ids(2, 40, seed=1)
-    make = lambda: KVpopCache(model.config, sinks=S, window=W, topk=K, scorer=scorer, log_gamma=-0.7, decay_step=4)
+    make = lambda mode="dense": KVpopCache(model.config, sinks=S, window=W, topk=K, scorer=scorer,  # noqa: E731
+                                           log_gamma=-0.7, decay_step=4, backends={"chunk_attention": mode})
     ref, _ = reference_logits(model, ids, make().scorer, S, W, K, make().log_gamma, 4)
     for feed in (run_whole, run_chunks):
-        chunk_mode("dense")
-        dense = feed(model, ids, make())
-        chunk_mode("flex")
-        flex = feed(model, ids, make())
+        dense = feed(model, ids, make("dense"))
+        flex = feed(model, ids, make("flex"))
         torch.testing.assert_close(flex, dense, atol=1e-5, rtol=0)
         torch.testing.assert_close(flex, ref, atol=2e-5, rtol=0)
 
 
 @pytest.mark.parametrize("scorer", ["knorm", "mlstm"])
-def test_flex_left_padding_with_prefill_chunks(scorer, chunk_mode):
+def test_flex_left_padding_with_prefill_chunks(scorer):
     model = tiny_model("llama")
     rows = [distinct_ids(1, n, seed=n)[0] for n in (30, 21, 26)]
     ids, mask, width = left_padded(rows)
@@ -154,19 +146,18 @@ def test_flex_left_padding_with_prefill_chunks(scorer, chunk_mode):
     gen = dict(max_new_tokens=4, do_sample=False, pad_token_id=0, return_dict_in_generate=True, output_logits=True)
     outs = {}
     for mode, chunk in (("dense", 7), ("flex", 7), ("flex", None)):
-        chunk_mode(mode)
         extra = {} if chunk is None else {"prefill_chunk_size": chunk}
-        outs[mode, chunk] = model.generate(ids, attention_mask=mask, past_key_values=KVpopCache(model.config, **kw),
-                                           **gen, **extra)
+        cache = KVpopCache(model.config, **kw, backends={"chunk_attention": mode})
+        outs[mode, chunk] = model.generate(ids, attention_mask=mask, past_key_values=cache, **gen, **extra)
     base = outs["dense", 7]
     for key, out in outs.items():
         assert torch.equal(out.sequences, base.sequences), key
         for a, b in zip(out.logits, base.logits):
             torch.testing.assert_close(a, b, atol=2e-5, rtol=0)
     # a padded row equals the unpadded row run alone (through the flex path)
-    chunk_mode("flex")
     i, r = 1, rows[1]
-    single = model.generate(r[None], past_key_values=KVpopCache(model.config, **kw), **gen, prefill_chunk_size=7)
+    cache = KVpopCache(model.config, **kw, backends={"chunk_attention": "flex"})
+    single = model.generate(r[None], past_key_values=cache, **gen, prefill_chunk_size=7)
     for a, b in zip(outs["flex", 7].logits, single.logits):
         torch.testing.assert_close(a[i], b[0], atol=2e-5, rtol=0)
 

@@ -78,15 +78,18 @@ def test_cache_decode_with_every_kernel_matches_reference_mask(monkeypatch, dela
 
 
 def test_fused_step_is_the_cuda_default(monkeypatch):
-    """On by default on CUDA, off on CPU; KVPOP_MLSTM_STEP=torch turns it off, =triton on anywhere."""
-    scorer = MLSTMScorer(1, 2, 8, state_dim=4)
+    """On by default on CUDA, off on CPU (Backends.mlstm_step); the layer asks the scorer for it only then."""
+    from helpers import tiny_model
+
+    from kvpop_hf import Backends, KVpopCache
+    from kvpop_hf.compat import with_cache
+
     monkeypatch.delenv("KVPOP_MLSTM_STEP", raising=False)
-    assert scorer.decode_kernel(torch.device("cuda")) is mlstm_decode_priority_triton
-    assert scorer.decode_kernel(torch.device("cpu")) is None
-    monkeypatch.setenv("KVPOP_MLSTM_STEP", "torch")
-    assert scorer.decode_kernel(torch.device("cuda")) is None
-    monkeypatch.setenv("KVPOP_MLSTM_STEP", "triton")
-    assert scorer.decode_kernel(torch.device("cpu")) is mlstm_decode_priority_triton
-    monkeypatch.setenv("KVPOP_MLSTM_STEP", "fast")
-    with pytest.raises(ValueError, match="KVPOP_MLSTM_STEP"):
-        scorer.decode_kernel(torch.device("cpu"))
+    assert Backends().resolve(torch.device("cuda")).mlstm_step == "triton"
+    assert Backends().resolve(torch.device("cpu")).mlstm_step == "torch"
+    assert MLSTMScorer(1, 2, 8, state_dim=4).decode_kernel(torch.device("cpu")) is mlstm_decode_priority_triton
+    model = tiny_model("qwen3")
+    for choice, fused in (("auto", False), ("torch", False), ("triton", True)):
+        cache = KVpopCache(model.config, sinks=2, window=4, topk=6, scorer="mlstm", backends={"mlstm_step": choice})
+        model(torch.tensor([[1, 2]]), **with_cache(model, cache))
+        assert all((layer._scorer_step is mlstm_decode_priority_triton) == fused for layer in cache.layers)

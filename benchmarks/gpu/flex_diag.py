@@ -428,9 +428,10 @@ def main(argv=None):
             torch._logging.set_logs(recompiles=True)
         except Exception as err:  # noqa: BLE001
             print(f"recompile logs unavailable: {err}", flush=True)
-    from kvpop_hf.flex_compiled import raise_recompile_limit
+    from kvpop_hf.flex_compiled import recompile_limits
 
-    raise_recompile_limit(64)
+    for name, value in recompile_limits(64).items():  # this script's own process
+        setattr(torch._dynamo.config, name, value)
 
     meta = {"command": " ".join(shlex.quote(x) for x in [sys.executable, *sys.argv]),
             "git_commit": git_commit(REPO), "date": time.strftime("%Y-%m-%d %H:%M:%S %Z")}

@@ -115,12 +115,8 @@ class MLSTMScorer(Scorer):
 
     # -- Scorer interface --------------------------------------------------------------------
     def decode_kernel(self, device):
-        """The fused Triton step on CUDA (or anywhere with ``KVPOP_MLSTM_STEP=triton``), else None: the torch
-        path (``KVPOP_MLSTM_STEP=torch``, and on CPU), which is its reference."""
-        from ..kernels import kernel_wanted
-
-        if not kernel_wanted("KVPOP_MLSTM_STEP", device):
-            return None
+        """The fused Triton step; a layer runs it where its ``Backends.mlstm_step`` is ``"triton"`` (the CUDA
+        default, docs/backends.md), else the torch path (``absorb_and_read``), which is its reference."""
         from .mlstm_decode_triton import mlstm_decode_priority_triton
 
         return mlstm_decode_priority_triton

@@ -13,19 +13,19 @@ call (docs/design.md §7):
   position (full causal, ``C = n_old + L`` candidates); at the chunk's end the policy's votes give the
   candidates' scores and the layer keeps the sinks, the window and the best ``k`` others.
 
-The scores exist only through the ``kvpop`` attention: the hand-off objects below travel on the keys
-(``keys.kvpop_scores``) and a step whose hand-off was never finished (a stock attention ran) raises at the
+The scores exist only through the ``kvpop`` attention: the ``"scores"`` hand-offs below travel on the keys
+(:mod:`kvpop_hf.handoff`) and a step whose hand-off was never finished (a stock attention ran) raises at the
 next layer's update (or the next forward, or ``stored_positions``).
 """
 
 from __future__ import annotations
 
-import weakref
-
 import torch
 
 from ...decode_eviction import ring_slot
+from ...handoff import LayerHandoff, attach
 from ...layer import NEG_INF, KVpopLayer
+from .scores import attend_and_score
 
 STOCK_ATTENTION = (
     "KVpopCache with the attention-based policy {name!r} takes its scores from the attention probabilities, "
@@ -35,21 +35,15 @@ STOCK_ATTENTION = (
 )
 
 
-class _Handoff:
-    """Base of the per-call hand-offs; holds the layer weakly (the layer holds the hand-off)."""
+class _Handoff(LayerHandoff):
+    """Base of the per-call ``"scores"`` hand-offs: :meth:`attend` attends, then hands the policy's votes back
+    through :meth:`finish` (:func:`~kvpop_hf.baselines.attention_policies.scores.attend_and_score`)."""
 
-    def __init__(self, layer: "DynamicScoreLayer"):
-        self._layer = weakref.ref(layer)
-        self.done = False
+    kind = "scores"
+    cache_name = "KVpopCache"
 
-    def layer(self) -> "DynamicScoreLayer":
-        layer = self._layer()
-        if layer is None:
-            raise RuntimeError("The KVpopCache of this attention call was deleted before its attention ran.")
-        if self.done or layer.pending is not self:
-            raise RuntimeError("A KVpopCache attention hand-off was used twice or out of order: each forward's "
-                               "attention must run once, before the next forward updates the same cache.")
-        return layer
+    def attend(self, query, key, value, valid, scaling):
+        return attend_and_score(self, query, key, value, valid, scaling)
 
 
 class DecodeScores(_Handoff):
@@ -64,7 +58,7 @@ class DecodeScores(_Handoff):
         layer = self.layer()
         new = layer.scorer.decode_update(layer.prio, votes)
         layer.prio.copy_(torch.where(layer.pos >= 0, new, NEG_INF))
-        self.done, layer.pending = True, None
+        self.finished()
 
 
 class ChunkScores(_Handoff):
@@ -90,7 +84,7 @@ class ChunkScores(_Handoff):
     def finish(self, votes: torch.Tensor) -> None:
         layer = self.layer()
         layer.commit_scores(self, votes)
-        self.done, layer.pending = True, None
+        self.finished()
         self.key = self.value = None  # the keys refer to this hand-off: no cycle left behind
 
 
@@ -122,17 +116,19 @@ class DynamicScoreLayer(KVpopLayer):
                     s, w, self.topk)
         self.seen.add_(1)
         self.tokens.add_(1)
-        self.keys.kvpop_scores = None
+        attach(self.keys, None)
         if self.scorer.decode_scores:
-            self.pending = self.keys.kvpop_scores = DecodeScores(self)
+            self.pending = DecodeScores(self)
+            attach(self.keys, self.pending)
         return self.keys, self.values
 
     def begin_chunk(self, k_new: torch.Tensor, v_new: torch.Tensor, position_ids=None):
-        """Return the candidates (stored slots, then the new tokens) with ``keys.kvpop_scores`` attached."""
+        """Return the candidates (stored slots, then the new tokens) with a :class:`ChunkScores` attached."""
         n_old = self.stored_length()
         cand_k = torch.cat([self.keys[:, :, :n_old], k_new.to(self.keys.dtype)], dim=2)
         cand_v = torch.cat([self.values[:, :, :n_old], v_new.to(self.values.dtype)], dim=2)
-        self.pending = cand_k.kvpop_scores = ChunkScores(self, k_new.shape[2], n_old)
+        self.pending = ChunkScores(self, k_new.shape[2], n_old)
+        attach(cand_k, self.pending)
         self.tokens.add_(k_new.shape[2])
         return cand_k, cand_v
 

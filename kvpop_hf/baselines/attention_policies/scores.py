@@ -1,7 +1,6 @@
 """Attention that also returns the scores the dynamic-score policies need (TOVA, H2O, SnapKV).
 
-Called from :func:`kvpop_hf.attention.kvpop_attention` when the keys carry ``key.kvpop_scores``, a
-hand-off from :class:`kvpop_hf.baselines.attention_policies.layer.DynamicScoreLayer` (see docs/design.md §7). Each query
+Called by the ``"scores"`` hand-offs (:mod:`kvpop_hf.handoff`) of :class:`kvpop_hf.baselines.attention_policies.layer.DynamicScoreLayer` (see docs/design.md §7). Each query
 ``j`` (real position ``q_j``) sees every candidate ``c`` with ``0 <= pos_c <= q_j``: for a decode step
 the ``B`` slots (the occupied prefix), for a prompt chunk the stored entries followed by the chunk. Only
 this call's query rows are materialised, ``QUERY_BLOCK`` at a time: probabilities ``[b, Hq, l, C]``,

@@ -1,7 +1,7 @@
 """What a DMS cache layer hands to the ``kvpop`` attention: the exact per-head visibility of one call.
 
-``DMSLayer.update`` returns the keys/values the attention must read with ``keys.kvpop_dms`` set to one of
-these objects; ``kvpop_attention`` calls :meth:`attend`. Decode steps have already written their token (the
+``DMSLayer.update`` returns the keys/values the attention must read with one of these ``"dms"`` hand-offs
+attached (:mod:`kvpop_hf.handoff`); ``kvpop_attention`` calls its ``attend``. Decode steps have already written their token (the
 visible entries are the live slots); a prompt chunk is written when its attention runs, since only then is
 the forward's padding known. A hand-off never attended means a stock attention ran, which cannot see the
 per-head visibility: the layer raises at its next use (docs/design.md §9).
@@ -9,11 +9,10 @@ per-head visibility: the layer raises at its next use (docs/design.md §9).
 
 from __future__ import annotations
 
-import weakref
-
 import torch
 from torch.nn import functional as F
 
+from ...handoff import LayerHandoff
 from .mask import hard_visibility
 
 STOCK_ATTENTION = (
@@ -36,19 +35,9 @@ def masked_attention(query, key, value, visible, scaling):
     return out.reshape(b, hq, L, value.shape[-1]).transpose(1, 2).contiguous()
 
 
-class _Handoff:
-    def __init__(self, layer):
-        self._layer = weakref.ref(layer)
-        self.done = False
-
-    def layer(self):
-        layer = self._layer()
-        if layer is None:
-            raise RuntimeError("The DMSCache of this attention call was deleted before its attention ran.")
-        if self.done or layer.pending is not self:
-            raise RuntimeError("A DMSCache attention hand-off was used twice or out of order: each forward's "
-                               "attention must run once, before the next forward updates the same cache.")
-        return layer
+class _Handoff(LayerHandoff):
+    kind = "dms"
+    cache_name = "DMSCache"
 
 
 class DMSDecode(_Handoff):
@@ -57,7 +46,7 @@ class DMSDecode(_Handoff):
     def attend(self, query, key, value, valid, scaling):
         layer = self.layer()
         out = masked_attention(query, key, value, (layer.pos >= 0)[:, :, None, :], scaling)
-        self.done, layer.pending = True, None
+        self.finished()
         return out
 
 
@@ -87,5 +76,5 @@ class DMSChunk(_Handoff):
         visible = torch.where((query_pos < 0)[:, None, :, None], own, visible)
         out = masked_attention(query, key, value, visible, scaling)
         layer.commit(key, value, cand_pos, cand_evict, valid)
-        self.done, layer.pending = True, None
+        self.finished()
         return out

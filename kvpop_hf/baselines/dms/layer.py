@@ -21,6 +21,7 @@ import torch
 from transformers.cache_utils import CacheLayerMixin
 
 from ...shared import copy_layer, offload_layer, prefetch_layer
+from ...handoff import attach
 from .handoff import STOCK_ATTENTION, DMSChunk, DMSDecode
 
 
@@ -115,8 +116,8 @@ class DMSLayer(CacheLayerMixin):
         self.seen += 1
         self.tokens += 1
         keys = self.keys.view_as(self.keys)  # a fresh tensor object carries this step's hand-off
-        self.pending = keys.kvpop_dms = DMSDecode(self)
-        return keys, self.values
+        self.pending = DMSDecode(self)
+        return attach(keys, self.pending), self.values
 
     def _grow(self, extra: int) -> None:
         b, h, N, d = self.keys.shape
@@ -129,7 +130,8 @@ class DMSLayer(CacheLayerMixin):
     def begin_chunk(self, k_new, v_new, evict_new):
         cand_k = torch.cat([self.keys, k_new.to(self.keys.dtype)], dim=2)
         cand_v = torch.cat([self.values, v_new.to(self.values.dtype)], dim=2)
-        self.pending = cand_k.kvpop_dms = DMSChunk(self, self.keys.shape[2], evict_new)
+        self.pending = DMSChunk(self, self.keys.shape[2], evict_new)
+        attach(cand_k, self.pending)
         self.tokens += k_new.shape[2]
         return cand_k, cand_v
 

@@ -1,0 +1,74 @@
+"""A KVpopCache prompt chunk's attention: each query attends to its exact per-head set ``R(q)``.
+
+The chunk's :class:`~kvpop_hf.layer.ChunkPlan` gives, per (row, KV head), the candidates (stored slots, then
+the chunk's new tokens) and which of them each query sees. Two implementations:
+
+* dense: the plan's ``[b, Hkv, L, C]`` visibility as an SDPA mask (the G query heads of a KV head share it);
+* flex: FlexAttention with a block mask built from the plan's compact form (no ``[L x C]`` mask), compiled on
+  CUDA (:mod:`kvpop_hf.flex_compiled`).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.nn import functional as F
+
+from .backends import Backends
+
+_DYNAMIC = {"auto": None, "true": True, "false": False}
+
+
+def _flex_fns(device_type: str, flex_dynamic: str = "auto"):
+    """``(flex_attention, create_block_mask)``, compiled on CUDA with ``dynamic`` from ``flex_dynamic``
+    (``auto``: torch's default; kvpop_hf/flex_compiled.py)."""
+    from .flex_compiled import compiled_create_block_mask, compiled_flex
+
+    dynamic = _DYNAMIC[flex_dynamic]
+    return compiled_flex(device_type, dynamic), compiled_create_block_mask(device_type, dynamic)
+
+
+def flex_chunk_attention(plan, query, key, value, scaling, backends: Backends | None = None):
+    """FlexAttention over the chunk's candidates. ``backends`` (resolved; default: the device's) gives the block
+    mask: ``interval`` (the default) reorders the candidates so that each query block visits about ``B / 128``
+    key blocks (kvpop_hf/interval_mask.py), ``tiled`` keeps plan order with the rank/cutoff block flags,
+    ``create`` uses ``create_block_mask``; and the cutoff (``chunk_cutoff``) and ``flex_dynamic``."""
+    backends = backends or Backends.defaults(query.device)
+    b, hq, L, _ = query.shape
+    hkv, C = key.shape[1], key.shape[2]
+    groups = hq // hkv
+    flex, make_block_mask = _flex_fns(query.device.type, backends.flex_dynamic)
+    cm = plan.compact(backend=backends.chunk_cutoff)
+    layout = backends.flex_block_mask
+    if layout == "interval":
+        from .interval_mask import interval_block_mask, interval_chunk_mask, interval_layout
+
+        im = interval_layout(interval_chunk_mask(cm))
+        key = key.gather(2, im.perm[..., None].expand(b, hkv, C, key.shape[-1]))
+        value = value.gather(2, im.perm[..., None].expand(b, hkv, C, value.shape[-1]))
+        block_mask = interval_block_mask(im, groups)
+    elif layout == "create":
+        block_mask = make_block_mask(cm.mask_mod(groups), b, hq, L, C, device=query.device)
+    else:  # never holds the [b, Hq, L, C] grid (create_block_mask does, even compiled)
+        from .flex_mask import build_block_mask
+
+        block_mask = build_block_mask(cm, groups)
+    key, value = key.to(query.dtype), value.to(query.dtype)
+    kw = {"enable_gqa": True} if groups > 1 else {}
+    out = flex(query, key, value, block_mask=block_mask, scale=scaling, **kw)
+    return out.transpose(1, 2).contiguous()
+
+
+def attend_chunk(plan, query, key, value, scaling, backends: Backends):
+    """query ``[b, Hq, L, d]``, key/value ``[b, Hkv, C, d]`` (the plan's candidates) -> ``[b, L, Hq, dv]``, by
+    ``backends.chunk_attention`` (a resolved :class:`~kvpop_hf.backends.Backends`): ``flex`` or ``dense``."""
+    if backends.chunk_attention == "flex":
+        return flex_chunk_attention(plan, query, key, value, scaling, backends)
+    b, hq, L, d = query.shape
+    hkv = key.shape[1]
+    groups = hq // hkv
+    vis = plan.visibility()  # [b, hkv, L, C]
+    # group the G query heads of each KV head along the query axis: no copy of keys/values
+    q = query.reshape(b, hkv, groups * L, d)
+    mask = vis[:, :, None].expand(b, hkv, groups, L, vis.shape[-1]).reshape(b, hkv, groups * L, vis.shape[-1])
+    out = F.scaled_dot_product_attention(q, key, value, attn_mask=mask, scale=scaling)
+    return out.reshape(b, hq, L, value.shape[-1]).transpose(1, 2).contiguous()
