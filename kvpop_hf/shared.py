@@ -95,24 +95,23 @@ class KVpopShared:
         ``update``, so left padding could not be checked. A chunk that evicted nothing was attended exactly."""
         from .cache import user_stacklevel
 
-        if evicted and "evicted" not in self.warned_stock:
-            self.warned_stock.add("evicted")
-            warnings.warn(
+        reasons = {
+            "evicted": evicted and (
                 "KVpopCache: a multi-token chunk is attended with a stock attention implementation while the cache "
                 "evicts, so its queries see every stored entry plus all tokens of the chunk (more than the budget). "
                 "Load the model with attn_implementation='kvpop' for exact per-head eviction inside chunks; "
-                "single-token decoding is exact either way.",
-                stacklevel=user_stacklevel(),
-            )
-        if padding_unseen and "padding" not in self.warned_stock:
-            self.warned_stock.add("padding")
-            warnings.warn(
+                "single-token decoding is exact either way."),
+            "padding": padding_unseen and (
                 "KVpopCache: a batch of several rows is attended with a stock attention implementation, and this "
                 "transformers version does not pass the position ids to the cache, so a left-padded batch cannot be "
                 "recognised: its padded rows would come out wrong without an error; attn_implementation='kvpop' "
-                "handles left padding exactly.",
-                stacklevel=user_stacklevel(),
-            )
+                "handles left padding exactly."),
+        }
+        for reason, message in reasons.items():
+            if message and reason not in self.warned_stock:
+                self.warned_stock.add(reason)
+                warnings.warn(message, stacklevel=user_stacklevel())
+
 
 def copy_layer(layer, memo: dict, shared_modules=()):
     """``copy.deepcopy`` of a cache layer: every attribute deep-copied (through ``memo``, so the settings object of
