@@ -55,7 +55,8 @@ def setup():
     return model, tok, problems, factories
 
 
-pytestmark = pytest.mark.skipif(not (TEACHER / "model.safetensors").is_file(), reason="testbed teacher not committed")
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(not (TEACHER / "model.safetensors").is_file(), reason="testbed teacher not committed")]
 
 
 def test_dense_teacher_solves_the_reasoning_traces(setup):

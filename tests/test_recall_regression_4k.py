@@ -22,7 +22,8 @@ SPARSE = ROOT / "checkpoints" / "scorers_4k_w64" / "kvpop_mean_cr88"
 MEASURED = {"exact": 0.895, "sparse": 0.788}  # mean over layers, KV heads and problems 0-1
 MARGIN = 0.02
 
-pytestmark = pytest.mark.skipif(not (TEACHER / "model.safetensors").is_file(), reason="4k teacher not committed")
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(not (TEACHER / "model.safetensors").is_file(), reason="4k teacher not committed")]
 
 
 def _recall():
