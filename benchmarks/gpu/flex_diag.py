@@ -230,10 +230,10 @@ def core_section(d: Diag, S: int, dtype, state: dict):
 
         # sparse forward
         d.case("sparse", "sparse block-mask build (analytic, default)", S,
-               lambda: sparse_attention_block_mask(plan, s, w, groups), required=True)
+               lambda: sparse_attention_block_mask(plan, s, w, groups, method="analytic"), required=True)
         d.case("sparse", "sparse block-mask build (old tiled)", S,
                lambda: sparse_attention_block_mask(plan, s, w, groups, method="tiled"))
-        bm = sparse_attention_block_mask(plan, s, w, groups)
+        bm = sparse_attention_block_mask(plan, s, w, groups, method="analytic")
         st["bm"] = bm
         try:
             same = same_block_mask(bm, sparse_attention_block_mask(plan, s, w, groups, method="tiled"))

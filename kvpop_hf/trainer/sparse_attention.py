@@ -15,6 +15,7 @@ from ..dense_attention import expand_kv
 from ..flex_compiled import TRAINING_DYNAMIC, compiled_flex
 from ..flex_mask import tiled_block_mask
 from .block_masks import sparse_block_mask
+from .interval_layout import IntervalLayout, interval_sparse_layout
 from ..topk import RunningTopK, sparse_mask_reference
 
 
@@ -48,34 +49,42 @@ def sparse_mask_mods(topk: RunningTopK, sinks: int, window: int, groups: int):
     return kv_mask_mod, mask_mod
 
 
-def sparse_attention_block_mask(topk: RunningTopK, sinks: int, window: int, groups: int, method: str = "analytic"):
-    """The ``BlockMask`` of :func:`sparse_attention` for ``Hq = Hkv * groups`` query heads.
+def sparse_attention_block_mask(topk: RunningTopK, sinks: int, window: int, groups: int, method: str = "interval"):
+    """The mask of :func:`sparse_attention` for ``Hq = Hkv * groups`` query heads.
 
-    ``method="analytic"`` (default): per-block flags from rank/cutoff (:func:`kvpop_hf.trainer.block_masks.sparse_block_mask`,
+    ``method="interval"`` (default): an :class:`~kvpop_hf.trainer.interval_layout.IntervalLayout` (the keys
+    reordered so that a query block visits about ``B / 128`` mostly full key blocks, ``O(S log S)`` work per
+    head). The others give a ``BlockMask`` over the keys in position order (every block below the diagonal
+    visited): ``"analytic"``: per-block flags from rank/cutoff (:func:`kvpop_hf.trainer.block_masks.sparse_block_mask`,
     ``O(S^2 / 128)`` work, a few dozen kernels); ``"tiled"``: the mask_mod evaluated tile by tile
     (:func:`kvpop_hf.flex_mask.tiled_block_mask`, ``O(S^2)`` work, one loop step per query block). Both give the
     same blocks as ``create_block_mask``."""
+    if method == "interval":
+        return interval_sparse_layout(topk, sinks, window, groups)
     kv_mask_mod, mask_mod = sparse_mask_mods(topk, sinks, window, groups)
     b, hkv, S = topk.rank.shape
     if method == "analytic":
         return sparse_block_mask(topk.rank, topk.cutoff, sinks, window, groups, mask_mod)
     if method == "tiled":
         return tiled_block_mask(kv_mask_mod, b, hkv, S, S, groups, mask_mod, topk.rank.device)
-    raise ValueError(f"method must be 'analytic' or 'tiled', got {method!r}")
+    raise ValueError(f"method must be 'interval', 'analytic' or 'tiled', got {method!r}")
 
 
 def sparse_attention(query, key, value, topk: RunningTopK, sinks: int, window: int, scale: float | None = None,
                      block_mask=None, kernel_options: dict | None = None):
     """query ``[b, Hq, S, d]``, key/value ``[b, Hkv, S, d]`` -> (out ``[b, Hq, S, d]``, lse ``[b, Hq, S]``).
 
-    ``block_mask``: a prebuilt :func:`sparse_attention_block_mask` of the same ``topk`` (built here if None);
-    ``kernel_options``: passed to FlexAttention (e.g. ``BLOCK_M``/``BLOCK_N``)."""
+    ``block_mask``: a prebuilt :func:`sparse_attention_block_mask` of the same ``topk`` (an ``IntervalLayout``,
+    whose order the keys and values are gathered into first, or a ``BlockMask`` over position order); built
+    here (interval layout) if None. ``kernel_options``: passed to FlexAttention (e.g. ``BLOCK_M``/``BLOCK_N``)."""
     b, hq, S, _ = query.shape
     groups = hq // key.shape[1]
     # FlexAttention needs one dtype; under autocast q/k (normed in float32) and v can differ
     key, value = key.to(query.dtype), value.to(query.dtype)
     if block_mask is None:  # no [b, Hq, S, S] grid (create_block_mask would evaluate it)
         block_mask = sparse_attention_block_mask(topk, sinks, window, groups)
+    if isinstance(block_mask, IntervalLayout):
+        key, value, block_mask = block_mask.arrange(key), block_mask.arrange(value), block_mask.block_mask
     kw = dict(block_mask=block_mask, scale=scale)
     if kernel_options:
         kw["kernel_options"] = kernel_options

@@ -53,6 +53,7 @@ class StudentSettings:
     target_eps: float = 1e-6
     topk_backend: str = "auto"
     attention_backend: str = "auto"  # flex | reference | auto (flex unless CPU autograd, unsupported there)
+    attention_layout: str = "interval"  # flex key order: interval (.interval_layout) | analytic (position order)
     target_backend: str = "auto"  # flex | chunked | auto (flex on CUDA, chunked on CPU)
     teacher_recall_queries: int = 8  # queries sampled per layer by teacher_topk_recall
     targets: bool = True  # False: no target pass / boundary loss (fixed scorer: only the backbone trains)
@@ -179,7 +180,8 @@ def kvpop_train_attention(module, query, key, value, attention_mask, scaling=Non
         if backend == "flex":
             block_mask = saved.block_mask if saved is not None else None
             if block_mask is None:
-                block_mask = sparse_attention_block_mask(student, st.sinks, st.window, query.shape[1] // key.shape[1])
+                block_mask = sparse_attention_block_mask(student, st.sinks, st.window, query.shape[1] // key.shape[1],
+                                                         method=st.attention_layout)
             out, lse = sparse_attention(query, key, value, student, st.sinks, st.window, scaling, block_mask=block_mask)
         else:
             block_mask = None

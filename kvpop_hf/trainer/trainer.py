@@ -79,6 +79,9 @@ class KVpopTrainingArguments(TrainingArguments):
     topk_backend: str = field(default="auto", metadata={"help": "Running top-k: auto (wavelet on CUDA, torch on CPU) | wavelet | triton | torch."})
     attention_backend: str = field(default="auto", metadata={"help": "Student sparse attention: auto | flex | reference."})
     target_backend: str = field(default="auto", metadata={"help": "Transposed target pass: auto | flex | chunked."})
+    attention_layout: str = field(default="interval", metadata={
+        "help": "Key order of the flex sparse attention: interval (keys reordered so a query block visits about "
+                "B/128 mostly full key blocks) | analytic (position order: every block below the diagonal)."})
 
     def __post_init__(self):
         if self.gradient_checkpointing:
@@ -122,6 +125,8 @@ class KVpopTrainingArguments(TrainingArguments):
             raise ValueError(f"target_reduce={self.target_reduce!r} runs on the chunked target pass; use "
                              "target_backend='auto' or 'chunked' (FlexAttention's transposed pass yields a "
                              "log-sum-exp, not a max or a power mean).")
+        if self.attention_layout not in ("interval", "analytic"):
+            raise ValueError(f"attention_layout must be 'interval' or 'analytic', got {self.attention_layout!r}.")
         if self.learn_decay and self.log_gamma is None:
             raise ValueError("learn_decay=True needs an initial log_gamma (< 0).")
         try:
@@ -187,7 +192,7 @@ class KVpopTrainer(Trainer):
                                         target_lse=args.target_lse, target_agg=args.target_agg,
                                         target_reduce=args.target_reduce, target_queries=args.target_queries,
                                         topk_backend=args.topk_backend, attention_backend=args.attention_backend,
-                                        target_backend=args.target_backend,
+                                        target_backend=args.target_backend, attention_layout=args.attention_layout,
                                         targets=args.scorer in LEARNED_SCORERS)
         self._kvpop_logs: dict[str, list[float]] = {}
 
