@@ -2,7 +2,8 @@
 and bfloat16. The whole folder is skipped without CUDA; on a GPU machine run it in its own process
 (``python -m pytest -q tests/gpu``): the kernels are compiled on first use, and a process that already ran them
 under ``TRITON_INTERPRET=1`` (the CPU suite) keeps the interpreted ones: in a run with the CPU suite these tests skip,
-and the ``compiled`` fixture refuses interpreted kernels."""
+and the ``compiled`` fixture refuses interpreted kernels. (tests/conftest.py leaves ``TRITON_INTERPRET`` unset when
+tests/gpu is the only path given.)"""
 
 import os
 
@@ -20,9 +21,6 @@ def pytest_collection_modifyitems(config, items):
     elif len(mine) < len(items):  # the CPU suite in the same process runs the kernels interpreted
         reason = "run tests/gpu in a process of its own: `python -m pytest -q tests/gpu`"
     else:
-        # tests/conftest.py turns the interpreter on for the CPU suite; here the kernels (defined on first use)
-        # must be compiled
-        os.environ.pop("TRITON_INTERPRET", None)
         return
     for item in mine:
         item.add_marker(pytest.mark.skip(reason=reason))
