@@ -30,6 +30,10 @@ length, so the difference is the eviction and scorer work). ``--batches`` adds b
 ``--batch-context`` tokens with caches filled synthetically in place (random keys/values, a valid slot
 layout; no prefill): tokens/s and peak memory, OOM where the dense cache does not fit. ``--leak-caches N``
 creates, fills and drops N KVpopCaches and prints the allocated memory before and after.
+
+``--via-generate`` measures instead the user's own call, ``model.generate`` with a prefilled KVpopCache or
+``cache_implementation="static"`` (benchmarks/generate_call_speed.py: first-step compile time, decode ms, batch
+rows with left padding, and a second process reusing the first one's compile cache).
 """
 
 from __future__ import annotations
@@ -405,6 +409,11 @@ def fill_dense(kind, model, batch, ctx, extra, device, dtype):
 
 # ----------------------------------------------------------------------------------------- main
 def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "--via-generate" in argv:  # the user's own call: benchmarks/generate_call_speed.py
+        import generate_call_speed
+
+        return generate_call_speed.main([a for a in argv if a != "--via-generate"])
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default="cpu")

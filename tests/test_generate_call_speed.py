@@ -1,0 +1,56 @@
+"""benchmarks/generation_speed.py --via-generate on a tiny model (CPU): the CSV of record's exact columns, one
+row per (cache, scorer, context, batch) with left-padded batches, both processes of --compile-reuse, and the
+refusal of a token count that leaves nothing to time."""
+
+from __future__ import annotations
+
+import csv
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import generate_call_speed  # noqa: E402
+import generation_speed  # noqa: E402
+
+TINY = ["--shape", "tiny", "--budget", "4", "16", "44", "--prefill-chunk", "128", "--new-tokens", "7", "--warmup", "2"]
+
+
+def rows_of(prefix: Path):
+    with open(prefix.with_suffix(".csv")) as fh:
+        return list(csv.DictReader(fh))
+
+
+def test_via_generate_rows(tmp_path):
+    prefix = tmp_path / "gen"
+    argv = ["--via-generate", *TINY, "--contexts", "150", "--batches", "1", "3", "--scorers", "knorm", "mlstm",
+            "--static-max-batch", "1", "--out-prefix", str(prefix)]
+    assert generation_speed.main(argv) == 0
+    rows = rows_of(prefix)
+    assert list(rows[0]) == generate_call_speed.COLUMNS
+    got = {(r["cache"], r["scorer"], r["batch"]) for r in rows}
+    assert got == {("static", "", "1"), ("kvpop", "knorm", "1"), ("kvpop", "mlstm", "1"), ("kvpop", "knorm", "3"),
+                   ("kvpop", "mlstm", "3")}
+    assert all(float(r["decode_ms"]) > 0 and r["process"] == "first" for r in rows)
+    assert "generate" in prefix.with_suffix(".md").read_text()
+
+
+def test_compile_reuse_runs_two_processes(tmp_path):
+    prefix = tmp_path / "reuse"
+    argv = [*TINY, "--contexts", "100", "--caches", "kvpop", "--scorers", "knorm", "--compile-reuse",
+            str(tmp_path / "cc"), "--out-prefix", str(prefix)]
+    assert generate_call_speed.main(argv) == 0
+    assert [r["process"] for r in rows_of(prefix)] == ["first", "second"]
+
+
+def test_too_few_tokens_is_refused():
+    with pytest.raises(ValueError, match="--new-tokens 4 leaves no timed step"):
+        generate_call_speed.main([*TINY, "--new-tokens", "4"])
+
+
+def test_left_padded_prompts():
+    ids, mask = generate_call_speed.prompts(3, 10, 50, "cpu")
+    assert mask.sum(1).tolist() == [10, 8, 5] and (ids[mask == 0] == 0).all() and mask[:, -1].all()
