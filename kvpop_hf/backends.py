@@ -19,11 +19,12 @@ The record is a runtime choice, not a property of a trained scorer: it is not sa
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import os
 from dataclasses import dataclass
 
 import torch
+
+from .kernels import MISSING_TRITON, triton_available
 
 __all__ = ["Backends", "CHOICES"]
 
@@ -110,8 +111,9 @@ class Backends:
 
     def resolve(self, device: torch.device | str) -> "Backends":
         """Every field concrete for tensors on ``device``: the explicit value, else ``KVPOP_<FIELD>``, else
-        ``"auto"``, and ``"auto"`` replaced by the device's default. A Triton choice needs Triton, and off CUDA
-        the Triton interpreter (``TRITON_INTERPRET=1``): refused here, before any work."""
+        ``"auto"``, and ``"auto"`` replaced by the device's default. A Triton choice needs triton (ImportError
+        naming the fix), and off CUDA the Triton interpreter (``TRITON_INTERPRET=1``): refused here, before any
+        work. ``"auto"`` off CUDA never needs triton."""
         chosen = {}
         for name in CHOICES:
             value = getattr(self, name)
@@ -151,9 +153,11 @@ def _checked(name: str, value, where: str) -> str:
 
 
 def _check_triton(name: str, cuda: bool) -> None:
-    if importlib.util.find_spec("triton") is None:
-        raise RuntimeError(f"The {name} backend 'triton' needs Triton: `pip install triton`, or choose "
-                           f"Backends({name}='torch') ({env_var(name)}=torch).")
+    if not triton_available():
+        other = "blocked" if name == "chunk_cutoff" else "torch"
+        raise ImportError(MISSING_TRITON.format(what=f"The {name} backend 'triton'",
+                                                hint=f"; or choose Backends({name}='{other}') "
+                                                     f"({env_var(name)}={other})"))
     if not cuda and os.environ.get("TRITON_INTERPRET") != "1":
         raise RuntimeError(f"The {name} backend 'triton' runs on CUDA; on another device only through the Triton "
                            f"interpreter (TRITON_INTERPRET=1 set before triton is imported). Choose "

@@ -26,9 +26,10 @@ import math
 import torch
 import torch.nn.functional as F
 
-from .kernels import tl, triton
+from .kernels import next_pow2, require_triton
 
-__all__ = ["decode_attention_for", "decode_attention_reference", "decode_attention_triton", "split_count"]
+__all__ = ["decode_attention_for", "decode_attention_reference", "decode_attention_triton", "split_count",
+           "split_decode_kernel"]
 
 
 def decode_attention_reference(query, key, value, seen, scaling):
@@ -41,12 +42,23 @@ def decode_attention_reference(query, key, value, seen, scaling):
     return out.reshape(b, 1, hq, value.shape[-1])
 
 
-if triton is not None:
+_split_decode = None  # the Triton kernel, once split_decode_kernel() has defined it
+
+
+def split_decode_kernel():
+    """The split-KV Triton kernel, defined on the first call (importing this module does not import triton);
+    ImportError naming the fix without triton."""
+    global triton, tl, _split_decode  # module globals: Triton resolves a kernel's names there
+    if _split_decode is not None:
+        return _split_decode
+    triton, tl = require_triton("decode_attention_triton (Backends.decode_attention='triton')",
+                                hint="; or choose Backends(decode_attention='torch') (KVPOP_DECODE_ATTENTION=torch)")
+
     @triton.jit
-    def split_decode_kernel(q, k, v, seen, m_out, l_out, acc_out, scale_log2, H, B, SPLIT,
-                            G: tl.constexpr, D: tl.constexpr, DV: tl.constexpr, NS: tl.constexpr,
-                            BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-                            BLOCK_DV: tl.constexpr):
+    def _split_decode(q, k, v, seen, m_out, l_out, acc_out, scale_log2, H, B, SPLIT,
+                      G: tl.constexpr, D: tl.constexpr, DV: tl.constexpr, NS: tl.constexpr,
+                      BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+                      BLOCK_DV: tl.constexpr):
         row = tl.program_id(0)  # batch * H + KV head
         split = tl.program_id(1)
         t = tl.load(seen + row // H)
@@ -83,6 +95,8 @@ if triton is not None:
         tl.store(l_out + stat, l_i, mask=mg)
         tl.store(acc_out + stat[:, None] * DV + odv[None, :], acc, mask=mg[:, None] & (odv[None, :] < DV))
 
+    return _split_decode
+
 
 _BLOCK_N = 64
 _PROGRAMS = 256  # about two per multiprocessor of an H100/H200 (132); from shapes only, so traceable
@@ -111,9 +125,9 @@ def decode_attention_triton(query, key, value, seen, scaling, splits: int | None
     l = torch.empty_like(m)
     acc = torch.empty(b * hkv, ns, g, dv, device=query.device, dtype=torch.float32)
     scale = (1.0 / math.sqrt(d)) if scaling is None else float(scaling)
-    split_decode_kernel[(b * hkv, ns)](q, key, value, seen, m, l, acc, scale * math.log2(math.e), hkv, B, per_split,
-                                       G=g, D=d, DV=dv, NS=ns, BLOCK_G=max(16, triton.next_power_of_2(g)), BLOCK_N=_BLOCK_N,
-                                       BLOCK_D=triton.next_power_of_2(d), BLOCK_DV=triton.next_power_of_2(dv))
+    split_decode_kernel()[(b * hkv, ns)](q, key, value, seen, m, l, acc, scale * math.log2(math.e), hkv, B, per_split,
+                                         G=g, D=d, DV=dv, NS=ns, BLOCK_G=max(16, next_pow2(g)), BLOCK_N=_BLOCK_N,
+                                         BLOCK_D=next_pow2(d), BLOCK_DV=next_pow2(dv))
     # merge the splits; a split past `seen` has m = -inf and l = acc = 0
     top = m.amax(dim=1, keepdim=True)
     w = torch.exp2(m - top)
@@ -123,5 +137,8 @@ def decode_attention_triton(query, key, value, seen, scaling, splits: int | None
 
 def decode_attention_for(choice: str):
     """The decode attention a resolved ``Backends.decode_attention`` names: ``"triton"`` (split-KV) or ``"torch"``
-    (the reference). Chosen once per layer, so decode steps never read the environment."""
+    (the reference). Chosen once per layer, so decode steps never read the environment; the kernel is defined now,
+    outside any compiled decode step."""
+    if choice == "triton":
+        split_decode_kernel()
     return {"triton": decode_attention_triton, "torch": decode_attention_reference}[choice]

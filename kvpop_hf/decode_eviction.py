@@ -26,10 +26,10 @@ from __future__ import annotations
 
 import torch
 
-from .kernels import tl, triton
+from .kernels import next_pow2, require_triton
 
-__all__ = ["eviction_for", "evict_and_insert_reference", "evict_and_insert_triton", "read_entry", "ring_slot",
-           "slot_entry"]
+__all__ = ["eviction_for", "evict_and_insert_reference", "evict_and_insert_triton", "evict_insert_kernel", "read_entry",
+           "ring_slot", "slot_entry"]
 
 NEG_INF = float("-inf")
 
@@ -88,11 +88,22 @@ def evict_and_insert_reference(keys, values, pos, prio, seen, k_new, v_new, p_le
     prio.scatter_(2, slot, p_new.view(b, h, 1).float())
 
 
-if triton is not None:
+_evict_insert = None  # the Triton kernel, once evict_insert_kernel() has defined it
+
+
+def evict_insert_kernel():
+    """The fused eviction kernel, defined on the first call (importing this module does not import triton);
+    ImportError naming the fix without triton."""
+    global triton, tl, _evict_insert  # module globals: Triton resolves a kernel's names there
+    if _evict_insert is not None:
+        return _evict_insert
+    triton, tl = require_triton("evict_and_insert_triton (Backends.decode_eviction='triton')",
+                                hint="; or choose Backends(decode_eviction='torch') (KVPOP_DECODE_EVICTION=torch)")
+
     @triton.jit
-    def evict_insert_kernel(keys, values, pos, prio, seen, k_new, v_new, p_leave, p_new, H, B,
-                            D: tl.constexpr, DV: tl.constexpr, S: tl.constexpr, W: tl.constexpr, K: tl.constexpr,
-                            BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_K: tl.constexpr):
+    def _evict_insert(keys, values, pos, prio, seen, k_new, v_new, p_leave, p_new, H, B,
+                      D: tl.constexpr, DV: tl.constexpr, S: tl.constexpr, W: tl.constexpr, K: tl.constexpr,
+                      BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_K: tl.constexpr):
         row = tl.program_id(0)  # row = batch * H + head
         t = tl.load(seen + row // H)
         slot = tl.where(t < S, t, S + (t - S) % W)
@@ -128,6 +139,8 @@ if triton is not None:
         tl.store(pos + base + slot, t)
         tl.store(prio + base + slot, tl.load(p_new + row))
 
+    return _evict_insert
+
 
 def evict_and_insert_triton(keys, values, pos, prio, seen, k_new, v_new, p_leave, p_new,
                             sinks: int, window: int, topk: int) -> None:
@@ -140,13 +153,16 @@ def evict_and_insert_triton(keys, values, pos, prio, seen, k_new, v_new, p_leave
     v_new = v_new.reshape(b, h, dv).contiguous()
     p_leave = p_leave.reshape(b, h).float().contiguous()
     p_new = p_new.reshape(b, h).float().contiguous()
-    evict_insert_kernel[(b * h,)](keys, values, pos, prio, seen, k_new, v_new, p_leave, p_new, h, B,
-                        D=d, DV=dv, S=sinks, W=window, K=topk, BLOCK_D=triton.next_power_of_2(d),
-                        BLOCK_DV=triton.next_power_of_2(dv), BLOCK_K=triton.next_power_of_2(max(topk, 1)))
+    evict_insert_kernel()[(b * h,)](keys, values, pos, prio, seen, k_new, v_new, p_leave, p_new, h, B,
+                                    D=d, DV=dv, S=sinks, W=window, K=topk, BLOCK_D=next_pow2(d),
+                                    BLOCK_DV=next_pow2(dv), BLOCK_K=next_pow2(topk))
 
 
 def eviction_for(choice: str):
     """The eviction function a resolved ``Backends.decode_eviction`` names (kvpop_hf/backends.py): ``"triton"``
     (the fused kernel, the CUDA default) or ``"torch"`` (the reference). Chosen once, when a layer allocates its
-    buffers, so decode steps neither read the environment nor branch on it."""
+    buffers, so decode steps neither read the environment nor branch on it; the kernel is defined now, outside any
+    compiled decode step."""
+    if choice == "triton":
+        evict_insert_kernel()
     return {"triton": evict_and_insert_triton, "torch": evict_and_insert_reference}[choice]

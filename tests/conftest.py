@@ -1,11 +1,9 @@
 import os
 import sys
-import warnings
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 GPU_TESTS = os.path.join(HERE, "gpu")
 sys.path.insert(0, HERE)
-warnings.filterwarnings("ignore", message=".*past_key_values.*deprecated.*")
 
 
 def pytest_configure(config):

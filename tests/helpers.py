@@ -8,6 +8,8 @@ from torch.nn import functional as F
 from transformers import (AttentionInterface, AttentionMaskInterface, LlamaConfig, MistralConfig, Qwen2Config,
                           Qwen3Config, AutoModelForCausalLM)
 
+from kvpop_hf.compat import with_cache
+
 VOCAB = 256
 
 
@@ -130,12 +132,12 @@ def reference_logits(model, ids, scorer, sinks, window, topk, log_gamma=None, de
 # ---------------------------------------------------------------- feeding a cache
 def run_whole(model, ids, cache):
     with torch.no_grad():
-        return model(ids, past_key_values=cache).logits
+        return model(ids, **with_cache(model, cache)).logits
 
 
 def run_tokens(model, ids, cache):
     with torch.no_grad():
-        return torch.cat([model(ids[:, i:i + 1], past_key_values=cache).logits for i in range(ids.shape[1])], 1)
+        return torch.cat([model(ids[:, i:i + 1], **with_cache(model, cache)).logits for i in range(ids.shape[1])], 1)
 
 
 def run_chunks(model, ids, cache, sizes=(3, 1, 7, 2, 9, 1, 5, 13)):
@@ -145,7 +147,7 @@ def run_chunks(model, ids, cache, sizes=(3, 1, 7, 2, 9, 1, 5, 13)):
         for n in sizes * 10:
             if i >= ids.shape[1]:
                 break
-            out.append(model(ids[:, i:i + n], past_key_values=cache).logits)
+            out.append(model(ids[:, i:i + n], **with_cache(model, cache)).logits)
             i += n
     return torch.cat(out, 1)
 

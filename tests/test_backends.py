@@ -60,6 +60,19 @@ def test_triton_off_cuda_needs_the_interpreter(monkeypatch):
     assert Backends(decode_attention="triton").resolve(CUDA).decode_attention == "triton"
 
 
+def test_triton_missing_is_an_import_error_naming_the_fix(monkeypatch):
+    import kvpop_hf.backends as backends
+
+    monkeypatch.setattr(backends, "triton_available", lambda: False)
+    assert Backends().resolve(CPU).decode_attention == "torch"  # auto off CUDA needs no triton
+    with pytest.raises(ImportError, match=r'pip install "kvpop-hf\[gpu\]".*KVPOP_DECODE_ATTENTION=torch'):
+        Backends(decode_attention="triton").resolve(CPU)
+    with pytest.raises(ImportError, match=r"kvpop-hf\[gpu\].*KVPOP_CHUNK_CUTOFF=blocked"):
+        Backends(chunk_cutoff="triton").resolve(CPU)
+    with pytest.raises(ImportError, match=r"kvpop-hf\[gpu\]"):
+        Backends().resolve(CUDA)  # auto on CUDA is the Triton kernels
+
+
 def test_topk_backend_honours_the_device(monkeypatch):
     from kvpop_hf.flex_mask import _topk_backend
 

@@ -8,6 +8,7 @@ import torch
 from helpers import distinct_ids, tiny_model
 from kvpop_hf import KVpopCache
 from kvpop_hf.baselines.dms import DMSCache
+from kvpop_hf.compat import with_cache
 
 
 def test_model_is_accepted_for_its_config():
@@ -38,9 +39,9 @@ def _stock_warnings(model, ids, cache, sizes):
         with torch.no_grad():
             i = 0
             for n in sizes:
-                model(ids[:, i:i + n], past_key_values=cache)
+                model(ids[:, i:i + n], **with_cache(model, cache))
                 i += n
-            model(ids[:, i:i + 1], past_key_values=cache)  # the last chunk is committed here
+            model(ids[:, i:i + 1], **with_cache(model, cache))  # the last chunk is committed here
     return [r for r in record if "stock attention" in str(r.message)]
 
 

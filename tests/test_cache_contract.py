@@ -6,6 +6,7 @@ from transformers import DynamicCache
 
 from helpers import distinct_ids, reference_logits, run_chunks, run_tokens, run_whole, tiny_model
 from kvpop_hf import KVpopCache
+from kvpop_hf.compat import with_cache
 
 ARCHS = ["qwen3", "llama", "qwen2", "mistral"]
 S, W, K = 2, 5, 6
@@ -23,8 +24,8 @@ def test_large_budget_equals_dynamic_cache(arch, attn):
         cache = KVpopCache(model.config, sinks=2, window=4, topk=24, scorer="knorm")  # B = 30
         torch.testing.assert_close(feed(model, ids, cache), dense, atol=2e-5, rtol=0)
     gen_kw = dict(max_new_tokens=12, do_sample=False, pad_token_id=0)
-    ref = model.generate(ids, past_key_values=DynamicCache(config=model.config), **gen_kw)
-    out = model.generate(ids, past_key_values=KVpopCache(model.config, sinks=2, window=4, topk=40), **gen_kw)
+    ref = model.generate(ids, **with_cache(model, DynamicCache(config=model.config)), **gen_kw)
+    out = model.generate(ids, **with_cache(model, KVpopCache(model.config, sinks=2, window=4, topk=40)), **gen_kw)
     assert torch.equal(out, ref)
 
 
@@ -37,7 +38,7 @@ def _run_chunks_with_positions(model, ids, cache, sizes=(3, 1, 7, 2, 9, 1, 5, 13
                 break
             chunk = ids[:, i:i + n]
             pos = torch.arange(i, i + chunk.shape[1]).expand(ids.shape[0], -1)
-            out.append(model(chunk, position_ids=pos, past_key_values=cache).logits)
+            out.append(model(chunk, position_ids=pos, **with_cache(model, cache)).logits)
             i += n
     return torch.cat(out, 1)
 
@@ -95,6 +96,6 @@ def test_stock_attention_warns_for_chunks_and_decode_is_exact():
     ref, _ = reference_logits(model, ids, cache.scorer, S, W, K)
     with pytest.warns(UserWarning, match="stock attention"):
         run_chunks(model, ids, cache, sizes=(8, 8, 8, 6))
-        model(ids[:, :1], past_key_values=cache)  # the unused plan is noticed at the next update
+        model(ids[:, :1], **with_cache(model, cache))  # the unused plan is noticed at the next update
     tok = run_tokens(model, ids, KVpopCache(model.config, sinks=S, window=W, topk=K, scorer="knorm"))
     torch.testing.assert_close(tok, ref, atol=2e-5, rtol=0)

@@ -11,6 +11,7 @@ import torch
 from helpers import distinct_ids, reference_logits, run_chunks, tiny_model
 from kvpop_hf import KVpopCache
 from kvpop_hf.baselines.dms import DMSCache, DMSGate
+from kvpop_hf.compat import with_cache
 
 S, W, K = 2, 5, 6
 PROMPT = 30
@@ -27,7 +28,7 @@ def _fill_copy_and_drop(model, make, prompt, copies=2):
     nothing the copies hold keeps the original alive."""
     cache = make()
     with torch.no_grad():
-        model(prompt, past_key_values=cache)
+        model(prompt, **with_cache(model, cache))
     clones = [copy.deepcopy(cache) for _ in range(copies)]
     original = weakref.ref(cache)
     del cache
@@ -42,7 +43,7 @@ def _interleaved(model, caches, tails):
     with torch.no_grad():
         for i in range(tails[0].shape[1]):
             for j, (cache, tail) in enumerate(zip(caches, tails)):
-                out[j].append(model(tail[:, i:i + 1], past_key_values=cache).logits)
+                out[j].append(model(tail[:, i:i + 1], **with_cache(model, cache)).logits)
     return [torch.cat(o, 1) for o in out]
 
 
@@ -73,7 +74,7 @@ def test_copy_of_a_chunk_left_by_a_stock_attention_is_committed_first():
     cache = KVpopCache(model.config, sinks=S, window=W, topk=K, scorer="mlstm")
     with pytest.warns(UserWarning, match="stock attention"):
         with torch.no_grad():
-            model(prompt, past_key_values=cache)
+            model(prompt, **with_cache(model, cache))
         clone = copy.deepcopy(cache)
     assert all(layer.pending is None for layer in cache.layers + clone.layers)
     out_clone, out_orig = _interleaved(model, [clone, cache], [tail, tail])
@@ -90,7 +91,7 @@ def test_deep_copy_of_attention_scored_policy(policy):
     for tail, out in ((tail_a, out_a), (tail_b, out_b)):  # the same steps on a cache never copied
         fresh = make()
         with torch.no_grad():
-            model(prompt, past_key_values=fresh)
+            model(prompt, **with_cache(model, fresh))
         torch.testing.assert_close(out, _interleaved(model, [fresh], [tail])[0], atol=0, rtol=0)
 
 

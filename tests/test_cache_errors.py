@@ -7,6 +7,7 @@ import torch
 
 from helpers import tiny_config, tiny_model
 from kvpop_hf import KVpopCache, KVpopConfig
+from kvpop_hf.compat import with_cache
 
 
 @pytest.mark.parametrize("kw, match", [
@@ -52,15 +53,15 @@ def test_config_roundtrip_rejects_unknown_keys():
 def test_batch_change_needs_reset():
     model = tiny_model("qwen3")
     cache = KVpopCache(model.config, sinks=1, window=2, topk=3)
-    model(torch.ones(2, 4, dtype=torch.long), past_key_values=cache)
+    model(torch.ones(2, 4, dtype=torch.long), **with_cache(model, cache))
     with pytest.raises(ValueError, match="reset"):
-        model(torch.ones(3, 1, dtype=torch.long), past_key_values=cache)
+        model(torch.ones(3, 1, dtype=torch.long), **with_cache(model, cache))
 
 
 def test_crop_is_refused():
     model = tiny_model("qwen3")
     cache = KVpopCache(model.config, sinks=1, window=2, topk=3)
-    model(torch.ones(1, 4, dtype=torch.long), past_key_values=cache)
+    model(torch.ones(1, 4, dtype=torch.long), **with_cache(model, cache))
     with pytest.raises(NotImplementedError, match="cannot be cropped"):
         cache.crop(-1)
 
@@ -70,11 +71,11 @@ def test_layer_count_mismatch_is_named():
     ids = torch.arange(1, 9)[None]
     too_few = KVpopCache(shallow.config, sinks=1, window=2, topk=3)  # 2 layers, used on a 3-layer model
     with pytest.raises(ValueError, match="updates layer 2, but this KVpopCache has 2 layers"):
-        deep(ids, past_key_values=too_few)
+        deep(ids, **with_cache(deep, too_few))
     too_many = KVpopCache(deep.config, sinks=1, window=2, topk=3)  # 3 layers, used on a 2-layer model
-    shallow(ids, past_key_values=too_many)  # nothing tells the cache the model's depth yet
+    shallow(ids, **with_cache(shallow, too_many))  # nothing tells the cache the model's depth yet
     with pytest.raises(ValueError, match="updated 2 of this KVpopCache's 3 layers"):
-        shallow(ids[:, :1], past_key_values=too_many)
+        shallow(ids[:, :1], **with_cache(shallow, too_many))
 
 
 def test_failed_forward_asks_for_reset():
@@ -86,12 +87,12 @@ def test_failed_forward_asks_for_reset():
 
     handle = model.model.layers[1].self_attn.register_forward_pre_hook(boom, with_kwargs=True)
     with pytest.raises(RuntimeError, match="boom"):
-        model(torch.arange(1, 6)[None], past_key_values=cache)
+        model(torch.arange(1, 6)[None], **with_cache(model, cache))
     handle.remove()
     with pytest.raises(ValueError, match="cache.reset"):
-        model(torch.arange(1, 6)[None], past_key_values=cache)
+        model(torch.arange(1, 6)[None], **with_cache(model, cache))
     cache.reset()
-    model(torch.arange(1, 6)[None], past_key_values=cache)
+    model(torch.arange(1, 6)[None], **with_cache(model, cache))
 
 
 @pytest.mark.parametrize("scorer, kwargs, match", [
@@ -109,8 +110,8 @@ def test_stock_attention_warning_points_at_the_caller():
     model = tiny_model("qwen3", attn="sdpa")
     cache = KVpopCache(model.config, sinks=1, window=2, topk=3)
     with pytest.warns(UserWarning, match="stock attention") as record:
-        model(torch.arange(1, 9)[None], past_key_values=cache)
-        model(torch.arange(1, 9)[None], past_key_values=cache)  # the unused chunk is noticed here
+        model(torch.arange(1, 9)[None], **with_cache(model, cache))
+        model(torch.arange(1, 9)[None], **with_cache(model, cache))  # the unused chunk is noticed here
     ours = [r for r in record if "stock attention" in str(r.message)]
     assert [r.filename for r in ours] == [__file__]
 
@@ -124,8 +125,9 @@ def _passes_position_ids_to_update() -> bool:
 
 
 def _generate(model, ids, mask):
-    return model.generate(ids, attention_mask=mask, past_key_values=KVpopCache(model.config, sinks=1, window=2, topk=2),
-                          max_new_tokens=4, do_sample=False, pad_token_id=0)
+    cache = KVpopCache(model.config, sinks=1, window=2, topk=2)
+    return model.generate(ids, attention_mask=mask, **with_cache(model, cache), max_new_tokens=4, do_sample=False,
+                          pad_token_id=0)
 
 
 def _left_padded_batch_under_sdpa():

@@ -5,6 +5,7 @@ import torch
 
 from helpers import distinct_ids, left_padded, reference_logits, tiny_model
 from kvpop_hf import KVpopCache
+from kvpop_hf.compat import with_cache
 
 S, W, K = 2, 6, 8  # B = 16
 
@@ -14,11 +15,11 @@ def test_fixed_memory_after_ten_times_budget(scorer):
     model = tiny_model("qwen3")
     cache = KVpopCache(model.config, sinks=S, window=W, topk=K, scorer=scorer)
     ids = distinct_ids(2, 20)
-    model.generate(ids, past_key_values=cache, max_new_tokens=1, do_sample=False, pad_token_id=0)
+    model.generate(ids, **with_cache(model, cache), max_new_tokens=1, do_sample=False, pad_token_id=0)
     # every buffer the cache holds (keys, values, positions, priorities, counts, scorer state) keeps its storage:
     # nothing is reallocated or grows, whatever the length (memory_bytes() alone would be constant by construction)
     ptrs = [[(t.data_ptr(), t.numel()) for t in layer._buffers()] for layer in cache.layers]
-    model.generate(ids, past_key_values=cache, max_new_tokens=10 * cache.budget, min_new_tokens=10 * cache.budget,
+    model.generate(ids, **with_cache(model, cache), max_new_tokens=10 * cache.budget, min_new_tokens=10 * cache.budget,
                    do_sample=False, pad_token_id=0)
     assert cache.get_seq_length() >= 10 * cache.budget
     assert [[(t.data_ptr(), t.numel()) for t in layer._buffers()] for layer in cache.layers] == ptrs
@@ -37,9 +38,10 @@ def test_left_padding_matches_unpadded_rows(scorer):
     gen = dict(max_new_tokens=12, do_sample=False, pad_token_id=0, return_dict_in_generate=True, output_logits=True)
     for chunk in (None, 7):
         extra = {} if chunk is None else {"prefill_chunk_size": chunk}
-        batched = model.generate(ids, attention_mask=mask, past_key_values=KVpopCache(model.config, **kw), **gen, **extra)
+        batched = model.generate(ids, attention_mask=mask, **with_cache(model, KVpopCache(model.config, **kw)), **gen,
+                                 **extra)
         for i, r in enumerate(rows):
-            single = model.generate(r[None], past_key_values=KVpopCache(model.config, **kw), **gen)
+            single = model.generate(r[None], **with_cache(model, KVpopCache(model.config, **kw)), **gen)
             new = single.sequences[0, len(r):]  # may stop early at EOS
             assert torch.equal(batched.sequences[i, width:width + len(new)], new)
             for a, b in zip(batched.logits, single.logits):
@@ -53,7 +55,7 @@ def test_padding_never_stored():
     mask[1, :9] = 0
     cache = KVpopCache(model.config, sinks=S, window=W, topk=K)
     with torch.no_grad():
-        model(ids, attention_mask=mask, past_key_values=cache)
+        model(ids, attention_mask=mask, **with_cache(model, cache))
     pos = cache.stored_positions(0)
     assert pos[1].max() == 25 - 9 - 1 and (pos[1][pos[1] >= 0] < 16).all()
     assert set(pos[1, 0, :S].tolist()) == {0, 1}  # the sinks are the first *real* tokens
@@ -70,7 +72,7 @@ def test_beam_search_matches_reference():
     model = tiny_model("qwen3")
     ids = distinct_ids(1, 18, seed=7)
     cache = KVpopCache(model.config, sinks=S, window=W, topk=K, scorer="mlp")
-    out = model.generate(ids, past_key_values=cache, num_beams=3, num_return_sequences=3, max_new_tokens=10,
+    out = model.generate(ids, **with_cache(model, cache), num_beams=3, num_return_sequences=3, max_new_tokens=10,
                          do_sample=False, length_penalty=0.0, early_stopping=True, pad_token_id=0,
                          output_scores=True, return_dict_in_generate=True)
     for seq, score in zip(out.sequences, out.sequences_scores):
@@ -82,9 +84,9 @@ def test_multi_turn_reuse_matches_reference():
     model = tiny_model("qwen3")
     cache = KVpopCache(model.config, sinks=S, window=W, topk=K, scorer="mlstm")
     turn1 = distinct_ids(1, 15, seed=8)
-    out1 = model.generate(turn1, past_key_values=cache, max_new_tokens=8, do_sample=False, pad_token_id=0)
+    out1 = model.generate(turn1, **with_cache(model, cache), max_new_tokens=8, do_sample=False, pad_token_id=0)
     turn2 = torch.cat([out1, distinct_ids(1, 9, seed=9) + 0], dim=1)
-    out2 = model.generate(turn2, past_key_values=cache, max_new_tokens=8, do_sample=False, pad_token_id=0)
+    out2 = model.generate(turn2, **with_cache(model, cache), max_new_tokens=8, do_sample=False, pad_token_id=0)
     assert cache.get_seq_length() == out2.shape[1] - 1
     ref, _ = reference_logits(model, out2, cache.scorer, S, W, K)
     gen_positions = list(range(15, 23)) + list(range(out2.shape[1] - 8, out2.shape[1]))
@@ -94,8 +96,8 @@ def test_multi_turn_reuse_matches_reference():
     assert cache.get_seq_length() == 0
     fresh = KVpopCache(model.config, sinks=S, window=W, topk=K, scorer="mlstm")
     fresh.scorer.load_state_dict(cache.scorer.state_dict())
-    a = model.generate(turn1, past_key_values=cache, max_new_tokens=5, do_sample=False, pad_token_id=0)
-    b = model.generate(turn1, past_key_values=fresh, max_new_tokens=5, do_sample=False, pad_token_id=0)
+    a = model.generate(turn1, **with_cache(model, cache), max_new_tokens=5, do_sample=False, pad_token_id=0)
+    b = model.generate(turn1, **with_cache(model, fresh), max_new_tokens=5, do_sample=False, pad_token_id=0)
     assert torch.equal(a, b)
 
 
@@ -105,7 +107,7 @@ def test_sampling_runs_and_is_seeded():
     outs = []
     for _ in range(2):
         torch.manual_seed(0)
-        outs.append(model.generate(ids, past_key_values=KVpopCache(model.config, sinks=S, window=W, topk=K),
+        outs.append(model.generate(ids, **with_cache(model, KVpopCache(model.config, sinks=S, window=W, topk=K)),
                                    do_sample=True, top_k=20, max_new_tokens=30, pad_token_id=0))
     assert torch.equal(outs[0], outs[1]) and outs[0].shape[1] == 50
 
@@ -115,7 +117,7 @@ def test_with_cache_uses_the_installed_transformers_keyword():
     5.17, `cache` later): generation uses the KVpopCache and raises no deprecation warning about it."""
     import warnings
 
-    from kvpop_hf.compat import cache_kwarg, with_cache
+    from kvpop_hf.compat import cache_kwarg
 
     model = tiny_model("qwen3", attn="kvpop").eval()
     ids = torch.randint(4, 100, (1, 40), generator=torch.Generator().manual_seed(0))

@@ -11,6 +11,7 @@ import torch
 
 from helpers import distinct_ids, tiny_config, tiny_model
 from kvpop_hf import KVpopCache
+from kvpop_hf.compat import with_cache
 from kvpop_hf.hub import CONFIG_NAME, WEIGHTS_NAME
 
 
@@ -39,8 +40,8 @@ def test_save_load_local_dir_bit_identical(tmp_path, scorer):
     assert torch.equal(_scores(loaded), _scores(cache))
     assert torch.equal(loaded.log_gamma, cache.log_gamma)
     ids = distinct_ids(1, 30)
-    a = model.generate(ids, past_key_values=cache, max_new_tokens=10, do_sample=False, pad_token_id=0)
-    b = model.generate(ids, past_key_values=loaded, max_new_tokens=10, do_sample=False, pad_token_id=0)
+    a = model.generate(ids, **with_cache(model, cache), max_new_tokens=10, do_sample=False, pad_token_id=0)
+    b = model.generate(ids, **with_cache(model, loaded), max_new_tokens=10, do_sample=False, pad_token_id=0)
     assert torch.equal(a, b)
 
 
@@ -89,7 +90,7 @@ def test_checkpoint_shape_mismatch_is_rejected(tmp_path):
     # without the model config the mismatch is caught at the first update, before attention runs
     loaded = KVpopCache.from_pretrained(tmp_path)
     with pytest.raises(ValueError, match="KV heads"):
-        other(distinct_ids(1, 5), past_key_values=loaded)
+        other(distinct_ids(1, 5), **with_cache(other, loaded))
 
 
 def test_corrupt_or_missing_weights(tmp_path):

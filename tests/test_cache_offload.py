@@ -9,6 +9,7 @@ import torch
 from helpers import distinct_ids, run_tokens, tiny_model
 from kvpop_hf import KVpopCache
 from kvpop_hf.baselines.dms import DMSCache
+from kvpop_hf.compat import with_cache
 
 
 def _tensors(layer):
@@ -26,7 +27,7 @@ def _filled(make, seed=0):
     model = tiny_model("qwen3")
     cache = make(model)
     with torch.no_grad():
-        model(distinct_ids(1, 30, seed=seed), past_key_values=cache)
+        model(distinct_ids(1, 30, seed=seed), **with_cache(model, cache))
     return model, cache
 
 

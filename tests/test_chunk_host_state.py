@@ -5,6 +5,7 @@ import torch
 
 from helpers import distinct_ids, reference_logits, run_chunks, tiny_model
 from kvpop_hf import KVpopCache
+from kvpop_hf.compat import with_cache
 
 
 def test_full_flag_follows_the_stored_length():
@@ -13,14 +14,14 @@ def test_full_flag_follows_the_stored_length():
     ids = distinct_ids(1, 30, seed=3)
     layer = lambda: cache.layers[0]  # noqa: E731
     with torch.no_grad():
-        model(ids[:, :6], past_key_values=cache)
+        model(ids[:, :6], **with_cache(model, cache))
         assert not layer()._full_on_host and layer().stored_length() == 6
         for t in range(6, 9):  # decode steps: the flag is left alone, the length is read from the device
-            model(ids[:, t:t + 1], past_key_values=cache)
+            model(ids[:, t:t + 1], **with_cache(model, cache))
         assert not layer()._full_on_host and layer().stored_length() == 9
-        model(ids[:, 9:10], past_key_values=cache)
+        model(ids[:, 9:10], **with_cache(model, cache))
         assert layer().stored_length() == 10 and layer()._full_on_host  # learnt from the device once
-        model(ids[:, 10:17], past_key_values=cache)
+        model(ids[:, 10:17], **with_cache(model, cache))
         assert layer()._full_on_host and layer().stored_length() == 10
     cache.reset()
     assert not layer()._full_on_host and layer().stored_length() == 0

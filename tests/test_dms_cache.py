@@ -8,6 +8,7 @@ from transformers import AttentionInterface, AttentionMaskInterface, DynamicCach
 import kvpop_hf  # noqa: F401
 from helpers import distinct_ids, tiny_model
 from kvpop_hf.baselines.dms import DMSCache, DMSGate
+from kvpop_hf.compat import with_cache
 from references import hard_visibility_reference
 
 SINKS, WINDOW = 2, 5
@@ -80,7 +81,7 @@ def test_chunked_prefill_and_decode_equal_brute_force(chunks):
     outs, start = [], 0
     with torch.no_grad():
         for n in chunks:
-            outs.append(model(ids[:, start:start + n], past_key_values=cache, use_cache=True).logits)
+            outs.append(model(ids[:, start:start + n], **with_cache(model, cache), use_cache=True).logits)
             start += n
             kept = _kept_reference({li: e[..., :start] for li, e in evict.items()}, start)
             for li in range(2):
@@ -98,7 +99,7 @@ def test_generate_memory_is_ragged_and_freed():
     gate = _gate(model, seed=1, bias=1.0)  # evicts most tokens
     ids = distinct_ids(1, 12)
     cache = DMSCache(model.config, gate=gate, sinks=SINKS, window=WINDOW)
-    out = model.generate(ids, past_key_values=cache, max_new_tokens=40, do_sample=False)
+    out = model.generate(ids, **with_cache(model, cache), max_new_tokens=40, do_sample=False)
     seen = out.shape[1] - 1
     kept = cache.kept_counts()
     assert int(kept.max()) < seen  # tokens were freed ...
@@ -118,9 +119,9 @@ def test_left_padded_batch_equals_rows_alone():
     mask = torch.ones_like(ids)
     mask[1, :4] = 0
     cache = DMSCache(model.config, gate=gate, sinks=SINKS, window=WINDOW)
-    out = model.generate(ids, attention_mask=mask, past_key_values=cache, max_new_tokens=8, do_sample=False)
+    out = model.generate(ids, attention_mask=mask, **with_cache(model, cache), max_new_tokens=8, do_sample=False)
     for row, x in ((0, a), (1, b)):
-        alone = model.generate(x, past_key_values=DMSCache(model.config, gate=gate, sinks=SINKS, window=WINDOW),
+        alone = model.generate(x, **with_cache(model, DMSCache(model.config, gate=gate, sinks=SINKS, window=WINDOW)),
                                max_new_tokens=8, do_sample=False)
         assert torch.equal(out[row, -8:], alone[0, -8:])
 
@@ -130,9 +131,9 @@ def test_gate_that_never_evicts_is_the_dense_model():
     ids = distinct_ids(1, 20)
     cache = DMSCache(model.config, sinks=SINKS, window=WINDOW)  # fresh gate: bias < 0, weights 0
     with torch.no_grad():
-        got = model(ids[:, :13], past_key_values=cache).logits
-        got = torch.cat([got] + [model(ids[:, i:i + 1], past_key_values=cache).logits for i in range(13, 20)], 1)
-        ref = model(ids, past_key_values=DynamicCache()).logits
+        got = model(ids[:, :13], **with_cache(model, cache)).logits
+        got = torch.cat([got] + [model(ids[:, i:i + 1], **with_cache(model, cache)).logits for i in range(13, 20)], 1)
+        ref = model(ids, **with_cache(model, DynamicCache())).logits
     torch.testing.assert_close(got, ref, atol=2e-5, rtol=1e-4)
     assert cache.compression()["kept_fraction"] == 1.0
 
@@ -151,7 +152,7 @@ def test_errors():
     model.set_attn_implementation("sdpa")
     with pytest.raises(ValueError, match="attn_implementation='kvpop'"):
         with torch.no_grad():
-            model(distinct_ids(1, 6), past_key_values=cache)
+            model(distinct_ids(1, 6), **with_cache(model, cache))
     model.set_attn_implementation("kvpop")
     with pytest.raises(FileNotFoundError, match="no such directory: /nonexistent/dms"):
         DMSCache.from_pretrained("/nonexistent/dms")

@@ -11,6 +11,7 @@ from torch.nn import functional as F
 from helpers import distinct_ids, left_padded, reference_logits, run_chunks, run_whole, tiny_model
 from kvpop_hf import KVpopCache
 from kvpop_hf.chunk_attention import flex_chunk_attention as _flex_chunk_attention
+from kvpop_hf.compat import with_cache
 from kvpop_hf.flex_mask import chunk_cutoff, chunk_cutoff_reference, dense_from_compact
 from kvpop_hf.layer import ChunkPlan
 
@@ -148,7 +149,7 @@ def test_flex_left_padding_with_prefill_chunks(scorer):
     for mode, chunk in (("dense", 7), ("flex", 7), ("flex", None)):
         extra = {} if chunk is None else {"prefill_chunk_size": chunk}
         cache = KVpopCache(model.config, **kw, backends={"chunk_attention": mode})
-        outs[mode, chunk] = model.generate(ids, attention_mask=mask, past_key_values=cache, **gen, **extra)
+        outs[mode, chunk] = model.generate(ids, attention_mask=mask, **with_cache(model, cache), **gen, **extra)
     base = outs["dense", 7]
     for key, out in outs.items():
         assert torch.equal(out.sequences, base.sequences), key
@@ -157,7 +158,7 @@ def test_flex_left_padding_with_prefill_chunks(scorer):
     # a padded row equals the unpadded row run alone (through the flex path)
     i, r = 1, rows[1]
     cache = KVpopCache(model.config, **kw, backends={"chunk_attention": "flex"})
-    single = model.generate(r[None], past_key_values=cache, **gen, prefill_chunk_size=7)
+    single = model.generate(r[None], **with_cache(model, cache), **gen, prefill_chunk_size=7)
     for a, b in zip(outs["flex", 7].logits, single.logits):
         torch.testing.assert_close(a[i], b[0], atol=2e-5, rtol=0)
 

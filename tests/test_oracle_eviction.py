@@ -6,6 +6,7 @@ from transformers import Qwen3Config, Qwen3ForCausalLM
 
 import kvpop_hf  # noqa: F401  (registers the "kvpop" attention)
 from kvpop_hf import KVpopCache
+from kvpop_hf.compat import with_cache
 from kvpop_hf.testbed.oracle import OUTSIDE, OracleScorer, oracle_table
 from kvpop_hf.trainer.targets import future_attention_target_reference
 
@@ -40,7 +41,7 @@ def test_cache_keeps_the_oracle_top_k(chunk):
     cache = KVpopCache(m.config, sinks=sinks, window=window, topk=topk, scorer=OracleScorer(table).bind_head_dim(16))
     step = chunk or S
     for s in range(0, S, step):
-        m(ids[:, s:s + step], past_key_values=cache, use_cache=True)
+        m(ids[:, s:s + step], **with_cache(m, cache), use_cache=True)
     for layer in range(2):
         kept = cache.stored_positions(layer)[0]
         for h in range(2):

@@ -1,6 +1,7 @@
 """The wheel carries what an installed kvpop-hf needs at run time (the model card template); the GPU
-run scripts parse."""
+run scripts parse; triton is optional."""
 
+import os
 import subprocess
 import sys
 import zipfile
@@ -41,3 +42,87 @@ def test_gpu_scripts_parse():
     for script in scripts:
         result = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)
         assert result.returncode == 0, f"{script.name}: {result.stderr}"
+
+
+_NO_TRITON = """
+import os, sys
+sys.modules["triton"] = None  # as if triton were not installed
+sys.path.insert(1, os.path.join(os.getcwd(), "tests"))
+"""
+
+
+def _run(code: str) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KVPOP_") and k != "TRITON_INTERPRET"}
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, env=env)
+
+
+def test_cpu_paths_work_without_triton():
+    """triton is optional (the ``gpu`` extra): with it unimportable, ``import kvpop_hf``, CPU generation through a
+    KVpopCache (the ``auto`` backends) and the kernels' torch references work, and asking for a Triton kernel is an
+    ImportError that names the fix."""
+    code = _NO_TRITON + """
+import torch
+import kvpop_hf
+from helpers import tiny_model
+from kvpop_hf import Backends, KVpopCache
+from kvpop_hf.compat import with_cache
+from kvpop_hf.decode_attention import decode_attention_for, split_decode_kernel
+from kvpop_hf.scorers.mlstm_decode_triton import mlstm_decode_priority_reference  # noqa: F401
+from kvpop_hf.topk import running_topk
+
+model = tiny_model("qwen3")
+cache = KVpopCache(model.config, sinks=2, window=4, topk=6, scorer="mlstm")
+with torch.no_grad():
+    model(torch.arange(1, 10)[None], **with_cache(model, cache))
+    for i in range(12):
+        model(torch.tensor([[5 + i]]), **with_cache(model, cache))
+assert cache.get_seq_length() == 21
+assert cache.layers[0].backends == Backends.defaults("cpu")
+running_topk(torch.randn(2, 16), 1, 2, 3)
+assert not [m for m in sys.modules if m.startswith("kvpop_hf") and m.endswith("fenwick_triton")]
+errors = []
+calls = [lambda: running_topk(torch.randn(2, 16), 1, 2, 3, backend="triton"), split_decode_kernel,
+         lambda: decode_attention_for("triton"), lambda: Backends(mlstm_step="triton").resolve("cpu"),
+         lambda: Backends().resolve("cuda"), lambda: Backends(chunk_cutoff="triton").resolve("cpu")]
+for call in calls:
+    try:
+        call()
+    except ImportError as e:
+        errors.append(str(e))
+os.environ["KVPOP_DECODE_EVICTION"] = "triton"
+try:
+    with torch.no_grad():
+        model(torch.tensor([[5]]), **with_cache(model, KVpopCache(model.config, sinks=2, window=4, topk=6)))
+except ImportError as e:
+    errors.append(str(e))
+print(len(errors), all('pip install "kvpop-hf[gpu]"' in e for e in errors))
+"""
+    res = _run(code)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert res.stdout.split()[-2:] == ["7", "True"], res.stdout
+
+
+def test_import_does_not_import_triton():
+    """``import kvpop_hf`` imports no triton of its own: no kvpop_hf module runs ``import triton`` and none binds
+    a Triton kernel until one is first used (torch's dynamo, which transformers imports, may import an installed
+    triton itself)."""
+    code = """
+import builtins, sys
+importers = []
+_import = builtins.__import__
+
+def spy(name, globals=None, *args, **kwargs):
+    if name.split(".")[0] == "triton" and (globals or {}).get("__name__", "").startswith("kvpop_hf"):
+        importers.append(globals["__name__"])
+    return _import(name, globals, *args, **kwargs)
+
+builtins.__import__ = spy
+import kvpop_hf, kvpop_hf.decode_attention as a, kvpop_hf.decode_eviction as e, kvpop_hf.topk
+import kvpop_hf.scorers.mlstm_decode_triton as m
+kernels = {a: "_split_decode", e: "_evict_insert", m: "_mlstm_decode"}
+bound = [x.__name__ for x, k in kernels.items() if getattr(x, k) is not None or "tl" in vars(x)]
+print(sorted(set(importers)), bound, [n for n in sys.modules if n.endswith("fenwick_triton")])
+"""
+    res = _run(code)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert res.stdout.strip() == "[] [] []", res.stdout

@@ -11,6 +11,7 @@ from transformers import DynamicCache
 
 from helpers import distinct_ids, tiny_model
 from kvpop_hf import KVpopCache
+from kvpop_hf.compat import with_cache
 
 PAD, LENGTH, STEPS = 40, 50, 6
 
@@ -41,11 +42,11 @@ def _loop(model, cache, ids, mask, steps, positions=False):
         return (m.cumsum(-1) - 1).clamp_min(0)[:, -n:] if positions else None
 
     with torch.no_grad():
-        out = model(ids, attention_mask=mask, position_ids=pos(mask, ids.shape[1]), past_key_values=cache).logits
+        out = model(ids, attention_mask=mask, position_ids=pos(mask, ids.shape[1]), **with_cache(model, cache)).logits
         for i in range(steps.shape[1]):
             mask = torch.cat([mask, torch.ones_like(mask[:, :1])], 1)
             out = model(steps[:, i:i + 1], attention_mask=mask, position_ids=pos(mask, 1),
-                        past_key_values=cache).logits
+                        **with_cache(model, cache)).logits
     return out[:, -1]
 
 

@@ -9,6 +9,7 @@ from transformers import AutoModelForCausalLM
 
 from helpers import distinct_ids, tiny_model
 from kvpop_hf import KVpopCache
+from kvpop_hf.compat import with_cache
 from kvpop_hf.trainer import KVpopTrainer, KVpopTrainingArguments, StudentSettings, student_forward
 
 BUDGET = dict(sinks=2, window=5, topk=6)
@@ -33,7 +34,7 @@ def test_student_forward_matches_cache():
     for scorer in ("mlp", "mlstm"):
         cache = KVpopCache(model.config, scorer=scorer, log_gamma=-0.3, decay_step=4, **BUDGET)
         with torch.no_grad():
-            expect = model(ids, past_key_values=cache).logits
+            expect = model(ids, **with_cache(model, cache)).logits
         model.set_attn_implementation("kvpop_train")
         for backend in ("flex", "reference"):
             st = StudentSettings(decay_step=4, attention_backend=backend, **BUDGET)
@@ -62,7 +63,7 @@ def test_train_save_load_resume(tmp_path):
         assert torch.equal(cache.scorer.state_dict()[k], v.float())
     assert json.loads((ckpt / "kvpop_config.json").read_text())["topk"] == BUDGET["topk"]
     lm.set_attn_implementation("kvpop")
-    out = lm.generate(distinct_ids(1, 20), past_key_values=cache, max_new_tokens=5, do_sample=False, pad_token_id=0)
+    out = lm.generate(distinct_ids(1, 20), **with_cache(lm, cache), max_new_tokens=5, do_sample=False, pad_token_id=0)
     assert out.shape[1] == 25
     # resume continues from the checkpoint with the same scorer weights
     model2 = tiny_model("qwen3", attn="sdpa", seed=1)

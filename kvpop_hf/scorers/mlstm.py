@@ -116,9 +116,11 @@ class MLSTMScorer(Scorer):
     # -- Scorer interface --------------------------------------------------------------------
     def decode_kernel(self, device):
         """The fused Triton step; a layer runs it where its ``Backends.mlstm_step`` is ``"triton"`` (the CUDA
-        default, docs/backends.md), else the torch path (``absorb_and_read``), which is its reference."""
-        from .mlstm_decode_triton import mlstm_decode_priority_triton
+        default, docs/backends.md), else the torch path (``absorb_and_read``), which is its reference. The kernel is
+        defined now (triton imported), outside any compiled decode step."""
+        from .mlstm_decode_triton import mlstm_decode_kernel, mlstm_decode_priority_triton
 
+        mlstm_decode_kernel()
         return mlstm_decode_priority_triton
 
     def init_state(self, layer_idx, batch_size, device):

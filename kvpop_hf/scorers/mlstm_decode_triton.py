@@ -28,10 +28,10 @@ import math
 import torch
 
 from ..decode_eviction import read_entry
-from ..kernels import tl, triton
+from ..kernels import next_pow2, require_triton
 from ..priority import decayed_priorities
 
-__all__ = ["mlstm_decode_priority_reference", "mlstm_decode_priority_triton"]
+__all__ = ["mlstm_decode_kernel", "mlstm_decode_priority_reference", "mlstm_decode_priority_triton"]
 
 
 def mlstm_decode_priority_reference(scorer, layer_idx: int, state, keys, values, pos, seen, k_new, v_new,
@@ -45,7 +45,18 @@ def mlstm_decode_priority_reference(scorer, layer_idx: int, state, keys, values,
     return decayed_priorities(r, pos_r.clamp_min(0), log_gamma, decay_step)
 
 
-if triton is not None:
+_mlstm_decode = None  # the Triton kernel, once mlstm_decode_kernel() has defined it
+
+
+def mlstm_decode_kernel():
+    """The fused mLSTM decode-step kernel, defined on the first call (importing this module does not import
+    triton); ImportError naming the fix without triton."""
+    global triton, tl, _project, _gate, _mlstm_decode  # module globals: Triton resolves a kernel's names there
+    if _mlstm_decode is not None:
+        return _mlstm_decode
+    triton, tl = require_triton("mlstm_decode_priority_triton (Backends.mlstm_step='triton')",
+                                hint="; or choose Backends(mlstm_step='torch') (KVPOP_MLSTM_STEP=torch)")
+
     @triton.jit
     def _project(xk, xv, w, od, odv, ods, md, mdv, mds, D: tl.constexpr, DV: tl.constexpr, DS: tl.constexpr):
         """``[xk; xv] @ w`` for one head, w ``[D + DV, DS]`` row-major -> ``[BLOCK_DS]``."""
@@ -61,11 +72,11 @@ if triton is not None:
         return tl.sum(xk * top, axis=0) + tl.sum(xv * bot, axis=0)
 
     @triton.jit
-    def mlstm_decode_kernel(keys, values, pos, seen, k_new, v_new, C, n, wq, wk, wv, wi, wf, bi, bf, a, b,
-                            w_tok, b_tok, a_tok, log_gamma, p_out, H, B, decay_step, q_scale,
-                            D: tl.constexpr, DV: tl.constexpr, DS: tl.constexpr, S: tl.constexpr,
-                            W: tl.constexpr, READ_NEW: tl.constexpr, HAS_DECAY: tl.constexpr, TOKEN: tl.constexpr,
-                            BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_DS: tl.constexpr):
+    def _mlstm_decode(keys, values, pos, seen, k_new, v_new, C, n, wq, wk, wv, wi, wf, bi, bf, a, b,
+                      w_tok, b_tok, a_tok, log_gamma, p_out, H, B, decay_step, q_scale,
+                      D: tl.constexpr, DV: tl.constexpr, DS: tl.constexpr, S: tl.constexpr,
+                      W: tl.constexpr, READ_NEW: tl.constexpr, HAS_DECAY: tl.constexpr, TOKEN: tl.constexpr,
+                      BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_DS: tl.constexpr):
         row = tl.program_id(0)  # row = batch * H + head
         head = row % H
         t = tl.load(seen + row // H)
@@ -117,6 +128,8 @@ if triton is not None:
             r = r - blocks * tl.load(log_gamma + head).to(tl.float32)
         tl.store(p_out + row, r)
 
+    return _mlstm_decode
+
 
 def mlstm_decode_priority_triton(scorer, layer_idx: int, state, keys, values, pos, seen, k_new, v_new,
                                  sinks: int, window: int, log_gamma: torch.Tensor | None, decay_step: int,
@@ -141,11 +154,9 @@ def mlstm_decode_priority_triton(scorer, layer_idx: int, state, keys, values, po
         token = [getattr(scorer, w)[layer_idx].float().contiguous() for w in ("wt", "bt", "at")]
     else:
         token = [torch.empty(1, device=keys.device)] * 3
-    mlstm_decode_kernel[(b * h,)](
+    mlstm_decode_kernel()[(b * h,)](
         keys, values, pos, seen, k_new.reshape(b, h, d).contiguous(), v_new.reshape(b, h, dv).contiguous(), C, n,
         *weights, *token, gamma, p, h, B, decay_step, 1.0 / math.sqrt(ds),
         D=d, DV=dv, DS=ds, S=sinks, W=window, READ_NEW=read_new, HAS_DECAY=log_gamma is not None,
-        TOKEN=scorer.token_readout,
-        BLOCK_D=triton.next_power_of_2(d), BLOCK_DV=triton.next_power_of_2(dv),
-        BLOCK_DS=triton.next_power_of_2(ds))
+        TOKEN=scorer.token_readout, BLOCK_D=next_pow2(d), BLOCK_DV=next_pow2(dv), BLOCK_DS=next_pow2(ds))
     return p.view(b, h, 1)

@@ -9,18 +9,20 @@ k-th smallest inserted rank is found by binary lifting in O(log S).  The
 tree lives in a global int32 scratch buffer ``[rows, S + 1]`` (O(S) memory
 per row).
 
-This module imports triton at import time; ``kvpop_hf.topk`` imports it
-lazily.  ``TRITON_INTERPRET=1`` must be set *before* the first import to run
-the kernel on CPU through the Triton interpreter.
+This module imports triton at import time (an ImportError naming the fix
+without it); ``kvpop_hf.topk`` imports this module on the first use of the
+``"triton"`` backend.  ``TRITON_INTERPRET=1`` must be set *before* the first
+import to run the kernel on CPU through the Triton interpreter.
 """
 
 from __future__ import annotations
 
 import torch
-import triton
-import triton.language as tl
 
+from ..kernels import require_triton
 from .reference import RunningTopK, _ranks_and_order, _validate
+
+triton, tl = require_triton("The running top-k backend 'triton'", hint="; or use the backend 'wavelet' or 'torch'")
 
 __all__ = ["running_topk_triton"]
 
