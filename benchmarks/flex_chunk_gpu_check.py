@@ -21,6 +21,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
 from helpers import distinct_ids, tiny_model  # noqa: E402
 
 from kvpop_hf import KVpopCache  # noqa: E402
+from kvpop_hf.compat import with_cache  # noqa: E402
 from kvpop_hf.chunk_attention import flex_chunk_attention as _flex_chunk_attention  # noqa: E402
 from kvpop_hf.flex_mask import chunk_cutoff, chunk_cutoff_reference  # noqa: E402
 from kvpop_hf.layer import ChunkPlan  # noqa: E402
@@ -42,7 +43,7 @@ def run_chunks(model, ids, cache, sizes):
             for n in sizes:
                 if i >= ids.shape[1]:
                     break
-                out.append(model(ids[:, i:i + n], past_key_values=cache).logits)
+                out.append(model(ids[:, i:i + n], **with_cache(model, cache)).logits)
                 i += n
     return torch.cat(out, 1).float()
 
@@ -114,7 +115,7 @@ def model_checks(dev, archs=("qwen3", "llama"), dtypes=("float32", "bfloat16", "
             res = {}
             for mode in ("dense", "flex"):
                 cache = KVpopCache(model.config, **kw, backends={"chunk_attention": mode})
-                res[mode] = model.generate(pad_ids.to(dev), attention_mask=mask.to(dev), past_key_values=cache, **gen)
+                res[mode] = model.generate(pad_ids.to(dev), attention_mask=mask.to(dev), **with_cache(model, cache, **gen))
             same_seq = torch.equal(res["flex"].sequences, res["dense"].sequences)
             d = max((a.float() - b.float()).abs().max().item() for a, b in zip(res["flex"].logits, res["dense"].logits))
             log(check=f"{arch}/{str(dtype)[6:]}/left_pad_generate_chunk48", same_sequences=same_seq,

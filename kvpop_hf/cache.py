@@ -36,7 +36,7 @@ class KVpopCache(Cache):
 
         model = AutoModelForCausalLM.from_pretrained(path, attn_implementation="kvpop")
         cache = KVpopCache(model.config, sinks=4, window=256, topk=1788, scorer="knorm")
-        out = model.generate(ids, past_key_values=cache, max_new_tokens=4096)
+        out = model.generate(ids, **with_cache(model, cache, max_new_tokens=4096))  # kvpop_hf.compat
 
     For a prompt too long for one forward, fill the cache in chunks first and let ``generate`` continue
     (its decode steps stay compiled on CUDA): ``kvpop_hf.prefill_in_chunks(model, cache, ids, 16384)``.

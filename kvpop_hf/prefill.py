@@ -1,6 +1,6 @@
 """Chunked prefill outside any compiled call, for ``generate`` to continue with compiled decoding.
 
-On CUDA, ``model.generate(..., past_key_values=KVpopCache(...))`` compiles every forward it sends through
+On CUDA, ``model.generate(..., **with_cache(model, KVpopCache(...)))`` compiles every forward it sends through
 ``get_compiled_call`` -- the decode steps, and, with ``prefill_chunk_size``, the prompt chunks too. KVpop's
 chunk path (variable candidate sets, FlexAttention, the eviction bookkeeping) runs eagerly inside that call
 (graph breaks), and under CUDA graphs (``mode="reduce-overhead"``, transformers' default) that fails: the
@@ -11,7 +11,7 @@ long prompts are fed here instead::
 
     cache = KVpopCache.from_pretrained(repo, model.config)
     prefill_in_chunks(model, cache, input_ids, chunk_size=16384, attention_mask=attention_mask)
-    out = model.generate(input_ids, attention_mask=attention_mask, past_key_values=cache, max_new_tokens=256)
+    out = model.generate(input_ids, attention_mask=attention_mask, **with_cache(model, cache, max_new_tokens=256))
 
 ``generate`` sees the cache holding all but the last prompt token, forwards that one token eagerly and
 decodes with its compiled step (what ``benchmarks/generation_speed.py`` measures). The chunks are fed as

@@ -10,7 +10,7 @@ Example::
 
     model = AutoModelForCausalLM.from_pretrained(ckpt, attn_implementation="kvpop")
     cache = DMSCache.from_pretrained(ckpt, model.config)
-    out = model.generate(ids, past_key_values=cache, max_new_tokens=256)
+    out = model.generate(ids, **with_cache(model, cache, max_new_tokens=256))  # kvpop_hf.compat
     cache.compression()  # {"kept_fraction": ..., "eviction_ratio": [layers x kv_heads], ...}
 """
 
