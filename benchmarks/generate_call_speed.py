@@ -30,7 +30,6 @@ import csv
 import datetime as _dt
 import gc
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -125,8 +124,8 @@ def run_rows(args) -> list[dict]:
 
     device = torch.device(args.device)
     dtype = getattr(torch, args.dtype or ("bfloat16" if device.type == "cuda" else "float32"))
-    if args.compile_cache:
-        state = enable_compile_cache(args.compile_cache)
+    if args.compile_reuse:  # one of the two processes of --compile-reuse
+        state = enable_compile_cache(args.compile_reuse)
         print(f"[{args.process}] compile cache {state['directory']}: {state['loaded']} artifacts loaded", flush=True)
     model = build_model(args.shape, device, dtype, max(args.contexts) + args.new_tokens + 16)
     rows = []
@@ -141,8 +140,8 @@ def run_rows(args) -> list[dict]:
                           f"{row['decode_ms']} ms/step, {row['tokens_per_s']} tok/s, peak {row['peak_gb']} GB, "
                           f"first step {row['first_step_s']} s", flush=True)
                     rows.append(row)
-    if args.compile_cache and args.process == "first":
-        save_compile_cache(args.compile_cache)
+    if args.compile_reuse and args.process == "first":
+        save_compile_cache(args.compile_reuse)
     return rows
 
 
@@ -179,7 +178,6 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--static-max-batch", type=int, default=1 << 30, help="skip StaticCache rows above this batch")
     ap.add_argument("--compile-reuse", metavar="DIR", default=None,
                     help="run everything in two fresh processes sharing the compile cache DIR (process first/second)")
-    ap.add_argument("--compile-cache", default=None, help=argparse.SUPPRESS)  # set by --compile-reuse
     ap.add_argument("--process", default="first", choices=["first", "second"], help=argparse.SUPPRESS)
     ap.add_argument("--rows-json", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--out-prefix", default=None)
@@ -193,21 +191,18 @@ def main(argv=None) -> int:
         raise ValueError(f"--new-tokens {args.new_tokens} leaves no timed step after --warmup {args.warmup}: "
                          f"use --new-tokens >= {args.warmup + 3}.")
     command = "python benchmarks/generation_speed.py --via-generate " + " ".join(argv)
+    if args.rows_json:  # one process of --compile-reuse: rows to the parent, nothing written
+        Path(args.rows_json).write_text(json.dumps(run_rows(args)))
+        return 0
     if args.compile_reuse:
         rows = []
-        base = [a for i, a in enumerate(argv) if a != "--compile-reuse" and (i == 0 or argv[i - 1] != "--compile-reuse")]
-        base = [a for i, a in enumerate(base) if a != "--out-prefix" and (i == 0 or base[i - 1] != "--out-prefix")]
         with tempfile.TemporaryDirectory() as tmp:
             for label in ("first", "second"):
                 out = Path(tmp) / f"{label}.json"
-                subprocess.run([sys.executable, __file__, *base, "--compile-cache", args.compile_reuse,
-                                "--process", label, "--rows-json", str(out)], check=True, env=dict(os.environ))
+                subprocess.run([sys.executable, __file__, *argv, "--process", label, "--rows-json", str(out)], check=True)
                 rows += json.loads(out.read_text())
     else:
         rows = run_rows(args)
-        if args.rows_json:
-            Path(args.rows_json).write_text(json.dumps(rows))
-            return 0
     if args.out_prefix:
         write(Path(args.out_prefix), rows, command)
         print(f"wrote {Path(args.out_prefix).with_suffix('.csv')}")
