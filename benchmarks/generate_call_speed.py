@@ -15,7 +15,17 @@ over ``[context/2, context]``. A stopping criterion records the (synchronised) t
 ``first_step_s`` is the gap between the first token (end of prefill) and the second (the first compiled step,
 compilation included), ``decode_ms`` the median gap after ``--warmup`` more tokens, ``tokens_per_s = batch *
 1000 / decode_ms``, ``peak_gb`` the peak of allocated GPU memory during the call above the weights (0 on CPU).
-A row that runs out of memory is written with ``OOM``.
+A row that runs out of memory is written with ``OOM``; a row whose ``generate`` fails otherwise (e.g. an inductor
+error) is written with ``error`` and the failure printed, after ``torch._dynamo.reset()`` and one retry (see
+``--no-retry``).
+
+``--synthetic-from N``: rows of batch >= N skip the prefill and fill the cache in place with random keys and
+values (the state ``prefill_in_chunks`` leaves: every row holds its real tokens but the last, KVpop's slot layout
+per row, StaticCache's ``context - 1`` positions), then call ``generate`` the same way: decode speed and memory do
+not depend on the contents, and a 32k prefill of 128 rows would take minutes. Their ``peak_gb`` is the decode's
+(the prompt is not run). ``--static-contexts`` limits the StaticCache rows to some contexts. ``--profile-dir``
+writes a torch.profiler table (CPU and CUDA time) of three decode steps inside ``generate`` per (cache, scorer)
+at batch 1 and the first context, and the log prints each row's count of non-static CUDA-graph inputs.
 
 ``--compile-reuse DIR``: the whole measurement runs twice, in two fresh processes one after the other, both
 calling ``kvpop_hf.compile_cache.enable_compile_cache(DIR)`` first (the first one also saves the portable bundle
@@ -35,10 +45,11 @@ import subprocess
 import sys
 import tempfile
 import time
+import traceback
 from pathlib import Path
 
 import torch
-from transformers import StoppingCriteria, StoppingCriteriaList
+from transformers import StaticCache, StoppingCriteria, StoppingCriteriaList
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -54,16 +65,39 @@ COLUMNS = ["cache", "scorer", "context", "batch", "decode_ms", "tokens_per_s", "
 
 
 class StepTimes(StoppingCriteria):
-    """Records the time after each generated token (after a device synchronisation); never stops generation."""
+    """Records the time after each generated token (after a device synchronisation); never stops generation.
+    ``profile_at``: tokens after which a torch.profiler records three decode steps (``profile``: its table)."""
 
-    def __init__(self, device: torch.device):
+    PROFILED_STEPS = 3
+
+    def __init__(self, device: torch.device, profile_at: int | None = None):
         self.device, self.times = device, []
+        self.profile_at, self.profile, self._prof = profile_at, None, None
 
     def __call__(self, input_ids, scores, **kwargs):
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         self.times.append(time.perf_counter())
+        n = len(self.times)
+        if self.profile_at is not None and n == self.profile_at:
+            from torch.profiler import ProfilerActivity, profile
+
+            activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.device.type == "cuda" else [])
+            self._prof = profile(activities=activities)
+            self._prof.__enter__()
+        elif self._prof is not None and n == self.profile_at + self.PROFILED_STEPS:
+            self.stop_profile()
+            events = self._prof.key_averages()
+            sort = "cuda_time_total" if self.device.type == "cuda" else "cpu_time_total"
+            self.profile = (f"{self.PROFILED_STEPS} decode steps inside generate, sorted by {sort}\n"
+                            + events.table(sort_by=sort, row_limit=60) + "\n\nby self CPU time\n"
+                            + events.table(sort_by="self_cpu_time_total", row_limit=30))
+            self._prof = None
         return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+
+    def stop_profile(self) -> None:
+        if self._prof is not None:
+            self._prof.__exit__(None, None, None)
 
 
 def prompts(batch: int, context: int, vocab: int, device, seed: int = 0):
@@ -79,33 +113,117 @@ def prompts(batch: int, context: int, vocab: int, device, seed: int = 0):
     return ids.to(device), mask.to(device)
 
 
-def measure(model, cache_kind: str, scorer: str, context: int, batch: int, args, device) -> dict:
-    """One row (see the module docstring)."""
-    row = {"cache": cache_kind, "scorer": scorer if cache_kind == "kvpop" else "", "context": context,
-           "batch": batch, "process": args.process}
-    ids, mask = prompts(batch, context, model.config.vocab_size, device)
-    timer = StepTimes(device)
-    gen = dict(attention_mask=mask, max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens,
-               do_sample=False, stopping_criteria=StoppingCriteriaList([timer]), pad_token_id=0)
-    weights = torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
+def fill_kvpop_in_place(cache: KVpopCache, model, mask: torch.Tensor) -> None:
+    """The state ``prefill_in_chunks(model, cache, ids, n, mask)`` leaves, with random contents: row ``r`` has seen
+    ``mask[r].sum() - 1`` real tokens (its sinks, its newest ``window`` and ``topk`` distinct older tokens in the
+    long-range slots), the cache ``context - 1`` tokens with padding. One eager decode step allocates the buffers."""
+    batch, context = mask.shape
+    device = mask.device
+    model(input_ids=torch.ones(batch, 1, dtype=torch.long, device=device), **with_cache(model, cache, use_cache=True))
+    cfg = cache.kvpop_config
+    s, w, k, B = cfg.sinks, cfg.window, cfg.topk, cfg.budget
+    slots = torch.arange(B, device=device)
+    seen = mask.sum(1) - 1
+    pos = torch.empty(batch, B, dtype=torch.long, device=device)
+    for r, n in enumerate(seen.tolist()):
+        if n - w - s < k:
+            raise ValueError(f"--synthetic-from: row {r} holds {n} tokens, too few to fill {B} slots; raise --contexts")
+        pos[r] = torch.where(slots < s, slots, n - w + (slots - s - (n - w - s)) % w)  # ring slot of t: s + (t-s) % w
+        pos[r, s + w:] = s + torch.randperm(n - w - s, device=device)[:k].sort().values
+    for layer in cache.layers:
+        layer.keys.normal_()
+        layer.values.normal_()
+        layer.pos.copy_(pos[:, None, :].expand_as(layer.pos))
+        layer.prio.normal_()
+        layer.seen.copy_(seen)
+        layer.tokens.fill_(context - 1)
+        for t in layer.state or ():
+            t.normal_(std=0.01)
+
+
+def fill_static_in_place(model, batch: int, context: int, extra: int, device):
+    """A StaticCache of ``context + extra`` positions holding ``context - 1`` random ones (padding positions
+    included, as after generate's prefill; the attention mask hides them)."""
+    cache = StaticCache(config=model.config, max_cache_len=context + extra)
+    model(input_ids=torch.ones(batch, 1, dtype=torch.long, device=device), **with_cache(model, cache, use_cache=True))
+    for layer in cache.layers:
+        layer.keys.normal_()
+        layer.values.normal_()
+        layer.cumulative_length.fill_(context - 1)
+    if int(cache.get_seq_length()) != context - 1:
+        raise RuntimeError("this transformers' StaticCache does not report the filled length; drop --synthetic-from")
+    return cache
+
+
+def generate_once(model, cache_kind: str, scorer: str, ids, mask, gen: dict, args, synthetic: bool) -> None:
+    cache = None
     try:
         if cache_kind == "kvpop":
             model.set_attn_implementation("kvpop")
             sinks, window, topk = args.budget
             cache = KVpopCache(model.config, sinks=sinks, window=window, topk=topk, scorer=scorer)
-            prefill_in_chunks(model, cache, ids, args.prefill_chunk, attention_mask=mask)
+            if synthetic:
+                fill_kvpop_in_place(cache, model, mask)
+            else:
+                prefill_in_chunks(model, cache, ids, args.prefill_chunk, attention_mask=mask)
             model.generate(ids, **with_cache(model, cache, **gen))
         else:
             model.set_attn_implementation("sdpa")
-            model.generate(ids, cache_implementation="static", **gen)
-    except torch.cuda.OutOfMemoryError:
-        row.update(decode_ms="OOM", tokens_per_s="OOM", peak_gb="OOM", first_step_s="OOM")
-        return row
+            if synthetic:
+                cache = fill_static_in_place(model, ids.shape[0], ids.shape[1], args.new_tokens + 16, ids.device)
+                model.generate(ids, **with_cache(model, cache, **gen))
+            else:
+                model.generate(ids, cache_implementation="static", **gen)
     finally:
         cache = None
         gc.collect()
+
+
+def non_static_inputs() -> int:
+    from torch._dynamo.utils import counters
+
+    return int(counters["inductor"].get("cudagraph_recorded_non_static_inputs", 0))
+
+
+def measure(model, cache_kind: str, scorer: str, context: int, batch: int, args, device, profile_to=None) -> dict:
+    """One row (see the module docstring)."""
+    row = {"cache": cache_kind, "scorer": scorer if cache_kind == "kvpop" else "", "context": context,
+           "batch": batch, "process": args.process}
+    synthetic = args.synthetic_from is not None and batch >= args.synthetic_from
+    ids, mask = prompts(batch, context, model.config.vocab_size, device)
+    timer = StepTimes(device, profile_at=args.warmup + 2 if profile_to else None)
+    gen = dict(attention_mask=mask, max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens,
+               do_sample=False, stopping_criteria=StoppingCriteriaList([timer]), pad_token_id=0)
+    weights = torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
+    inputs_before = non_static_inputs()
+    for attempt in range(1 if args.no_retry else 2):
+        try:
+            generate_once(model, cache_kind, scorer, ids, mask, gen, args, synthetic)
+            break
+        except torch.cuda.OutOfMemoryError:
+            row.update(decode_ms="OOM", tokens_per_s="OOM", peak_gb="OOM", first_step_s="OOM")
+            timer.stop_profile()
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+            return row
+        except Exception as err:  # e.g. torch._inductor.exc.InductorError: shown, then one retry after a reset
+            timer.stop_profile()
+            print(f"[{args.process}] {cache_kind} {scorer or '-'} ctx {context} batch {batch} attempt {attempt + 1}: "
+                  f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}", flush=True)
+            traceback.print_exc(limit=-6)
+            torch._dynamo.reset()
+            timer.times.clear()
+            if attempt == (0 if args.no_retry else 1):
+                row.update(decode_ms="error", tokens_per_s="error", peak_gb="error", first_step_s="error")
+                return row
+            print(f"[{args.process}] retrying after torch._dynamo.reset()", flush=True)
+    row["non_static_inputs"] = non_static_inputs() - inputs_before
+    row["synthetic"] = synthetic
+    if profile_to and timer.profile is not None:
+        Path(profile_to).write_text(timer.profile)
     t = timer.times
     if len(t) < args.warmup + 3:
         raise ValueError(f"{len(t)} tokens timed: raise --new-tokens above --warmup + 2")
@@ -133,16 +251,32 @@ def run_rows(args) -> list[dict]:
         for batch in args.batches:
             for kind in args.caches:
                 for scorer in (args.scorers if kind == "kvpop" else [""]):
-                    if kind == "static" and batch > args.static_max_batch:
+                    if kind == "static" and (batch > args.static_max_batch or (
+                            args.static_contexts is not None and context not in args.static_contexts)):
                         continue
-                    row = measure(model, kind, scorer, context, batch, args, device)
+                    profile_to = None
+                    if args.profile_dir and batch == 1 and context == args.contexts[0]:
+                        Path(args.profile_dir).mkdir(parents=True, exist_ok=True)
+                        profile_to = Path(args.profile_dir) / f"profile_{args.process}_{kind}_{scorer or 'dense'}.txt"
+                    row = measure(model, kind, scorer, context, batch, args, device, profile_to)
                     print(f"[{args.process}] {kind} {scorer or '-'} ctx {context} batch {batch}: "
                           f"{row['decode_ms']} ms/step, {row['tokens_per_s']} tok/s, peak {row['peak_gb']} GB, "
-                          f"first step {row['first_step_s']} s", flush=True)
+                          f"first step {row['first_step_s']} s, non-static graph inputs "
+                          f"{row.get('non_static_inputs', '-')}" + (" (filled in place)" if row.get("synthetic") else ""),
+                          flush=True)
                     rows.append(row)
     if args.compile_reuse and args.process == "first":
         save_compile_cache(args.compile_reuse)
     return rows
+
+
+MD_COLUMNS = COLUMNS + ["filled", "non_static_inputs"]
+
+
+def _md_cell(row: dict, key: str) -> str:
+    if key == "filled":
+        return "" if "synthetic" not in row else ("in place" if row["synthetic"] else "prefill")
+    return str(row.get(key, ""))
 
 
 def write(prefix: Path, rows: list[dict], command: str) -> None:
@@ -157,8 +291,10 @@ def write(prefix: Path, rows: list[dict], command: str) -> None:
              f"- command: `{command}`", f"- commit: {git_commit(ROOT)}",
              f"- date: {_dt.datetime.now(_dt.timezone.utc):%Y-%m-%d %H:%M UTC}",
              f"- versions: {json.dumps(vers)}", "",
-             "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
-    lines += ["| " + " | ".join(str(r.get(k, "")) for k in COLUMNS) + " |" for r in rows]
+             "- `filled`: `prefill` (the prompt run by prefill_in_chunks or generate) or `in place` (--synthetic-from: "
+             "random contents, decode only); `non_static_inputs`: CUDA-graph inputs copied at every replay", "",
+             "| " + " | ".join(MD_COLUMNS) + " |", "|" + "---|" * len(MD_COLUMNS)]
+    lines += ["| " + " | ".join(_md_cell(r, k) for k in MD_COLUMNS) + " |" for r in rows]
     prefix.with_suffix(".md").write_text("\n".join(lines) + "\n")
 
 
@@ -176,6 +312,12 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--warmup", type=int, default=8, help="tokens after the first compiled step left out of decode_ms")
     ap.add_argument("--static-max-batch", type=int, default=1 << 30, help="skip StaticCache rows above this batch")
+    ap.add_argument("--static-contexts", type=int, nargs="+", default=None,
+                    help="StaticCache rows at these contexts only (default: all)")
+    ap.add_argument("--synthetic-from", type=int, default=None, metavar="BATCH",
+                    help="rows of batch >= BATCH fill the cache in place instead of running the prompt")
+    ap.add_argument("--profile-dir", default=None, help="profile three decode steps per (cache, scorer) at batch 1")
+    ap.add_argument("--no-retry", action="store_true", help="a failed generate is not retried after a dynamo reset")
     ap.add_argument("--compile-reuse", metavar="DIR", default=None,
                     help="run everything in two fresh processes sharing the compile cache DIR (process first/second)")
     ap.add_argument("--process", default="first", choices=["first", "second"], help=argparse.SUPPRESS)

@@ -54,3 +54,49 @@ def test_too_few_tokens_is_refused():
 def test_left_padded_prompts():
     ids, mask = generate_call_speed.prompts(3, 10, 50, "cpu")
     assert mask.sum(1).tolist() == [10, 8, 5] and (ids[mask == 0] == 0).all() and mask[:, -1].all()
+
+
+def test_in_place_fill_matches_the_prefilled_layout():
+    """--synthetic-from leaves what prefill_in_chunks leaves, but for the contents: per row the tokens seen, the
+    sinks and window in their slots, topk distinct older tokens, and the padded token count."""
+    import torch
+    from kvpop_hf import KVpopCache, prefill_in_chunks
+
+    model = generation_speed.build_model("tiny", torch.device("cpu"), torch.float32, 512)
+    model.set_attn_implementation("kvpop")
+    ids, mask = generate_call_speed.prompts(3, 200, model.config.vocab_size, "cpu")
+    real = KVpopCache(model.config, sinks=4, window=16, topk=44, scorer="knorm")
+    prefill_in_chunks(model, real, ids, 64, attention_mask=mask)
+    fake = KVpopCache(model.config, sinks=4, window=16, topk=44, scorer="knorm")
+    generate_call_speed.fill_kvpop_in_place(fake, model, mask)
+    for a, b in zip(real.layers, fake.layers):
+        assert torch.equal(a.seen, b.seen) and int(a.tokens) == int(b.tokens) == 199
+        assert torch.equal(a.pos[..., :20], b.pos[..., :20])  # sinks and the window ring
+        long_range = b.pos[..., 20:]
+        assert (long_range >= 4).all() and (long_range <= (b.seen - 17)[:, None, None]).all()
+        assert (long_range.sort(-1).values.diff(dim=-1) > 0).all()
+
+
+def test_in_place_rows_and_a_failed_generate(tmp_path, monkeypatch):
+    """--synthetic-from rows decode through generate; a generate that raises is retried once after a dynamo
+    reset and then written as ``error``."""
+    prefix = tmp_path / "syn"
+    argv = [*TINY, "--contexts", "150", "--batches", "1", "2", "--scorers", "mlstm", "--synthetic-from", "2",
+            "--out-prefix", str(prefix)]
+    assert generate_call_speed.main(argv) == 0
+    rows = rows_of(prefix)
+    assert [(r["cache"], r["batch"]) for r in rows] == [("static", "1"), ("kvpop", "1"), ("static", "2"),
+                                                        ("kvpop", "2")]
+    assert all(float(r["decode_ms"]) > 0 for r in rows)
+    assert "| in place |" in prefix.with_suffix(".md").read_text()
+
+    calls = []
+
+    def failing(*args, **kwargs):
+        calls.append(1)
+        raise KeyError("op25")
+
+    monkeypatch.setattr(generate_call_speed, "generate_once", failing)
+    assert generate_call_speed.main([*TINY, "--contexts", "150", "--caches", "kvpop", "--scorers", "knorm",
+                                     "--out-prefix", str(prefix)]) == 0
+    assert len(calls) == 2 and rows_of(prefix)[0]["decode_ms"] == "error"
