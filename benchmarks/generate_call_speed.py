@@ -23,7 +23,9 @@ error) is written with ``error`` and the failure printed, after ``torch._dynamo.
 values (the state ``prefill_in_chunks`` leaves: every row holds its real tokens but the last, KVpop's slot layout
 per row, StaticCache's ``context - 1`` positions), then call ``generate`` the same way: decode speed and memory do
 not depend on the contents, and a 32k prefill of 128 rows would take minutes. Their ``peak_gb`` is the decode's
-(the prompt is not run). ``--static-contexts`` limits the StaticCache rows to some contexts. ``--profile-dir``
+(the prompt is not run). ``--static-contexts`` limits the StaticCache rows to some contexts. ``--compile-mode max-autotune``
+passes ``compile_config=CompileConfig(mode="max-autotune")`` to ``generate`` (inductor tunes the matrix products;
+CUDA graphs stay on). ``--profile-dir``
 writes a torch.profiler table (CPU and CUDA time) of three decode steps inside ``generate`` per (cache, scorer)
 at batch 1 and the first context, and the log prints each row's count of non-static CUDA-graph inputs.
 
@@ -49,7 +51,7 @@ import traceback
 from pathlib import Path
 
 import torch
-from transformers import StaticCache, StoppingCriteria, StoppingCriteriaList
+from transformers import CompileConfig, StaticCache, StoppingCriteria, StoppingCriteriaList
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -194,6 +196,8 @@ def measure(model, cache_kind: str, scorer: str, context: int, batch: int, args,
     timer = StepTimes(device, profile_at=args.warmup + 2 if profile_to else None)
     gen = dict(attention_mask=mask, max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens,
                do_sample=False, stopping_criteria=StoppingCriteriaList([timer]), pad_token_id=0)
+    if args.compile_mode:
+        gen["compile_config"] = CompileConfig(mode=args.compile_mode)
     weights = torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
     if device.type == "cuda":
         torch.cuda.empty_cache()
@@ -317,6 +321,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--synthetic-from", type=int, default=None, metavar="BATCH",
                     help="rows of batch >= BATCH fill the cache in place instead of running the prompt")
     ap.add_argument("--profile-dir", default=None, help="profile three decode steps per (cache, scorer) at batch 1")
+    ap.add_argument("--compile-mode", default=None, choices=["reduce-overhead", "max-autotune"],
+                    help="generate's compile_config=CompileConfig(mode=...) (default: transformers' own config)")
     ap.add_argument("--no-retry", action="store_true", help="a failed generate is not retried after a dynamo reset")
     ap.add_argument("--compile-reuse", metavar="DIR", default=None,
                     help="run everything in two fresh processes sharing the compile cache DIR (process first/second)")

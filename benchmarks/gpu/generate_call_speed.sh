@@ -14,6 +14,7 @@ extra=()
 [ "${COMPILE_REUSE:-1}" = 1 ] && extra+=(--compile-reuse "${COMPILE_DIR:-/tmp/kvpop_compile_cache}")
 [ -n "${STATIC_CONTEXTS:-}" ] && extra+=(--static-contexts $STATIC_CONTEXTS)
 [ -n "${SYNTHETIC_FROM:-}" ] && extra+=(--synthetic-from "$SYNTHETIC_FROM")
+[ -n "${COMPILE_MODE:-}" ] && extra+=(--compile-mode "$COMPILE_MODE")
 timeout "${LIMIT_S:-590}" python3 benchmarks/generation_speed.py --via-generate --device cuda --shape qwen3-8b \
   --contexts ${CONTEXTS:-4096 131072} --batches ${BATCHES:-1} --scorers ${SCORERS:-knorm mlp mlstm} \
   --static-max-batch ${STATIC_MAX_BATCH:-1} --profile-dir /tmp/kvpop_profiles "${extra[@]}" \
