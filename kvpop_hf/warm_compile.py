@@ -1,0 +1,144 @@
+"""Warm a machine's compile cache before serving: ``kvpop-warm-compile``.
+
+On CUDA, ``model.generate`` compiles the decode step of a ``KVpopCache`` (and of a ``StaticCache``) in every
+new process, about a minute for an 8B model. This command runs one short ``generate`` per (scorer, batch size)
+you serve with :func:`kvpop_hf.compile_cache.enable_compile_cache` on, then writes the portable bundle
+(:func:`kvpop_hf.compile_cache.save_compile_cache`). Serving processes that call
+``enable_compile_cache(DIR)`` first then load the compiled graphs and kernels instead of building them::
+
+    kvpop-warm-compile --model Qwen/Qwen3-8B --cache-dir /var/cache/kvpop \\
+        --scorer your-org/kvpop-qwen3-8b knorm --batches 1 8 32
+
+Each scorer, budget, batch size and dtype is its own compiled graph, so warm every combination you serve; the
+prompt length does not matter (the cache's buffers have ``B`` slots whatever the context). Weights are never
+changed; ``--random-weights`` builds the model from its config instead (same graphs, no download of the
+weights). Scorers are names of :data:`kvpop_hf.scorers.SCORERS` (with ``--budget``) or KVpop checkpoints
+(a directory or a Hub repo id, their own budget unless ``--budget`` is given).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+__all__ = ["main", "warm"]
+
+
+def _build_cache(model, scorer: str, budget, backends=None):
+    from .cache import KVpopCache
+    from .scorers import SCORERS
+
+    if scorer in SCORERS:
+        sinks, window, topk = budget or (4, 256, 3836)
+        return KVpopCache(model.config, sinks=sinks, window=window, topk=topk, scorer=scorer, backends=backends)
+    overrides = {} if budget is None else dict(zip(("sinks", "window", "topk"), budget))
+    return KVpopCache.from_pretrained(scorer, model.config, backends=backends, **overrides)
+
+
+def warm(model, cache_dir: str | os.PathLike, scorers: list[str], batches: list[int], budget=None,
+         prompt_tokens: int = 16, new_tokens: int = 4, progress: bool = True) -> list[dict]:
+    """One greedy ``generate`` of ``new_tokens`` per (scorer, batch) with the compile cache ``cache_dir`` on, then
+    the bundle written. The model must already be on its device. Returns one record per run: ``scorer``,
+    ``batch``, ``seconds`` (the whole call, compilation included)."""
+    from tqdm.auto import tqdm
+
+    from .compat import with_cache
+    from .compile_cache import enable_compile_cache, save_compile_cache
+
+    enable_compile_cache(cache_dir)
+    device = next(model.parameters()).device
+    model.set_attn_implementation("kvpop")
+    records = []
+    combos = [(s, b) for s in scorers for b in batches]
+    for scorer, batch in tqdm(combos, desc="warming the compile cache", disable=not progress):
+        cache = _build_cache(model, scorer, budget)
+        ids = torch.randint(1, model.config.vocab_size, (batch, prompt_tokens), device=device)
+        t0 = time.perf_counter()
+        model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=new_tokens,
+                       min_new_tokens=new_tokens, pad_token_id=0, **with_cache(model, cache))
+        records.append({"scorer": scorer, "batch": batch, "seconds": round(time.perf_counter() - t0, 2)})
+    bundle = save_compile_cache(cache_dir)
+    for r in records:
+        r["bundle"] = None if bundle is None else str(bundle)
+    return records
+
+
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="kvpop-warm-compile", description=__doc__.split("\n\n")[0],
+                                 epilog="docs/usage.md, 'Compile once per machine'")
+    ap.add_argument("--model", required=True, help="a model directory or Hub repo id (AutoModelForCausalLM)")
+    ap.add_argument("--cache-dir", required=True, help="the compile cache directory the serving processes will use")
+    ap.add_argument("--scorer", nargs="+", default=["knorm"], help="scorer names or KVpop checkpoints")
+    ap.add_argument("--budget", type=int, nargs=3, default=None, metavar=("SINKS", "WINDOW", "TOPK"),
+                    help="default: a checkpoint's own, else 4 256 3836")
+    ap.add_argument("--batches", type=int, nargs="+", default=[1])
+    ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--new-tokens", type=int, default=4, help="tokens per warm-up generation (>= 3)")
+    ap.add_argument("--random-weights", action="store_true", help="build the model from its config (no weights read)")
+    return ap
+
+
+def _check(args) -> None:
+    """Bad input is refused before the model is loaded."""
+    if Path(args.cache_dir).exists() and not Path(args.cache_dir).is_dir():
+        raise SystemExit(f"kvpop-warm-compile: --cache-dir {args.cache_dir!r} is a file; give a directory.")
+    if any(b < 1 for b in args.batches):
+        raise SystemExit(f"kvpop-warm-compile: --batches must be positive, got {args.batches}.")
+    if args.new_tokens < 3:
+        raise SystemExit("kvpop-warm-compile: --new-tokens must be >= 3 (the first token is the prompt's; the "
+                         "second compiles the decode step; the third replays it).")
+    if args.budget is not None:
+        from .config import KVpopConfig
+
+        try:
+            KVpopConfig(sinks=args.budget[0], window=args.budget[1], topk=args.budget[2]).validate()
+        except ValueError as err:
+            raise SystemExit(f"kvpop-warm-compile: --budget {args.budget}: {err}") from None
+    from .scorers import SCORERS
+
+    for s in args.scorer:
+        if s in SCORERS and SCORERS[s].dynamic:
+            raise SystemExit(f"kvpop-warm-compile: --scorer {s!r} re-scores entries from the attention every step; its "
+                             "cache is not compileable, so there is nothing to warm.")
+        if s not in SCORERS and not Path(s).is_dir() and "/" not in s:
+            raise SystemExit(f"kvpop-warm-compile: --scorer {s!r} is neither a scorer name ({', '.join(sorted(SCORERS))}) "
+                             "nor a checkpoint directory or Hub repo id.")
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        raise SystemExit("kvpop-warm-compile: --device cuda but torch sees no GPU. generate compiles decode steps on "
+                         "CUDA only, so warm the cache on the serving machine (or a twin of it).")
+
+
+def main(argv=None) -> int:
+    args = parser().parse_args(argv)
+    _check(args)
+    import kvpop_hf  # noqa: F401  (registers the "kvpop" attention)
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    dtype = getattr(torch, args.dtype)
+    device = torch.device(args.device)
+    if args.random_weights:
+        config = AutoConfig.from_pretrained(args.model)
+        with torch.device(device):
+            model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(args.model, dtype=dtype).to(device)
+    model.eval()
+    if device.type != "cuda":
+        print(f"kvpop-warm-compile: on {device.type}, generate does not compile decode steps; nothing will be cached.",
+              file=sys.stderr)
+    records = warm(model, args.cache_dir, args.scorer, args.batches, args.budget, new_tokens=args.new_tokens)
+    for r in records:
+        print(f"{r['scorer']} batch {r['batch']}: {r['seconds']} s")
+    bundle = records[0]["bundle"] if records else None
+    print(f"compile cache {Path(args.cache_dir).resolve()}; bundle: {bundle or 'none (nothing was compiled)'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

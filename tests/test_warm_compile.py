@@ -1,0 +1,51 @@
+"""kvpop-warm-compile: bad input refused before any model is loaded, and a run on a tiny saved model (CPU, where
+generate does not compile: it reports that nothing was cached)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import Qwen3Config, Qwen3ForCausalLM
+
+from kvpop_hf import KVpopCache
+from kvpop_hf.warm_compile import main
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory):
+    path = tmp_path_factory.mktemp("tiny")
+    cfg = Qwen3Config(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, head_dim=8, pad_token_id=0, bos_token_id=None, eos_token_id=None)
+    torch.manual_seed(0)
+    Qwen3ForCausalLM(cfg).save_pretrained(path)
+    return path
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--batches", "0"], "--batches must be positive"),
+    (["--new-tokens", "2"], "--new-tokens must be >= 3"),
+    (["--budget", "4", "0", "8"], "--budget"),
+    (["--scorer", "tova"], "not compileable"),
+    (["--scorer", "no_such_scorer"], "neither a scorer name"),
+])
+def test_bad_input_is_refused_first(tmp_path, argv, message):
+    with pytest.raises(SystemExit, match=message):
+        main(["--model", str(tmp_path / "never_read"), "--cache-dir", str(tmp_path / "cc"), "--device", "cpu", *argv])
+
+
+def test_cache_dir_that_is_a_file(tmp_path):
+    (tmp_path / "f").write_text("x")
+    with pytest.raises(SystemExit, match="is a file"):
+        main(["--model", "m", "--cache-dir", str(tmp_path / "f"), "--device", "cpu"])
+
+
+def test_warms_each_scorer_and_batch(tiny_model, tmp_path, capsys):
+    ckpt = tmp_path / "ckpt"
+    KVpopCache(Qwen3Config.from_pretrained(tiny_model), sinks=2, window=4, topk=6, scorer="mlp").save_pretrained(ckpt)
+    assert main(["--model", str(tiny_model), "--cache-dir", str(tmp_path / "cc"), "--device", "cpu", "--dtype",
+                 "float32", "--scorer", "knorm", str(ckpt), "--budget", "2", "4", "6", "--batches", "1", "2"]) == 0
+    out = capsys.readouterr()
+    lines = [line for line in out.out.splitlines() if " batch " in line]
+    assert [line.split(":")[0] for line in lines] == ["knorm batch 1", "knorm batch 2", f"{ckpt} batch 1",
+                                                      f"{ckpt} batch 2"]
+    assert "nothing will be cached" in out.err and (tmp_path / "cc" / "inductor").is_dir()
