@@ -3,7 +3,7 @@
 # StaticCache and KVpopCache (knorm, mlp, mlstm) at 4k and 128k, batch 1, in two fresh processes sharing a
 # compile cache (kvpop_hf.compile_cache), so the second process's first decode step shows what the cache saves.
 # Batch rows at 32k: COMPILE_REUSE=0 CONTEXTS=32768 BATCHES="1 8 32 64 128" STATIC_MAX_BATCH=32 SYNTHETIC_FROM=1.
-# Usage: OUT=dir [CONTEXTS="4096 131072"] [SCORERS="knorm mlp mlstm"] [STATIC_CONTEXTS=4096] [LIMIT_S=590]
+# Usage: OUT=dir [CONTEXTS="4096 131072"] [CACHES="static kvpop"] [SCORERS="knorm mlp mlstm"] [STATIC_CONTEXTS=4096] [LIMIT_S=590]
 #        bash benchmarks/gpu/generate_call_speed.sh
 # Writes $OUT/h200_qwen3-8b_generate{.csv,.md}, the log, the non-static CUDA-graph inputs named by torch
 # (static_inputs.log) and the decode-step profiles (profiles.tgz).
@@ -15,6 +15,7 @@ extra=()
 [ -n "${STATIC_CONTEXTS:-}" ] && extra+=(--static-contexts $STATIC_CONTEXTS)
 [ -n "${SYNTHETIC_FROM:-}" ] && extra+=(--synthetic-from "$SYNTHETIC_FROM")
 [ -n "${COMPILE_MODE:-}" ] && extra+=(--compile-mode "$COMPILE_MODE")
+[ -n "${CACHES:-}" ] && extra+=(--caches $CACHES)
 timeout "${LIMIT_S:-590}" python3 benchmarks/generation_speed.py --via-generate --device cuda --shape qwen3-8b \
   --contexts ${CONTEXTS:-4096 131072} --batches ${BATCHES:-1} --scorers ${SCORERS:-knorm mlp mlstm} \
   --static-max-batch ${STATIC_MAX_BATCH:-1} --profile-dir /tmp/kvpop_profiles "${extra[@]}" \
