@@ -256,7 +256,10 @@ def run_rows(args) -> list[dict]:
             for kind in args.caches:
                 for scorer in (args.scorers if kind == "kvpop" else [""]):
                     if kind == "static" and (batch > args.static_max_batch or (
-                            args.static_contexts is not None and context not in args.static_contexts)):
+                            args.static_contexts is not None and context not in args.static_contexts) or (
+                            args.static_batches is not None and batch not in args.static_batches)):
+                        continue
+                    if kind == "kvpop" and args.kvpop_batches is not None and batch not in args.kvpop_batches:
                         continue
                     profile_to = None
                     if args.profile_dir and batch == 1 and context == args.contexts[0]:
@@ -269,6 +272,8 @@ def run_rows(args) -> list[dict]:
                           f"{row.get('non_static_inputs', '-')}" + (" (filled in place)" if row.get("synthetic") else ""),
                           flush=True)
                     rows.append(row)
+                    if args.out_prefix and not args.rows_json:
+                        write(Path(args.out_prefix), rows, "(partial) " + " ".join(sys.argv))  # kept if killed
     if args.compile_reuse and args.process == "first":
         save_compile_cache(args.compile_reuse)
     return rows
@@ -318,6 +323,10 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--static-max-batch", type=int, default=1 << 30, help="skip StaticCache rows above this batch")
     ap.add_argument("--static-contexts", type=int, nargs="+", default=None,
                     help="StaticCache rows at these contexts only (default: all)")
+    ap.add_argument("--static-batches", type=int, nargs="+", default=None,
+                    help="StaticCache rows at these batch sizes only (default: all of --batches)")
+    ap.add_argument("--kvpop-batches", type=int, nargs="+", default=None,
+                    help="KVpopCache rows at these batch sizes only (default: all of --batches)")
     ap.add_argument("--synthetic-from", type=int, default=None, metavar="BATCH",
                     help="rows of batch >= BATCH fill the cache in place instead of running the prompt")
     ap.add_argument("--profile-dir", default=None, help="profile three decode steps per (cache, scorer) at batch 1")

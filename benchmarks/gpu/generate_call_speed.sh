@@ -2,26 +2,33 @@
 # Decode through model.generate as a user calls it, on one H200 (Qwen3-8B shape, random bf16 weights):
 # StaticCache and KVpopCache (knorm, mlp, mlstm) at 4k and 128k, batch 1, in two fresh processes sharing a
 # compile cache (kvpop_hf.compile_cache), so the second process's first decode step shows what the cache saves.
-# Batch rows at 32k: COMPILE_REUSE=0 CONTEXTS=32768 BATCHES="1 8 32 64 128" STATIC_MAX_BATCH=32 SYNTHETIC_FROM=1.
+# Batch rows at 32k: COMPILE_REUSE=0 CONTEXTS=32768 BATCHES="1 8 16 32 64 128" SCORERS=knorm STATIC_MAX_BATCH=32
+#   STATIC_BATCHES="16 32" KVPOP_BATCHES="1 8 32 64 128" SYNTHETIC_FROM=1. PROFILE=1: decode-step profiles (the
+#   profiler slows the rows that follow it in the process: measure speed without it).
 # Usage: OUT=dir [CONTEXTS="4096 131072"] [CACHES="static kvpop"] [SCORERS="knorm mlp mlstm"] [STATIC_CONTEXTS=4096] [LIMIT_S=590]
 #        bash benchmarks/gpu/generate_call_speed.sh
 # Writes $OUT/h200_qwen3-8b_generate{.csv,.md}, the log, the non-static CUDA-graph inputs named by torch
 # (static_inputs.log) and the decode-step profiles (profiles.tgz).
 set -u
 : "${OUT:?set OUT to an output directory}"
-export PYTHONUNBUFFERED=1 PYTHONPATH=. TORCH_LOGS="${TORCH_LOGS:-cudagraph_static_inputs}"
+export PYTHONUNBUFFERED=1 PYTHONPATH=. TORCH_LOGS="${TORCH_LOGS-cudagraph_static_inputs}"
 extra=()
 [ "${COMPILE_REUSE:-1}" = 1 ] && extra+=(--compile-reuse "${COMPILE_DIR:-/tmp/kvpop_compile_cache}")
 [ -n "${STATIC_CONTEXTS:-}" ] && extra+=(--static-contexts $STATIC_CONTEXTS)
 [ -n "${SYNTHETIC_FROM:-}" ] && extra+=(--synthetic-from "$SYNTHETIC_FROM")
 [ -n "${COMPILE_MODE:-}" ] && extra+=(--compile-mode "$COMPILE_MODE")
 [ -n "${CACHES:-}" ] && extra+=(--caches $CACHES)
+[ -n "${STATIC_BATCHES:-}" ] && extra+=(--static-batches $STATIC_BATCHES)
+[ -n "${KVPOP_BATCHES:-}" ] && extra+=(--kvpop-batches $KVPOP_BATCHES)
+[ "${PROFILE:-0}" = 1 ] && extra+=(--profile-dir /tmp/kvpop_profiles)
 timeout "${LIMIT_S:-590}" python3 benchmarks/generation_speed.py --via-generate --device cuda --shape qwen3-8b \
   --contexts ${CONTEXTS:-4096 131072} --batches ${BATCHES:-1} --scorers ${SCORERS:-knorm mlp mlstm} \
-  --static-max-batch ${STATIC_MAX_BATCH:-1} --profile-dir /tmp/kvpop_profiles "${extra[@]}" \
+  --static-max-batch ${STATIC_MAX_BATCH:-1} "${extra[@]}" \
   --out-prefix "$OUT/h200_qwen3-8b_generate" 2>&1 | grep -v -i warn | tee "$OUT/generate_call_speed.full.log" \
   | grep -v "cudagraph_static_inputs" | tee "$OUT/generate_call_speed.log"
 grep "Non-static input" "$OUT/generate_call_speed.full.log" | sed 's/.*\] Non-static/Non-static/' | sort | uniq -c \
   > "$OUT/static_inputs.log"
 rm -f "$OUT/generate_call_speed.full.log"
-tar czf "$OUT/profiles.tgz" -C /tmp kvpop_profiles 2>/dev/null || true
+[ -d /tmp/kvpop_profiles ] && tar czf "$OUT/profiles.tgz" -C /tmp kvpop_profiles
+[ -f "${COMPILE_DIR:-/tmp/kvpop_compile_cache}/torch_compile_artifacts.bin" ] && ls -la "${COMPILE_DIR:-/tmp/kvpop_compile_cache}"/torch_compile_artifacts.bin
+true
