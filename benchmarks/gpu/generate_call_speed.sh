@@ -11,7 +11,8 @@
 # (static_inputs.log) and the decode-step profiles (profiles.tgz).
 set -u
 : "${OUT:?set OUT to an output directory}"
-export PYTHONUNBUFFERED=1 PYTHONPATH=. TORCH_LOGS="${TORCH_LOGS-cudagraph_static_inputs}"
+export PYTHONUNBUFFERED=1 PYTHONPATH=.
+[ "${STATIC_INPUT_LOG:-1}" = 1 ] && export TORCH_LOGS=cudagraph_static_inputs  # names the non-static CUDA-graph inputs
 extra=()
 [ "${COMPILE_REUSE:-1}" = 1 ] && extra+=(--compile-reuse "${COMPILE_DIR:-/tmp/kvpop_compile_cache}")
 [ -n "${STATIC_CONTEXTS:-}" ] && extra+=(--static-contexts $STATIC_CONTEXTS)
