@@ -207,9 +207,13 @@ def measure(model, cache_kind: str, scorer: str, context: int, batch: int, args,
         try:
             generate_once(model, cache_kind, scorer, ids, mask, gen, args, synthetic)
             break
-        except torch.cuda.OutOfMemoryError:
+        except torch.cuda.OutOfMemoryError as err:
             row.update(decode_ms="OOM", tokens_per_s="OOM", peak_gb="OOM", first_step_s="OOM")
             timer.stop_profile()
+            where = traceback.extract_tb(err.__traceback__)[-1]
+            print(f"[{args.process}] {cache_kind} {scorer or '-'} ctx {context} batch {batch} out of memory at "
+                  f"{Path(where.filename).name}:{where.lineno} ({where.name}): {str(err).splitlines()[0][:160]}",
+                  flush=True)
             if device.type == "cuda":
                 torch.cuda.empty_cache()
             return row

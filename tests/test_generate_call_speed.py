@@ -100,3 +100,17 @@ def test_in_place_rows_and_a_failed_generate(tmp_path, monkeypatch):
     assert generate_call_speed.main([*TINY, "--contexts", "150", "--caches", "kvpop", "--scorers", "knorm",
                                      "--out-prefix", str(prefix)]) == 0
     assert len(calls) == 2 and rows_of(prefix)[0]["decode_ms"] == "error"
+
+
+def test_out_of_memory_row_names_where(tmp_path, monkeypatch, capsys):
+    """A generate that runs out of memory gives an OOM row (no retry) and says where the allocation failed."""
+    import torch
+
+    def oom(*args, **kwargs):
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 77.50 GiB")
+
+    monkeypatch.setattr(generate_call_speed, "generate_once", oom)
+    prefix = tmp_path / "oom"
+    assert generate_call_speed.main([*TINY, "--contexts", "150", "--caches", "static", "--out-prefix", str(prefix)]) == 0
+    assert rows_of(prefix)[0]["decode_ms"] == "OOM"
+    assert "out of memory at test_generate_call_speed.py" in capsys.readouterr().out
