@@ -409,6 +409,7 @@ def fill_dense(kind, model, batch, ctx, extra, device, dtype):
 
 # ----------------------------------------------------------------------------------------- main
 def main(argv=None) -> int:
+    from_cli = argv is None  # the recorded command: the shell's, or the main() call's
     argv = list(sys.argv[1:] if argv is None else argv)
     if "--via-generate" in argv:  # the user's own call: benchmarks/generate_call_speed.py
         import generate_call_speed
@@ -467,7 +468,7 @@ def main(argv=None) -> int:
     prefix = Path(args.out_prefix or REPO / "results" / "generation_speed" / device.type)
     prefix.parent.mkdir(parents=True, exist_ok=True)
     command = "python " + " ".join(shlex.quote(a) for a in [os.path.relpath(sys.argv[0], REPO)] + sys.argv[1:]) \
-        if argv is None else f"main({argv!r})"
+        if from_cli else f"main({argv!r})"
     commit = git_commit(REPO)
     started = _dt.datetime.now().astimezone().isoformat(timespec="seconds")
     torch._dynamo.config.recompile_limit = 64  # one graph per cache kind; never fall back to eager silently
