@@ -51,7 +51,7 @@ import traceback
 from pathlib import Path
 
 import torch
-from transformers import CompileConfig, StaticCache, StoppingCriteria, StoppingCriteriaList
+from transformers import CompileConfig, StoppingCriteria, StoppingCriteriaList
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -62,6 +62,7 @@ from kvpop_hf import KVpopCache, prefill_in_chunks  # noqa: E402
 from kvpop_hf.compat import with_cache  # noqa: E402
 from kvpop_hf.compile_cache import enable_compile_cache, save_compile_cache  # noqa: E402
 from kvpop_hf.utils.provenance import git_commit, versions  # noqa: E402
+from generation_speed import build_model, fill_dense, fill_kvpop  # noqa: E402
 
 COLUMNS = ["cache", "scorer", "context", "batch", "decode_ms", "tokens_per_s", "peak_gb", "first_step_s", "process"]
 
@@ -115,43 +116,10 @@ def prompts(batch: int, context: int, vocab: int, device, seed: int = 0):
     return ids.to(device), mask.to(device)
 
 
-def fill_kvpop_in_place(cache: KVpopCache, model, mask: torch.Tensor) -> None:
-    """The state ``prefill_in_chunks(model, cache, ids, n, mask)`` leaves, with random contents: row ``r`` has seen
-    ``mask[r].sum() - 1`` real tokens (its sinks, its newest ``window`` and ``topk`` distinct older tokens in the
-    long-range slots), the cache ``context - 1`` tokens with padding. One eager decode step allocates the buffers."""
-    batch, context = mask.shape
-    device = mask.device
-    model(input_ids=torch.ones(batch, 1, dtype=torch.long, device=device), **with_cache(model, cache, use_cache=True))
-    cfg = cache.kvpop_config
-    s, w, k, B = cfg.sinks, cfg.window, cfg.topk, cfg.budget
-    slots = torch.arange(B, device=device)
-    seen = mask.sum(1) - 1
-    pos = torch.empty(batch, B, dtype=torch.long, device=device)
-    for r, n in enumerate(seen.tolist()):
-        if n - w - s < k:
-            raise ValueError(f"--synthetic-from: row {r} holds {n} tokens, too few to fill {B} slots; raise --contexts")
-        pos[r] = torch.where(slots < s, slots, n - w + (slots - s - (n - w - s)) % w)  # ring slot of t: s + (t-s) % w
-        pos[r, s + w:] = s + torch.randperm(n - w - s, device=device)[:k].sort().values
-    for layer in cache.layers:
-        layer.keys.normal_()
-        layer.values.normal_()
-        layer.pos.copy_(pos[:, None, :].expand_as(layer.pos))
-        layer.prio.normal_()
-        layer.seen.copy_(seen)
-        layer.tokens.fill_(context - 1)
-        for t in layer.state or ():
-            t.normal_(std=0.01)
-
-
 def fill_static_in_place(model, batch: int, context: int, extra: int, device):
     """A StaticCache of ``context + extra`` positions holding ``context - 1`` random ones (padding positions
     included, as after generate's prefill; the attention mask hides them)."""
-    cache = StaticCache(config=model.config, max_cache_len=context + extra)
-    model(input_ids=torch.ones(batch, 1, dtype=torch.long, device=device), **with_cache(model, cache, use_cache=True))
-    for layer in cache.layers:
-        layer.keys.normal_()
-        layer.values.normal_()
-        layer.cumulative_length.fill_(context - 1)
+    cache = fill_dense("static", model, batch, context - 1, extra + 1, device, model.dtype)
     if int(cache.get_seq_length()) != context - 1:
         raise RuntimeError("this transformers' StaticCache does not report the filled length; drop --synthetic-from")
     return cache
@@ -165,7 +133,7 @@ def generate_once(model, cache_kind: str, scorer: str, ids, mask, gen: dict, arg
             sinks, window, topk = args.budget
             cache = KVpopCache(model.config, sinks=sinks, window=window, topk=topk, scorer=scorer)
             if synthetic:
-                fill_kvpop_in_place(cache, model, mask)
+                fill_kvpop(cache, model, mask)
             else:
                 prefill_in_chunks(model, cache, ids, args.prefill_chunk, attention_mask=mask)
             model.generate(ids, **with_cache(model, cache, **gen))
@@ -246,8 +214,6 @@ def measure(model, cache_kind: str, scorer: str, context: int, batch: int, args,
 
 
 def run_rows(args) -> list[dict]:
-    from generation_speed import build_model
-
     device = torch.device(args.device)
     dtype = getattr(torch, args.dtype or ("bfloat16" if device.type == "cuda" else "float32"))
     if args.compile_reuse:  # one of the two processes of --compile-reuse

@@ -370,22 +370,31 @@ def check_decode_attention(device, dtype, config, B, trials: int = 8) -> str:
 
 
 # ----------------------------------------------------------------------------------------- synthetic fill
-def fill_kvpop(cache: KVpopCache, model, batch, ctx, device) -> None:
-    """A warm KVpopCache of ``ctx`` tokens without prefill: one decode step allocates the buffers, then
-    every buffer is overwritten in place with random contents and a valid slot layout."""
+def fill_kvpop(cache: KVpopCache, model, mask: torch.Tensor) -> None:
+    """A warm KVpopCache without prefill: the state ``prefill_in_chunks(model, cache, ids, n, mask)`` leaves, with
+    random contents. Row ``r`` has seen ``mask[r].sum() - 1`` real tokens (its sinks, its newest ``window`` in their
+    ring slots and ``topk`` distinct older tokens in the long-range slots), the cache ``mask.shape[1] - 1`` tokens
+    with padding. One eager decode step allocates the buffers, which are then overwritten in place."""
+    batch, context = mask.shape
+    device = mask.device
     model(input_ids=torch.ones(batch, 1, dtype=torch.long, device=device), **with_cache(model, cache, use_cache=True))
-    s, w, k, B = cache.kvpop_config.sinks, cache.kvpop_config.window, cache.kvpop_config.topk, cache.budget
+    cfg = cache.kvpop_config
+    s, w, k, B = cfg.sinks, cfg.window, cfg.topk, cfg.budget
     slots = torch.arange(B, device=device)
-    pos = torch.where(slots < s, slots, ctx - w + (slots - s) % w)  # sinks and the newest window
-    long_range = s + torch.randperm(ctx - w - s, device=device)[:k].sort().values  # k distinct eligible tokens
-    pos[s + w:] = long_range
+    seen = mask.sum(1) - 1
+    pos = torch.empty(batch, B, dtype=torch.long, device=device)
+    for r, n in enumerate(seen.tolist()):
+        if n - w - s < k:
+            raise ValueError(f"row {r} holds {n} tokens, too few to fill {B} slots: use a longer context")
+        pos[r] = torch.where(slots < s, slots, n - w + (slots - s - (n - w - s)) % w)  # ring slot of t: s + (t-s) % w
+        pos[r, s + w:] = s + torch.randperm(n - w - s, device=device)[:k].sort().values
     for layer in cache.layers:
         layer.keys.normal_()
         layer.values.normal_()
-        layer.pos.copy_(pos.expand_as(layer.pos))
+        layer.pos.copy_(pos[:, None, :].expand_as(layer.pos))
         layer.prio.normal_()
-        layer.seen.fill_(ctx)
-        layer.tokens.fill_(ctx)
+        layer.seen.copy_(seen)
+        layer.tokens.fill_(context - 1)
         for t in layer.state or ():
             t.normal_(std=0.01)
 
@@ -722,7 +731,7 @@ def main(argv=None) -> int:
                     if name.startswith("kvpop"):
                         model.set_attn_implementation("kvpop")
                         cache = make_cache(name)
-                        fill_kvpop(cache, model, batch, ctx, device)
+                        fill_kvpop(cache, model, torch.ones(batch, ctx + 1, dtype=torch.long, device=device))
                     else:
                         model.set_attn_implementation("sdpa")
                         cache = fill_dense(name, model, batch, ctx, extra, device, dtype)

@@ -68,7 +68,7 @@ def test_in_place_fill_matches_the_prefilled_layout():
     real = KVpopCache(model.config, sinks=4, window=16, topk=44, scorer="knorm")
     prefill_in_chunks(model, real, ids, 64, attention_mask=mask)
     fake = KVpopCache(model.config, sinks=4, window=16, topk=44, scorer="knorm")
-    generate_call_speed.fill_kvpop_in_place(fake, model, mask)
+    generation_speed.fill_kvpop(fake, model, mask)
     for a, b in zip(real.layers, fake.layers):
         assert torch.equal(a.seen, b.seen) and int(a.tokens) == int(b.tokens) == 199
         assert torch.equal(a.pos[..., :20], b.pos[..., :20])  # sinks and the window ring
