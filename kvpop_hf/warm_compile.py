@@ -29,22 +29,22 @@ import torch
 __all__ = ["main", "warm"]
 
 
-def _build_cache(model, scorer: str, budget, backends=None):
+def _build_cache(model, scorer: str, budget):
     from .cache import KVpopCache
     from .scorers import SCORERS
 
     if scorer in SCORERS:
         sinks, window, topk = budget or (4, 256, 3836)
-        return KVpopCache(model.config, sinks=sinks, window=window, topk=topk, scorer=scorer, backends=backends)
+        return KVpopCache(model.config, sinks=sinks, window=window, topk=topk, scorer=scorer)
     overrides = {} if budget is None else dict(zip(("sinks", "window", "topk"), budget))
-    return KVpopCache.from_pretrained(scorer, model.config, backends=backends, **overrides)
+    return KVpopCache.from_pretrained(scorer, model.config, **overrides)
 
 
 def warm(model, cache_dir: str | os.PathLike, scorers: list[str], batches: list[int], budget=None,
-         prompt_tokens: int = 16, new_tokens: int = 4, progress: bool = True) -> list[dict]:
+         prompt_tokens: int = 16, new_tokens: int = 4, progress: bool = True) -> tuple[list[dict], Path | None]:
     """One greedy ``generate`` of ``new_tokens`` per (scorer, batch) with the compile cache ``cache_dir`` on, then
-    the bundle written. The model must already be on its device. Returns one record per run: ``scorer``,
-    ``batch``, ``seconds`` (the whole call, compilation included)."""
+    the bundle written. The model must already be on its device. Returns one record per run (``scorer``,
+    ``batch``, ``seconds``: the whole call, compilation included) and the bundle's path (None: nothing compiled)."""
     from tqdm.auto import tqdm
 
     from .compat import with_cache
@@ -62,10 +62,7 @@ def warm(model, cache_dir: str | os.PathLike, scorers: list[str], batches: list[
         model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=new_tokens,
                        min_new_tokens=new_tokens, pad_token_id=0, **with_cache(model, cache))
         records.append({"scorer": scorer, "batch": batch, "seconds": round(time.perf_counter() - t0, 2)})
-    bundle = save_compile_cache(cache_dir)
-    for r in records:
-        r["bundle"] = None if bundle is None else str(bundle)
-    return records
+    return records, save_compile_cache(cache_dir)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -132,10 +129,9 @@ def main(argv=None) -> int:
     if device.type != "cuda":
         print(f"kvpop-warm-compile: on {device.type}, generate does not compile decode steps; nothing will be cached.",
               file=sys.stderr)
-    records = warm(model, args.cache_dir, args.scorer, args.batches, args.budget, new_tokens=args.new_tokens)
+    records, bundle = warm(model, args.cache_dir, args.scorer, args.batches, args.budget, new_tokens=args.new_tokens)
     for r in records:
         print(f"{r['scorer']} batch {r['batch']}: {r['seconds']} s")
-    bundle = records[0]["bundle"] if records else None
     print(f"compile cache {Path(args.cache_dir).resolve()}; bundle: {bundle or 'none (nothing was compiled)'}")
     return 0
 
