@@ -2,9 +2,10 @@
 # Decode through model.generate as a user calls it, on one H200 (Qwen3-8B shape, random bf16 weights):
 # StaticCache and KVpopCache (knorm, mlp, mlstm) at 4k and 128k, batch 1, in two fresh processes sharing a
 # compile cache (kvpop_hf.compile_cache), so the second process's first decode step shows what the cache saves.
-# Batch rows at 32k: COMPILE_REUSE=0 CONTEXTS=32768 BATCHES="1 8 16 32 64 128" SCORERS=knorm STATIC_MAX_BATCH=32
-#   STATIC_BATCHES="16 32" KVPOP_BATCHES="1 8 32 64 128" SYNTHETIC_FROM=1. PROFILE=1: decode-step profiles (the
-#   profiler slows the rows that follow it in the process: measure speed without it).
+# Batch rows at 32k (as in results/generation_speed/h200_qwen3-8b_generate.md): STATIC_INPUT_LOG=0 COMPILE_REUSE=0
+#   CONTEXTS=32768 BATCHES="16 32 64 128 1" SCORERS=knorm STATIC_MAX_BATCH=32 STATIC_BATCHES="16 32"
+#   KVPOP_BATCHES="1 32 64 128" SYNTHETIC_FROM=8 (add 8 to both batch lists for batch 8). PROFILE=1: decode-step
+#   profiles (the profiler may slow the rows that follow it in the process: measure speed without it).
 # Usage: OUT=dir [CONTEXTS="4096 131072"] [CACHES="static kvpop"] [SCORERS="knorm mlp mlstm"] [STATIC_CONTEXTS=4096] [LIMIT_S=590]
 #        bash benchmarks/gpu/generate_call_speed.sh
 # Writes $OUT/h200_qwen3-8b_generate{.csv,.md}, the log, the non-static CUDA-graph inputs named by torch
