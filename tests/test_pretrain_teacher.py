@@ -141,3 +141,29 @@ def test_batch_length_covers_both_ends_of_the_range():
     assert {batch_length(rng, 300, 1000, 128) for _ in range(500)} == {384, 512, 640, 768, 896}
     assert batch_length(rng, 300, 330, 128) == 300  # no multiple inside: the low end itself
     assert {batch_length(rng, 5, 7, 1) for _ in range(100)} == {5, 6, 7}
+
+
+def test_mixture_weights_named_family_and_even_split_of_the_rest():
+    sys.path.insert(0, os.path.join(ROOT, "training"))
+    from pretrain_teacher import mixture_weights
+    w = mixture_weights(0.5, 0.15, [("vt", 0.3)])
+    assert w["vt"] == 0.3 and w["lookup"] == 0.15 and w["reasoning"] == 0.5
+    assert w["niah_multikey"] == w["cwe"] == w["fwe"] == pytest.approx(0.05 / 3)
+    assert sum(w.values()) == pytest.approx(1.0)
+    # no named family: the old even split over the four other families
+    w = mixture_weights(0.6, 0.3, [])
+    assert all(w[f] == pytest.approx(0.025) for f in ("vt", "niah_multikey", "cwe", "fwe"))
+    for named, msg in [([("reasoning", 0.1)], "unknown family"), ([("vt", 0.1), ("vt", 0.2)], "twice"),
+                       ([("vt", 0.6)], "more than 1"), ([("vt", -0.1)], ">= 0")]:
+        with pytest.raises(ValueError, match=msg):
+            mixture_weights(0.5, 0.0, named)
+
+
+def test_family_weight_flag_is_refused_before_any_work(tmp_path):
+    script = os.path.join(ROOT, "training", "pretrain_teacher.py")
+    for flag, msg in [("vt", "FAMILY=WEIGHT"), ("vt=0.9", "more than 1"), ("bogus=0.1", "unknown family")]:
+        r = subprocess.run([sys.executable, script, "--out", str(tmp_path / "t"), "--family-weight", flag,
+                            "--reasoning-weight", "0.5", "--device", "cpu"], capture_output=True, text=True,
+                           timeout=120, env=dict(os.environ, PYTHONPATH=ROOT))
+        assert r.returncode != 0 and msg in r.stderr, r.stderr[-2000:]
+        assert not (tmp_path / "t").exists()

@@ -105,3 +105,11 @@ def test_retrofit_decays_the_learning_rate_over_its_seconds(tmp_path):
     assert len(lrs) >= 3 and trainer.state.global_step < 100000  # the seconds ended training
     assert lrs[0] > lrs[-1] and lrs[-1] < 0.5e-2  # decayed over the budget, not over 100000 steps
     assert all(a >= b for a, b in zip(lrs, lrs[1:]))
+
+
+def test_train_dms_needs_seconds_for_the_time_decay(tmp_path):
+    import train_dms  # training/ is on sys.path (above)
+
+    with pytest.raises(ValueError, match="--max_train_seconds"):  # before loading the (missing) model
+        train_dms.main(["--model", str(tmp_path / "missing"), "--output_dir", str(tmp_path / "o"),
+                        "--lr_decay_by_time", "True", "--report_to", "none", "--use_cpu", "True"])

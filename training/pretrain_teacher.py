@@ -63,6 +63,45 @@ def _knob(s: str) -> tuple[str, str, object]:
     return fam.strip(), key.strip(), val
 
 
+def _family_weight(s: str) -> tuple[str, float]:
+    """``family=weight`` -> (family, weight)."""
+    fam, eq, w = s.partition("=")
+    try:
+        weight = float(w)
+    except ValueError:
+        weight = None
+    if not eq or weight is None:
+        raise argparse.ArgumentTypeError(f"--family-weight expects FAMILY=WEIGHT (e.g. vt=0.3), got {s!r}")
+    return fam.strip(), weight
+
+
+def mixture_weights(reasoning: float, lookup: float, named: list[tuple[str, float]]) -> dict[str, float]:
+    """The training mixture: ``reasoning`` and ``lookup`` as given, each family of ``named`` at its weight, and
+    what is left split evenly over the other families of FAMILIES. Raises ValueError on a weight below 0, an
+    unknown or repeated family, or weights above 1 in sum."""
+    others = [f for f in FAMILIES if f != "reasoning"]
+    chosen: dict[str, float] = {}
+    for fam, w in named:
+        if fam not in others:
+            raise ValueError(f"--family-weight: unknown family {fam!r} (choose from {', '.join(others)}; "
+                             "reasoning and lookup have their own flags)")
+        if fam in chosen:
+            raise ValueError(f"--family-weight: {fam} given twice")
+        chosen[fam] = w
+    if min([reasoning, lookup, *chosen.values()]) < 0:
+        raise ValueError("--reasoning-weight, --lookup-weight and --family-weight must be >= 0")
+    rest = 1.0 - reasoning - lookup - sum(chosen.values())
+    if rest < -1e-9:
+        raise ValueError("--reasoning-weight, --lookup-weight and --family-weight sum to more than 1")
+    free = [f for f in others if f not in chosen]
+    weights = {"reasoning": reasoning}
+    for f in others:
+        weights[f] = chosen[f] if f in chosen else (max(rest, 0.0) / len(free))
+    if lookup > 0:
+        weights["lookup"] = lookup
+    return weights
+
+
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True)
@@ -94,6 +133,9 @@ def parse_args(argv=None):
                     help="mixture weight of reasoning; the rest is split evenly over the other families")
     ap.add_argument("--lookup-weight", type=float, default=0.0,
                     help="mixture weight of the 'lookup' drill (facts restated on demand; training only)")
+    ap.add_argument("--family-weight", action="append", type=_family_weight, default=[], metavar="FAMILY=W",
+                    help="mixture weight of one of the other families (repeatable), e.g. vt=0.3; the families "
+                         "not named share what is left after reasoning, lookup and the named ones")
     ap.add_argument("--knob", action="append", type=_knob, default=[],
                     help="generator knob FAMILY.KEY=VALUE (repeatable), e.g. reasoning.steps=6")
     ap.add_argument("--eval-knob", action="append", type=_knob, default=[],
@@ -250,14 +292,10 @@ def main(argv=None):
     tok = build_tokenizer()
     knobs = _knob_table(args.knob, "--knob")
     eval_knobs = _knob_table(args.eval_knob, "--eval-knob", base=knobs)
-    others = [f for f in FAMILIES if f != "reasoning"]
-    if not (0.0 <= args.lookup_weight and 0.0 <= args.reasoning_weight and args.reasoning_weight + args.lookup_weight <= 1.0):
-        raise SystemExit("--reasoning-weight and --lookup-weight must be >= 0 and sum to at most 1")
-    weights = {"reasoning": args.reasoning_weight}
-    rest = 1.0 - args.reasoning_weight - args.lookup_weight
-    weights.update({f: rest / len(others) for f in others})
-    if args.lookup_weight > 0:
-        weights["lookup"] = args.lookup_weight
+    try:
+        weights = mixture_weights(args.reasoning_weight, args.lookup_weight, args.family_weight)
+    except ValueError as e:
+        raise SystemExit(str(e)) from None
     families = [f for f in weights if weights[f] > 0]  # validated, evaluated
     # fail fast on bad knobs / lengths
     for fam in families:

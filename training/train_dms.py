@@ -27,8 +27,8 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, HfArgumentParser
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from retrofit import (check_bf16_device, examples_needed, lora_student, run_cli, testbed_examples,  # noqa: E402
-                      train_and_save)
+from retrofit import (check_bf16_device, check_time_arguments, examples_needed, lora_student, run_cli,  # noqa: E402
+                      testbed_examples, train_and_save)
 
 from kvpop_hf.baselines.dms import target_eviction_rate  # noqa: E402
 from kvpop_hf.baselines.dms.trainer import DMSTrainer, DMSTrainingArguments  # noqa: E402
@@ -57,6 +57,9 @@ class ScriptArguments:
         "help": "Stop training (and save) after the first optimizer step that ends this many seconds after training "
                 "began (the first step counts); the target then ramps up over ramp_fraction of "
                 "this time (unless --ramp_seconds is given)."})
+    lr_decay_by_time: bool = field(default=False, metadata={
+        "help": "With --max_train_seconds: after the warmup steps, decay the learning rate linearly to 0 over the "
+                "remaining seconds (as training/retrofit.py's flag of the same name)."})
 
 
 def main(argv=None, callbacks=None):
@@ -68,6 +71,7 @@ def main(argv=None, callbacks=None):
     if not script.dataset.startswith("testbed:"):
         raise ValueError(f"--dataset must be testbed:<families>, got {script.dataset!r}.")
     check_merged_dtype(script.merged_dtype)  # before any work
+    check_time_arguments(script)
     from kvpop_hf.testbed.evaluate import parse_knobs
 
     families = script.dataset.split(":", 1)[1].split(",")

@@ -39,7 +39,14 @@
 # WINDOW=32 gives the window-32 rows of results/testbed_4k), VARIANTS (the retrofits to run, default
 # the eight above, e.g. "kvpop_cr88 kvpop_distill_cr88"; a policy is evaluated when its _cr88 run exists),
 # ORACLE=0 (skip the answer-query oracles), EVAL=0 (retrofit only: no evaluation), BASE_POLICIES (the untrained rows of the evaluation, dense,streaming), EVAL_N (problems per evaluation, 40),
-# DEADLINE (seconds after start by which the last evaluations are cut, 540); for a CPU smoke test of the script:
+# DEADLINE (seconds after start by which the last evaluations are cut, 540), THREADS (torch threads per process, 2),
+# EVAL_FAMILIES (families evaluated, "reasoning"; e.g. "reasoning vt"), SEED_BASE (problem i of an evaluation has seed
+# SEED_BASE + i, 2^48), EVAL_BUDGETS (the learned policies' budgets, 0.75,0.88,0.94), ANALYSIS_N (problems of the
+# recall analysis, 8). STAGE=teacher also takes INIT, LRS (runs side by side as NAME:LR, "A:7e-4 B:1.2e-3"),
+# REASONING_WEIGHT (0.6), LOOKUP_WEIGHT (0.3), FAMILY_WEIGHTS (e.g. "vt=0.3": pretrain_teacher.py --family-weight),
+# CURRICULUM (the share of the run at CLEN tokens at most, 0.35), POST=0 (stop after picking the teacher: no
+# oracle, no heuristics; the pick is the run with the highest mean dense EM at LEN over EVAL_FAMILIES).
+# For a CPU smoke test of the script:
 # DEVICE=cpu LEN=768 LO=512 CLEN=640 TB=10 RS=5 EVAL_N=2 WORKERS=1 NEX=8 WINDOW=32 (at 768 tokens a 64-token window
 # leaves no long-range slot at 94%).
 set -u
@@ -48,7 +55,8 @@ export PYTHONUNBUFFERED=1 PYTHONPATH=. TOKENIZERS_PARALLELISM=false
 # shellcheck source=benchmarks/mlstm_options.sh
 source "$(dirname "$0")/../mlstm_options.sh"
 STAGE=${STAGE:-teacher}; L=${LEN:-4096}; LO=${LO:-1024}; CLEN=${CLEN:-2560}; W=${WINDOW:-64}; N=${EVAL_N:-40}
-DEADLINE=${DEADLINE:-540}; DEVICE=${DEVICE:-cuda}
+DEADLINE=${DEADLINE:-540}; DEVICE=${DEVICE:-cuda}; TH=${THREADS:-2}; EVAL_FAMILIES=${EVAL_FAMILIES:-reasoning}
+SEED_BASE=${SEED_BASE:-281474976710656}
 if [ "$DEVICE" = cpu ]; then TRAIN_DEV="--use_cpu True"; else TRAIN_DEV="--bf16"; fi
 KNOBS="--knob reasoning.n_facts=10 --knob reasoning.steps=4"
 T0=$(date +%s)
@@ -59,8 +67,9 @@ mkdir -p "$OUT"
 
 evaluate() {  # out-dir seconds args...  (kvpop-eval of reasoning problems with the 4k knobs)
   local d=$1 s=$2; shift 2
-  timeout "$s" python3 -m kvpop_hf.testbed.evaluate --out "$d" --n "$N" --families reasoning --in-domain reasoning \
-    --sinks 4 --window $W $KNOBS --batch-size 40 --device "$DEVICE" --no-progress "$@" > "$d.log" 2>&1
+  OMP_NUM_THREADS=$TH timeout "$s" python3 -m kvpop_hf.testbed.evaluate --out "$d" --n "$N" \
+    --families "${EVAL_FAMILIES// /,}" --in-domain reasoning --seed-base "$SEED_BASE" --sinks 4 --window $W $KNOBS \
+    --batch-size 40 --device "$DEVICE" --no-progress "$@" > "$d.log" 2>&1
   local rc=$?; stamp "eval ${d##*/} exit $rc"; grep -E "^\| [a-z]" "$d/table1.md" 2>/dev/null
 }
 
@@ -68,35 +77,42 @@ stage_teacher() {
   local D="$OUT/teacher_4k" TB=${TB:-240}
   mkdir -p "$D"
   train() {  # name lr
+    local fw=() f
+    for f in ${FAMILY_WEIGHTS:-}; do fw+=(--family-weight "$f"); done
     OMP_NUM_THREADS=2 timeout $((TB + 100)) python3 training/pretrain_teacher.py --out "$D/t_$1" \
       --init-from "${INIT:-checkpoints/teacher}" --steps 1000000 --time-budget "$TB" --seq-len $LO:$L \
-      --len-multiple 256 --curriculum-frac 0.35 --curriculum-len $LO:$CLEN --warmup 100 --lr "$2" --seed 2 \
-      --workers "${WORKERS:-6}" --log-every 250 --probe-every 500 --probe-n 16 --probe-len $L --eval-n 0 \
+      --len-multiple 256 --curriculum-frac "${CURRICULUM:-0.35}" --curriculum-len $LO:$CLEN --warmup 100 --lr "$2" \
+      --seed 2 --workers "${WORKERS:-6}" --log-every 250 --probe-every 500 --probe-n 16 --probe-len $L --eval-n 0 \
       --tokens-per-batch 32768 --knob reasoning.n_facts=10 --knob reasoning.steps=4 --knob lookup.n_facts=16 \
-      --reasoning-weight 0.6 --lookup-weight 0.3 > "$D/teacher_$1.log" 2>&1
+      --reasoning-weight "${REASONING_WEIGHT:-0.6}" --lookup-weight "${LOOKUP_WEIGHT:-0.3}" "${fw[@]}" \
+      > "$D/teacher_$1.log" 2>&1
     stamp "teacher $1 exit $?"; grep -E "^probe step" "$D/teacher_$1.log" | tail -2
   }
-  train A 7e-4 & train B 1.2e-3 &
+  local run names=""
+  for run in ${LRS:-A:7e-4 B:1.2e-3}; do train "${run%%:*}" "${run#*:}" & names+=" ${run%%:*}"; done
   wait
-  for n in A B; do for EL in $L $LO; do
+  for n in $names; do for EL in $L $LO; do
     evaluate "$D/eval_dense_${n}_L$EL" 120 --model "$D/t_$n" --length $EL --policies dense --budgets 0.88 &
   done; done
   wait
-  local pick
-  pick=$(python3 - "$D" "$L" <<'EOF'
+  local pick  # the run with the highest mean dense EM at L over the families evaluated (ties: the first)
+  pick=$(python3 - "$D" "$L" $names <<'EOF'
 import csv, sys
+d, L, names = sys.argv[1], sys.argv[2], sys.argv[3:]
 em = {}
-for n in "AB":
+for n in names:
     try:
-        rows = list(csv.DictReader(open(f"{sys.argv[1]}/eval_dense_{n}_L{sys.argv[2]}/results.csv")))
-        em[n] = max(float(r["em"]) for r in rows if r["policy"] == "dense")
-    except (OSError, ValueError):
+        rows = list(csv.DictReader(open(f"{d}/eval_dense_{n}_L{L}/results.csv")))
+        vals = [float(r["em"]) for r in rows if r["policy"] == "dense"]
+        em[n] = sum(vals) / len(vals)
+    except (OSError, ValueError, ZeroDivisionError):
         em[n] = -1.0
-print("A" if em["A"] >= em["B"] else "B")
+print(max(names, key=lambda n: (em[n], -names.index(n))))
 EOF
 )
   echo "$pick" > "$D/picked.txt"; stamp "picked teacher $pick"
   cp -r "$D/t_$pick" "$OUT/teacher"
+  [ "${POST:-1}" = 1 ] || { stamp "stage teacher done (POST=0: no oracle or heuristics)"; return; }
   local B="0.75,0.88,0.94"
   for kind in mean max; do
     timeout "$(left)" python3 benchmarks/oracle_eviction.py --model "$OUT/teacher" --out "$OUT/oracle_$kind" \
@@ -120,11 +136,11 @@ stage_retrofit() {
   done
   retro() {  # ckpt-folder name scorer topk args...
     local folder=$1 name=$2 scorer=$3 k=$4; shift 4
-    OMP_NUM_THREADS=2 timeout $((RS + 150)) python3 training/retrofit.py --model "$TEACHER" \
+    OMP_NUM_THREADS=$TH timeout $((RS + 150)) python3 training/retrofit.py --model "$TEACHER" \
       --dataset testbed:reasoning --knob reasoning.n_facts=10 reasoning.steps=4 --seq_len $L --sinks 4 --window $W \
       --topk "$k" --scorer "$scorer" --output_dir "$folder/$name" --max_steps 100000 --num_examples "${NEX:-1200}" \
-      --max_train_seconds "$RS" --per_device_train_batch_size 4 --scorer_learning_rate 3e-3 $TRAIN_DEV \
-      --target_queries labels --logging_steps 10 --report_to none --save_strategy no --disable_tqdm True --seed 0 \
+      --max_train_seconds "$RS" --scorer_learning_rate 3e-3 $TRAIN_DEV \
+      --target_queries labels --logging_steps 10 --report_to none --save_strategy no --disable_tqdm True \
       "$@" > "$OUT/retrofit_${name}${folder##*/ckpt}.log" 2>&1
     local rc=$?; stamp "retrofit $name${folder##*/ckpt} exit $rc"
     grep -o "{'loss'[^}]*}" "$OUT/retrofit_${name}${folder##*/ckpt}.log" | sed -n '$p' | cut -c1-240
@@ -142,10 +158,17 @@ stage_retrofit() {
   # A name part _dlse_ (kvpop_dlse_distill_cr88) normalises the target by the dense pass's log-sum-exp, the exact
   # future attention that the oracle and the recall use (--target_lse dense), instead of the student's sparse
   # one (the paper's approximation); ckpt[_<option>][_p<x>]_dlse/.
-  local entry v opt sc target mode folder kw ptag lse
+  # A name part _bs<n>_ (kvpop_bs8_distill_cr88) trains with batches of n sequences instead of 4 (folder part _bs<n>);
+  # a suffix :<seed> (kvpop_distill_cr88@tok:1) is a further training with another seed (--seed <seed> and
+  # training problems drawn from --problem_seed 1234 + <seed>; folder part _s<seed>; default seed 0).
+  local entry v opt sc target mode folder kw ptag lse bs seed
   for entry in ${VARIANTS:-kvpop_cr88 kvpop_cr94 kvpop_mean_cr88 kvpop_distill_cr88 kvpop_mlp_cr88 kvpop_mlp_cr94 \
               kvpop_mlp_mean_cr88 kvpop_mlp_distill_cr88}; do
+    seed=""; case "$entry" in *:*) seed=${entry##*:}; entry=${entry%:*} ;; esac
+    case "$seed" in ""|[0-9]|[0-9][0-9]) ;; *) echo "seed of $entry must be a number, got $seed" >&2; exit 2 ;; esac
     v=${entry%%@*}; opt=""; [ "$v" != "$entry" ] && opt=${entry#*@}
+    bs=$(echo "$v" | grep -oE '_bs[0-9]+_' | tr -dc 0-9)
+    [ -n "$bs" ] && v=${v/_bs${bs}_/_}
     case "$v" in kvpop_mlp*) sc=mlp ;; kvpop*) sc=mlstm ;; *) echo "unknown variant $v" >&2; exit 2 ;; esac
     ptag=$(echo "$v" | grep -oE '_p[0-9]+(\.[0-9]+)?_' | tr -d _)
     [ -n "$ptag" ] && v=${v/_${ptag}_/_}
@@ -153,10 +176,11 @@ stage_retrofit() {
     case "$v" in *_mean_*) target=mean ;; *) target=${ptag:-max} ;; esac
     case "$v" in *_distill_*) mode=$LORA ;; *) mode=$ONLY ;; esac
     kw=$(mlstm_kwargs "$opt") || { echo "unknown option @$opt in $entry (fb<x>, tok, ds<n>, immediate)" >&2; exit 2; }
-    folder="$OUT/ckpt${opt:+_$opt}${ptag:+_$ptag}${lse:+_$lse}"
+    folder="$OUT/ckpt${opt:+_$opt}${ptag:+_$ptag}${lse:+_$lse}${bs:+_bs$bs}${seed:+_s$seed}"
     # shellcheck disable=SC2086
     retro "$folder" "$v" "$sc" "$(topk "0.${v##*_cr}")" $mode $DECAY --target_reduce $target --scorer_kwargs "$kw" \
-      --target_lse "$([ -n "$lse" ] && echo dense || echo sparse)" &
+      --target_lse "$([ -n "$lse" ] && echo dense || echo sparse)" --per_device_train_batch_size "${bs:-4}" \
+      --seed "${seed:-0}" --problem_seed $((1234 + ${seed:-0})) &
   done
   wait
   [ "${EVAL:-1}" = 1 ] || { stamp "stage retrofit done (EVAL=0: no evaluation)"; return; }
@@ -166,7 +190,7 @@ stage_retrofit() {
 }
 
 eval_checkpoints() {  # ckpt-folder out-dir: kvpop-eval of the learned policies found in the folder, with --analysis
-  local C=$1 B="0.75,0.88,0.94" specs=() policies=${BASE_POLICIES:-dense,streaming} p
+  local C=$1 B=${EVAL_BUDGETS:-0.75,0.88,0.94} specs=() policies=${BASE_POLICIES:-dense,streaming} p
   for p in kvpop kvpop_mlp kvpop_mean kvpop_mlp_mean kvpop_distill kvpop_mlp_distill kvpop_mean_distill \
            kvpop_mlp_mean_distill; do
     [ -d "$C/${p}_cr88" ] || continue
@@ -174,8 +198,8 @@ eval_checkpoints() {  # ckpt-folder out-dir: kvpop-eval of the learned policies 
     specs+=(--scorer-checkpoint "$p@cr75=$C/${p}_cr88")
     [ ! -d "$C/${p}_cr94" ] && specs+=(--scorer-checkpoint "$p@cr94=$C/${p}_cr88")
   done
-  evaluate "$2" "$(left)" --model "$TEACHER" --length $L --budgets $B \
-    --policies "$policies" --checkpoints-dir "$C" "${specs[@]}" --analysis --analysis-n 8 --oracle-kind max --oracle-queries target
+  evaluate "$2" "$(left)" --model "$TEACHER" --length $L --budgets "$B" --policies "$policies" \
+    --checkpoints-dir "$C" "${specs[@]}" --analysis --analysis-n "${ANALYSIS_N:-8}" --oracle-kind max --oracle-queries target
 }
 
 stage_evaluate() {  # CKPT_DIRS: folders of <policy>_cr<NN> checkpoints (as ckpt*/ of a retrofit stage)

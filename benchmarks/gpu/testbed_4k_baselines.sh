@@ -11,11 +11,14 @@
 #     drawn as the per-head eviction-ratio heatmap (python -m kvpop_hf.baselines.dms.heatmap).
 # Every evaluation has its own folder $OUT/eval_<policy>_cr<NN> (log beside it: $OUT/eval_<...>.log; outputs.jsonl
 # is written problem by problem, so a run cut by DEADLINE keeps what it finished); training logs: $OUT/train_*.log.
-# All problems: reasoning, LEN tokens, the 4k knobs (10 facts, 4 steps), sinks 4, window 32, EVAL_N problems.
+# All problems: reasoning, LEN tokens, the 4k knobs (10 facts, 4 steps), sinks 4, window WINDOW (32), EVAL_N problems
+# with seeds SEED_BASE + i (2^48 + i).
 #
 # Usage: OUT=dir bash benchmarks/gpu/testbed_4k_baselines.sh                                 (~9.5 min)
 # Knobs: TEACHER (checkpoints/teacher_4k), KVP_CKPTS (checkpoints/kvp_4k), RS (training seconds, 240), EVAL_N
-# (problems per evaluation, 40), EBS (evaluation batch size, 20; DEBS for DMS, whose prefill mask is dense, 10),
+# (problems per evaluation, 40), SEED_BASE (the first problem's seed, 2^48), WINDOW (DMS's protected window and the
+# window of the evaluations, 32), BUDGETS (the trained budgets, "75 88 94"), UNTRAINED=0 (skip the policies that need
+# no training), EVAL=0 (train only), LR_DECAY=1 (the learning rate decays linearly to 0 over RS, as KVpop's retrofits in testbed_4k.sh), EBS (evaluation batch size, 20; DEBS for DMS, whose prefill mask is dense, 10),
 # DBS (DMS training batch size, 2), NEX (training examples, 1200), TRAIN_SLACK (seconds a training may run past RS
 # for loading and saving, 150), THREADS (torch threads per process, 2), DEADLINE (seconds after start by which
 # everything is cut, 560); for a CPU smoke test of the script (python3 must be the environment's):
@@ -23,7 +26,7 @@
 set -u
 : "${OUT:?set OUT to an output directory}"
 export PYTHONUNBUFFERED=1 PYTHONPATH=. TOKENIZERS_PARALLELISM=false
-L=${LEN:-4096}; W=32; N=${EVAL_N:-40}; EBS=${EBS:-20}; DEBS=${DEBS:-10}; DBS=${DBS:-2}; NEX=${NEX:-1200}; RS=${RS:-240}
+L=${LEN:-4096}; W=${WINDOW:-32}; N=${EVAL_N:-40}; EBS=${EBS:-20}; DEBS=${DEBS:-10}; DBS=${DBS:-2}; NEX=${NEX:-1200}; RS=${RS:-240}
 TEACHER=${TEACHER:-checkpoints/teacher_4k}; KVP_CKPTS=${KVP_CKPTS:-checkpoints/kvp_4k}
 DEADLINE=${DEADLINE:-560}; DEVICE=${DEVICE:-cuda}; TRAIN_SLACK=${TRAIN_SLACK:-150}; TH=${THREADS:-2}
 if [ "$DEVICE" = cpu ]; then TRAIN_DEV="--use_cpu True"; else TRAIN_DEV="--bf16"; fi
@@ -38,13 +41,13 @@ for d in "$TEACHER" "$KVP_CKPTS/rl" "$KVP_CKPTS/supervised"; do
   [ -d "$d" ] || { echo "missing $d" >&2; exit 2; }
 done
 python3 -c "from kvpop_hf.testbed.policies import parse_budgets as p
-print('budgets:', ', '.join(f'{b.spec}: B = {b.B}, k = {b.topk}' for b in p('0.75,0.88,0.94', $L, 4, $W)))" \
+print('budgets:', ', '.join(f'{b.spec}: B = {b.B}, k = {b.topk}' for b in p('$(printf '0.%s,' ${BUDGETS:-75 88 94})'[:-1], $L, 4, $W)))" \
   || { echo "python3 cannot import kvpop_hf" >&2; exit 2; }
 
 evaluate() {  # out-dir seconds args...  (kvpop-eval of reasoning problems with the 4k knobs)
   local d=$1 s=$2; shift 2
   OMP_NUM_THREADS=$TH timeout "$s" python3 -m kvpop_hf.testbed.evaluate --out "$d" --n "$N" --families reasoning \
-    --in-domain reasoning --length $L --sinks 4 --window $W $KNOBS --batch-size "$EBS" --device "$DEVICE" \
+    --in-domain reasoning --seed-base "${SEED_BASE:-281474976710656}" --length $L --sinks 4 --window $W $KNOBS --batch-size "$EBS" --device "$DEVICE" \
     --no-progress "$@" > "$d.log" 2>&1
   local rc=$?; stamp "eval ${d##*/} exit $rc"; grep -E "^\| [a-z]" "$d/table1.md" 2>/dev/null
 }
@@ -55,7 +58,8 @@ train_seconds() {  # the training limit: RS + TRAIN_SLACK, and at least a minute
 
 COMMON_TRAIN="--dataset testbed:reasoning --knob reasoning.n_facts=10 reasoning.steps=4 --seq_len $L --sinks 4
   --lora_rank 8 --merge_lora True --max_steps 100000 --num_examples $NEX --max_train_seconds $RS --learning_rate 1e-3
-  --logging_steps 10 --report_to none --save_strategy no --disable_tqdm True --seed 0 $TRAIN_DEV"
+  --logging_steps 10 --report_to none --save_strategy no --disable_tqdm True --seed 0 $TRAIN_DEV
+  $([ "${LR_DECAY:-0}" = 1 ] && echo --lr_decay_by_time True)"
 
 streaming_plus() {  # NN (75 / 88 / 94): train, then evaluate
   local cr=0.$1 name=streaming_plus_cr$1 B
@@ -65,7 +69,7 @@ streaming_plus() {  # NN (75 / 88 / 94): train, then evaluate
     > "$OUT/train_$name.log" 2>&1
   local rc=$?; stamp "train $name (B = $B, window $((B - 4))) exit $rc"
   grep -o "{'loss'[^}]*}" "$OUT/train_$name.log" | sed -n '$p' | cut -c1-200
-  [ $rc = 0 ] || return
+  [ $rc = 0 ] && [ "${EVAL:-1}" = 1 ] || return
   evaluate "$OUT/eval_$name" "$(left)" --model "$TEACHER" --budgets "$cr" --policies streaming_plus \
     --scorer-checkpoint "streaming_plus@cr$1=$OUT/ckpt/$name"
 }
@@ -77,33 +81,34 @@ dms() {  # NN: train, then evaluate (compression.json in the evaluation folder)
     --per_device_train_batch_size "$DBS" --output_dir "$OUT/ckpt/$name" > "$OUT/train_$name.log" 2>&1
   local rc=$?; stamp "train $name exit $rc"
   grep -o "{'loss'[^}]*}" "$OUT/train_$name.log" | sed -n '$p' | cut -c1-240
-  [ $rc = 0 ] || return
+  [ $rc = 0 ] && [ "${EVAL:-1}" = 1 ] || return
   EBS=$DEBS evaluate "$OUT/eval_$name" "$(left)" --model "$TEACHER" --budgets "$cr" --policies dms \
     --scorer-checkpoint "dms@cr$1=$OUT/ckpt/$name"
 }
 
 DMS_JOBS=()
-for nn in 75 88 94; do
+for nn in ${BUDGETS:-75 88 94}; do
+  case "$nn" in [0-9][0-9]) ;; *) echo "BUDGETS holds two-digit percentages (75 88 94), got $nn" >&2; exit 2 ;; esac
   streaming_plus $nn &
   dms $nn & DMS_JOBS+=($!)
 done
-for p in tova h2o snapkv; do
+[ "${UNTRAINED:-1}" = 1 ] && for p in tova h2o snapkv; do
   for nn in 75 94; do
     evaluate "$OUT/eval_${p}_cr$nn" "$(left)" --model "$TEACHER" --budgets 0.$nn --policies $p &
   done
 done
-evaluate "$OUT/eval_lagkv_cr94" "$(left)" --model "$TEACHER" --budgets 0.94 --policies lagkv &
-evaluate "$OUT/eval_kvp_cr94" "$(left)" --model "$TEACHER" --budgets 0.94 --policies kvp,kvp_supervised \
+[ "${UNTRAINED:-1}" = 1 ] && evaluate "$OUT/eval_lagkv_cr94" "$(left)" --model "$TEACHER" --budgets 0.94 --policies lagkv &
+[ "${UNTRAINED:-1}" = 1 ] && evaluate "$OUT/eval_kvp_cr94" "$(left)" --model "$TEACHER" --budgets 0.94 --policies kvp,kvp_supervised \
   --scorer-checkpoint "kvp=$KVP_CKPTS/rl" --scorer-checkpoint "kvp_supervised=$KVP_CKPTS/supervised" &
 
 wait "${DMS_JOBS[@]}"
 mkdir -p "$OUT/eval_dms"
-python3 - "$OUT" > "$OUT/eval_dms/merge.log" 2>&1 <<'EOF'
+python3 - "$OUT" ${BUDGETS:-75 88 94} > "$OUT/eval_dms/merge.log" 2>&1 <<'EOF'
 import json, sys
 from pathlib import Path
 out = Path(sys.argv[1])
 merged = {}
-for nn in ("75", "88", "94"):
+for nn in sys.argv[2:]:
     f = out / f"eval_dms_cr{nn}" / "compression.json"
     if f.is_file():
         merged.update(json.loads(f.read_text()))
