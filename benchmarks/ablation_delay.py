@@ -58,7 +58,7 @@ def main(argv=None):
         ckpt = Path(f"/tmp/kvpop_ablation_{name}")
         train_argv = ["--model", args.model, "--dataset", "testbed:reasoning", "--seq_len", str(args.seq_len),
                 "--sinks", str(args.sinks), "--window", str(args.window), "--topk", str(topk), "--scorer", "mlstm",
-                "--scorer_kwargs", json.dumps({"delayed": delayed}), "--output_dir", str(ckpt),
+                "--scorer_kwargs", json.dumps({"delayed": delayed, "token_readout": False}), "--output_dir", str(ckpt),
                 "--max_steps", str(args.steps), "--per_device_train_batch_size", "2", "--learning_rate", "3e-3",
                 "--train_backbone", "False", "--logging_steps", "10", "--report_to", "none",
                 "--save_strategy", "no", "--seed", "0", "--disable_tqdm", "True"]

@@ -23,6 +23,7 @@ parse() {  # run -> SCORER LR NAME KW POL
   local opt=""
   IFS=: read -r SCORER LR opt <<< "$1"
   KW=$(mlstm_kwargs "$opt") || { echo "unknown option $opt in $1" >&2; exit 2; }
+  [ "$SCORER" = mlp ] && [ -z "$opt" ] && KW='{}'  # the options are the mLSTM's
   NAME="${SCORER}_lr${LR}${opt:+_$opt}"
   POL=kvpop; [ "$opt" = immediate ] && POL=kvpop_immediate; [ "$SCORER" = mlp ] && POL=kvpop_mlp
 }

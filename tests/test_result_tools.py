@@ -86,3 +86,18 @@ def test_eval_table_first_folder_wins_and_suffix_keeps_both(tmp_path, capsys):
     rows = [line.split(" | ") for line in out.read_text().splitlines()[2:]]
     assert [(r[0].strip("| "), r[2]) for r in rows] == [("dense", "1.000"), ("kvpop", "0.500"),
                                                         ("kvpop_long", "1.000"), ("tova_long", "0.000")]
+
+
+def test_eval_table_family_filter_and_recall_column(tmp_path):
+    rows = [_r("dense", "full", 0.0, 1.0), _r("kvpop", 492, 0.88, 0.5),
+            {**_r("dense", "full", 0.0, 0.9), "family": "vt"}, {**_r("kvpop", 492, 0.88, 0.25), "family": "vt"}]
+    _run(tmp_path / "a", rows)
+    with open(tmp_path / "a" / "recall_per_layer.csv", "w") as fh:
+        fh.write("policy,budget,cr,layer,head,oracle_recall,n_problems\n"
+                 "kvpop,492,0.88,0,0,0.5,8\nkvpop,492,0.88,0,1,0.7,8\n")
+    out = tmp_path / "t.md"
+    with pytest.raises(SystemExit, match="several families.*--family"):
+        eval_table.main([str(tmp_path / "a"), "--out", str(out)])
+    eval_table.main([str(tmp_path / "a"), "--family", "vt", "--out", str(out)])
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in out.read_text().splitlines()[2:]]
+    assert [(r[0], r[2], r[7]) for r in rows] == [("dense", "0.900", "–"), ("kvpop", "0.250", "0.600")]

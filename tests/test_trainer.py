@@ -209,3 +209,15 @@ def test_retrofit_names_the_train_extra_when_peft_is_missing(tmp_path, monkeypat
     with pytest.raises(ImportError, match=r"\[train\]"):
         retrofit.main(["--model", str(tmp_path / "never_loaded"), "--lora_rank", "4", "--output_dir",
                        str(tmp_path / "out"), "--use_cpu", "True", "--report_to", "none"])
+
+
+def test_mlstm_trains_with_the_token_term_unless_told_otherwise(tmp_path):
+    assert json.loads(args(tmp_path, scorer_kwargs="{}").scorer_kwargs) == {"token_readout": True}
+    paper = args(tmp_path, scorer_kwargs='{"token_readout": false, "state_dim": 8}')
+    assert json.loads(paper.scorer_kwargs) == {"token_readout": False, "state_dim": 8}
+    assert json.loads(args(tmp_path, scorer="mlp", scorer_kwargs="{}").scorer_kwargs) == {}
+    cfg = args(tmp_path).kvpop_config(tiny_model("qwen3").config)
+    assert cfg.scorer_kwargs == {"state_dim": 8, "token_readout": True}
+    # the scorer class keeps the paper's readout: a checkpoint config that does not name the option loads as trained
+    from kvpop_hf.scorers import build_scorer
+    assert build_scorer("mlstm", 2, 2, 8).token_readout is False

@@ -176,6 +176,7 @@ stage_retrofit() {
     case "$v" in *_mean_*) target=mean ;; *) target=${ptag:-max} ;; esac
     case "$v" in *_distill_*) mode=$LORA ;; *) mode=$ONLY ;; esac
     kw=$(mlstm_kwargs "$opt") || { echo "unknown option @$opt in $entry (fb<x>, tok, ds<n>, immediate)" >&2; exit 2; }
+    [ "$sc" = mlp ] && [ -z "$opt" ] && kw='{}'  # the options are the mLSTM's
     folder="$OUT/ckpt${opt:+_$opt}${ptag:+_$ptag}${lse:+_$lse}${bs:+_bs$bs}${seed:+_s$seed}"
     # shellcheck disable=SC2086
     retro "$folder" "$v" "$sc" "$(topk "0.${v##*_cr}")" $mode $DECAY --target_reduce $target --scorer_kwargs "$kw" \

@@ -56,7 +56,9 @@ class KVpopTrainingArguments(TrainingArguments):
     topk: int = field(default=1788, metadata={"help": "k: long-range slots per KV head."})
     scorer: str = field(default="mlstm", metadata={
         "help": "mlp | mlstm (learned scorers) | streaming | knorm | random (fixed; backbone distillation only)."})
-    scorer_kwargs: str = field(default="{}", metadata={"help": "JSON dict of scorer options, e.g. '{\"state_dim\": 32}'."})
+    scorer_kwargs: str = field(default="{}", metadata={
+        "help": "JSON dict of scorer options, e.g. '{\"state_dim\": 32}'. The mlstm scorer trains with "
+                "token_readout=true unless '{\"token_readout\": false}' (the paper's readout alone) is given."})
     log_gamma: float | None = field(default=None, metadata={"help": "Initial log decay per head (<0); None: no decay."})
     learn_decay: bool = field(default=False, metadata={"help": "Learn the per-head decay gamma_h."})
     decay_step: int = field(default=64, metadata={"help": "n: decay block size."})
@@ -133,6 +135,10 @@ class KVpopTrainingArguments(TrainingArguments):
             kwargs = json.loads(self.scorer_kwargs) if isinstance(self.scorer_kwargs, str) else dict(self.scorer_kwargs)
         except json.JSONDecodeError as err:
             raise ValueError(f"scorer_kwargs must be a JSON object: {err}") from err
+        if self.scorer == "mlstm":
+            # the default mLSTM scorer reads the token's own [k; v] beside its memory (docs/design.md §1); the
+            # paper's readout (Eq. 11) alone is scorer_kwargs='{"token_readout": false}'
+            kwargs.setdefault("token_readout", True)
         self.scorer_kwargs = json.dumps(kwargs)
 
     def kvpop_config(self, model_config) -> KVpopConfig:
