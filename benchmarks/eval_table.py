@@ -10,13 +10,16 @@ A (policy, budget) row seen in an earlier folder wins. ``FOLDER@SUFFIX`` appends
 folder's policies (not to ``dense``), to list two runs of one policy side by side. EM standard error:
 ``sqrt(EM (1 - EM) / n)``. Folders holding several families need ``--family``. Where a folder has the
 ``recall_per_layer.csv`` of ``kvpop-eval --analysis``, the column ``oracle recall`` is the mean of its layers and
-heads for that policy and budget (the oracle top-k recall, docs/design.md §6), ``–`` otherwise.
+heads for that policy and budget (the oracle top-k recall, docs/design.md §6; ``--analysis`` measures it on
+reasoning problems, so it is shown for that family only), ``–`` otherwise. ``--exclude PATTERN`` drops the policies
+whose name (after its suffix) matches a shell pattern, e.g. the untrained rows that every evaluation folder repeats.
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import fnmatch
 import json
 import math
 from collections import defaultdict
@@ -45,7 +48,7 @@ def recall_of(folder: Path) -> dict[tuple[str, str], float]:
 
 
 def rows_of(folder: Path, family: str | None = None) -> list[dict]:
-    recall = recall_of(folder)
+    recall = recall_of(folder) if (family or "reasoning") == "reasoning" else {}
     if (folder / "results.csv").is_file():
         rows = _one_family(folder, list(csv.DictReader(open(folder / "results.csv"))), family)
         return [{"policy": r["policy"], "budget": r["budget"], "em": float(r["em"]), "n": int(r["n"]),
@@ -68,6 +71,8 @@ def main(argv=None) -> None:
     ap.add_argument("--plot", type=Path, default=None, help="quality-vs-budget plot (needs --length)")
     ap.add_argument("--length", type=int, default=None, help="problem length in tokens (compression = 1 - B / length)")
     ap.add_argument("--family", default=None, help="the family to tabulate (needed when a folder holds several)")
+    ap.add_argument("--exclude", action="append", default=[], metavar="PATTERN",
+                    help="drop policies whose final name matches this shell pattern (repeatable)")
     args = ap.parse_args(argv)
     if args.plot is not None and (args.length is None or args.length < 1):
         raise SystemExit("--plot needs --length (the problems' length in tokens)")
@@ -77,6 +82,8 @@ def main(argv=None) -> None:
         for r in rows_of(Path(folder), args.family):
             if suffix and r["policy"] != "dense":
                 r["policy"] += suffix
+            if any(fnmatch.fnmatchcase(r["policy"], pat) for pat in args.exclude):
+                continue
             key = (r["policy"], r["budget"])
             if key not in seen:
                 seen.add(key)
@@ -84,7 +91,7 @@ def main(argv=None) -> None:
     lines = ["| policy | B | EM | ± SE | n | tok acc | lookup acc | oracle recall |", "|---|---|---|---|---|---|---|---|"]
     for r in table:
         se = math.sqrt(r["em"] * (1 - r["em"]) / r["n"]) if r["n"] else math.nan
-        lookup = f"{float(r['lookup']):.3f}" if r["lookup"] not in ("", None) else "–"
+        lookup = f"{float(r['lookup']):.3f}" if r["lookup"] not in ("", None, "nan") else "–"
         recall = "–" if r.get("recall") is None else f"{r['recall']:.3f}"
         lines.append(f"| {r['policy']} | {r['budget']} | {r['em']:.3f} | {se:.3f} | {r['n']} | {r['tok']:.3f} | "
                      f"{lookup} | {recall} |")

@@ -100,4 +100,22 @@ def test_eval_table_family_filter_and_recall_column(tmp_path):
         eval_table.main([str(tmp_path / "a"), "--out", str(out)])
     eval_table.main([str(tmp_path / "a"), "--family", "vt", "--out", str(out)])
     rows = [[c.strip() for c in line.strip("|").split("|")] for line in out.read_text().splitlines()[2:]]
-    assert [(r[0], r[2], r[7]) for r in rows] == [("dense", "0.900", "–"), ("kvpop", "0.250", "0.600")]
+    assert [(r[0], r[2], r[7]) for r in rows] == [("dense", "0.900", "–"), ("kvpop", "0.250", "–")]
+    eval_table.main([str(tmp_path / "a"), "--family", "reasoning", "--out", str(out)])
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in out.read_text().splitlines()[2:]]
+    assert [(r[0], r[2], r[7]) for r in rows] == [("dense", "1.000", "–"), ("kvpop", "0.500", "0.600")]
+
+
+def test_eval_table_exclude_and_recall_only_for_reasoning(tmp_path):
+    rows = [_r("dense", "full", 0.0, 1.0), _r("streaming", 492, 0.88, 0.1), _r("kvpop", 492, 0.88, 0.5),
+            {**_r("kvpop", 492, 0.88, 0.25), "family": "vt", "lookup_acc": "nan"}]
+    _run(tmp_path / "a", rows)
+    (tmp_path / "a" / "recall_per_layer.csv").write_text(
+        "policy,budget,cr,layer,head,oracle_recall,n_problems\nkvpop,492,0.88,0,0,0.5,8\n")
+    out = tmp_path / "t.md"
+    eval_table.main([f"{tmp_path / 'a'}@_x", "--family", "vt", "--out", str(out)])
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in out.read_text().splitlines()[2:]]
+    assert rows == [["kvpop_x", "492", "0.250", "0.306", "2", "0.900", "–", "–"]]
+    eval_table.main([f"{tmp_path / 'a'}@_x", "--family", "reasoning", "--exclude", "streaming*", "--out", str(out)])
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in out.read_text().splitlines()[2:]]
+    assert [(r[0], r[7]) for r in rows] == [("dense", "–"), ("kvpop_x", "0.500")]
