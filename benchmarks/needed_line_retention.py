@@ -1,0 +1,151 @@
+"""How much of the lines an answer is made of a KVpop cache still holds when the prompt ends.
+
+For each problem the prompt is prefilled into a KVpop cache loaded from a checkpoint (a distilled student's folder
+holds the model too), and per layer and KV head we count the content tokens (names and values) of the *needed
+lines* that are stored: the fact lines of a ``reasoning`` problem (``meta["fact_token_pos"]``: ``fact : x70 = 5 .``)
+or the ``VAR`` statements of a ``vt`` problem (``meta["statement_token_pos"]``: ``VAR zibo = VAR krupodrim .``). StreamingLLM at the
+same budget is the reference row. The answer's own later lines (rules, trace) are not counted.
+
+    python benchmarks/needed_line_retention.py --model CKPT_DIR --out results/.../needed_lines.md \\
+        --families reasoning,vt --n 8 --length 4096 --budget 0.88 --window 64 --knob reasoning.n_facts=10 \\
+        --knob reasoning.steps=4
+
+Prints and writes a markdown table with the command: the share of the needed content tokens stored and the share
+of the needed lines whose content tokens are all stored, means over problems, layers and KV heads, and the head that
+keeps the fewest such lines.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from kvpop_hf import KVpopCache  # noqa: E402
+from kvpop_hf.compat import with_cache  # noqa: E402
+from kvpop_hf.testbed import make_problem  # noqa: E402
+from kvpop_hf.testbed.evaluate import parse_knobs  # noqa: E402
+from kvpop_hf.testbed.policies import parse_budgets  # noqa: E402
+
+LINE_STARTS = {"reasoning": "fact_token_pos", "vt": "statement_token_pos"}
+# the words every such line repeats (``fact : x70 = 5 .``, ``VAR zibo = VAR krupodrim .``): not counted
+STRUCTURE = frozenset({"fact", ":", "=", ".", "VAR"})
+
+
+def needed_lines(problem, tokens: list[str], newline: str) -> list[list[int]]:
+    """Per line that ``problem``'s answer needs, the positions of its content tokens (names, values: every token
+    from the line's start to its newline that is not one of the STRUCTURE words)."""
+    key = LINE_STARTS.get(problem.family)
+    if key is None:
+        raise ValueError(f"needed lines are defined for {sorted(LINE_STARTS)}, not {problem.family!r}")
+    starts = problem.meta[key]
+    if isinstance(starts, dict):  # reasoning: {fact tag: line start}
+        flat = list(starts.values())
+    else:  # vt: [[line start per hop] per chain]
+        flat = [p for group in starts for p in group]
+    out = []
+    for p in sorted(flat):
+        q, line = p, []
+        while q < len(tokens) and tokens[q] != newline:
+            if tokens[q] not in STRUCTURE:
+                line.append(q)
+            q += 1
+        out.append(line)
+    return out
+
+
+@torch.no_grad()
+def kept_share(model, cache, ids: torch.Tensor, lines: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """After prefilling ``ids`` into ``cache``: ``[layers, kv_heads]`` share of the lines' content tokens it stores,
+    and ``[layers, kv_heads]`` share of the lines whose content tokens it stores all."""
+    model(ids, **with_cache(model, cache))
+    tokens, whole = [], []
+    for layer in range(len(cache.layers)):
+        pos = cache.stored_positions(layer)[0].cpu()  # [h, B]
+        kept = [[torch.isin(torch.tensor(line), pos[h]) for line in lines] for h in range(pos.shape[0])]
+        tokens.append(torch.stack([torch.cat(k).float().mean() for k in kept]))
+        whole.append(torch.stack([torch.tensor([bool(x.all()) for x in k]).float().mean() for k in kept]))
+    return torch.stack(tokens), torch.stack(whole)
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", required=True, help="a distilled student's folder (model + kvpop scorer)")
+    ap.add_argument("--scorer-checkpoint", default=None, help="the KVpop checkpoint if not --model itself")
+    ap.add_argument("--out", type=Path, required=True, help="markdown table to write")
+    ap.add_argument("--families", default="reasoning,vt")
+    ap.add_argument("--n", type=int, default=8)
+    ap.add_argument("--length", type=int, default=4096)
+    ap.add_argument("--budget", default="0.88")
+    ap.add_argument("--sinks", type=int, default=4)
+    ap.add_argument("--window", type=int, default=64)
+    ap.add_argument("--seed-base", type=int, default=2 ** 48)
+    ap.add_argument("--knob", action="append", default=[], help="generator knob FAMILY.KEY=VALUE (repeatable)")
+    args = ap.parse_args(argv)
+    families = [f for f in args.families.split(",") if f]
+    bad = [f for f in families if f not in LINE_STARTS]
+    if bad:
+        raise SystemExit(f"--families: needed lines are defined for {', '.join(sorted(LINE_STARTS))}; got {bad}")
+    if args.n < 1:
+        raise SystemExit(f"--n must be >= 1, got {args.n}")
+    knobs = parse_knobs(args.knob, families)
+    budget = parse_budgets(args.budget, args.length, args.sinks, args.window)[0]
+
+    from transformers import AutoTokenizer
+
+    from kvpop_hf.testbed.models import load_model
+
+    tok = AutoTokenizer.from_pretrained(args.model)
+    model = load_model(args.model, torch.float32, "cpu")
+    newline = tok.convert_ids_to_tokens(tok("a\nb", add_special_tokens=False)["input_ids"])[1]
+    ckpt = args.scorer_checkpoint or args.model
+    caches = {
+        "kvpop": lambda: KVpopCache.from_pretrained(ckpt, model.config, sinks=args.sinks, window=args.window,
+                                                    topk=budget.topk),
+        "streaming": lambda: KVpopCache(model.config, sinks=args.sinks, window=args.window, topk=budget.topk,
+                                        scorer="streaming"),
+    }
+    rows = []
+    for fam in families:
+        for name, make in caches.items():
+            tokens, whole = [], []
+            for i in range(args.n):
+                problem = make_problem(fam, length=args.length, seed=args.seed_base + i, **knobs.get(fam, {}))
+                ids = tok(problem.prompt)["input_ids"]
+                lines = needed_lines(problem, tok.convert_ids_to_tokens(ids), newline)
+                t, w = kept_share(model, make(), torch.tensor([ids]), lines)
+                tokens.append(t)
+                whole.append(w)
+            t, w = torch.stack(tokens).mean(0), torch.stack(whole).mean(0)  # [layers, heads]
+            rows.append((fam, name, len(lines), sum(map(len, lines)), t.mean().item(), w.mean().item(),
+                         w.min().item(), divmod(int(w.argmin()), w.shape[1])))
+            print(f"{fam} {name}: kept {t.mean().item():.3f} of the needed tokens, {w.mean().item():.3f} of the "
+                  "needed lines whole", flush=True)
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
+                                text=True).stdout.strip()
+    except OSError:
+        commit = "unknown"
+    lines = [f"`python benchmarks/needed_line_retention.py {shlex.join(sys.argv[1:] if argv is None else argv)}` "
+             f"(commit {commit}; B = {budget.B}, k = {budget.topk}; {args.n} problems per family, seeds "
+             f"{args.seed_base} + i)", "",
+             "| family | policy | needed lines / content tokens (last problem) | content tokens kept | lines kept whole | "
+             "lines kept whole, lowest head (layer, head) |", "|---|---|---|---|---|---|"]
+    for fam, name, n_lines, n_tok, tok_share, whole, low, (lay, head) in rows:
+        lines.append(f"| {fam} | {name} | {n_lines} / {n_tok} | {tok_share:.3f} | {whole:.3f} | "
+                     f"{low:.3f} (L{lay}, H{head}) |")
+    text = "\n".join(lines) + "\n"
+    print(text)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(text)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,60 @@
+"""benchmarks/needed_line_retention.py: the needed lines of a problem and the share of them a cache holds."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import needed_line_retention as nlr  # noqa: E402
+from kvpop_hf import KVpopCache  # noqa: E402
+from kvpop_hf.testbed import build_tokenizer, make_problem  # noqa: E402
+from kvpop_hf.testbed.models import load_model  # noqa: E402
+
+TEACHER = str(ROOT / "checkpoints" / "teacher_4k")
+
+
+def _lines(problem):
+    tok = build_tokenizer()
+    tokens = tok.convert_ids_to_tokens(tok(problem.prompt)["input_ids"])
+    newline = tok.convert_ids_to_tokens(tok("a\nb", add_special_tokens=False)["input_ids"])[1]
+    return tokens, nlr.needed_lines(problem, tokens, newline)
+
+
+def test_needed_lines_are_the_names_and_values():
+    p = make_problem("reasoning", length=1024, seed=3, n_facts=5, steps=3)
+    tokens, lines = _lines(p)
+    assert len(lines) == 5
+    got = sorted((tokens[a], tokens[b]) for a, b in lines)  # fact : NAME = VALUE .
+    assert got == sorted((name, str(value)) for name, value in p.meta["facts"].items())
+    p = make_problem("vt", length=1024, seed=3)
+    tokens, lines = _lines(p)
+    names = [tokens[line[0]] for line in lines]  # VAR NAME = ... in assignment order
+    assert names == p.answer.split()
+    assert all(tokens[i] not in nlr.STRUCTURE for line in lines for i in line)
+    with pytest.raises(ValueError, match="needed lines are defined"):
+        nlr.needed_lines(make_problem("cwe", length=1024, seed=0), tokens, "x")
+
+
+def test_a_cache_as_long_as_the_prompt_keeps_every_line_and_a_short_window_loses_some():
+    model = load_model(TEACHER, torch.float32, "cpu")
+    p = make_problem("vt", length=1024, seed=5)
+    tok = build_tokenizer()
+    ids = tok(p.prompt)["input_ids"]
+    _, lines = _lines(p)
+    full = KVpopCache(model.config, sinks=4, window=64, topk=len(ids), scorer="knorm")
+    tokens, whole = nlr.kept_share(model, full, torch.tensor([ids]), lines)
+    assert tokens.shape == whole.shape == (6, 2) and bool((tokens == 1).all()) and bool((whole == 1).all())
+    short = KVpopCache(model.config, sinks=4, window=64, topk=0, scorer="streaming")
+    tokens, whole = nlr.kept_share(model, short, torch.tensor([ids]), lines)
+    assert float(tokens.max()) < 1.0
+
+
+def test_bad_families_are_refused_before_loading(tmp_path):
+    with pytest.raises(SystemExit, match="needed lines are defined"):
+        nlr.main(["--model", str(tmp_path / "missing"), "--out", str(tmp_path / "t.md"), "--families", "cwe"])
