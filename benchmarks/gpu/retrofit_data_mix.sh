@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Does a learned scorer keep another task family's answers when that family is in its retrofit data? On the
+# 1024-token testbed, whose teacher (checkpoints/teacher) solves reasoning and variable tracking (vt), two KVpop
+# retrofits side by side for RS seconds each: on reasoning problems only, and on reasoning and vt alternating
+# (retrofit.py --dataset testbed:reasoning,vt). Both: delayed mLSTM with the token term, distilled with a rank-8 LoRA
+# merged afterwards, max answer-query target, 88%, window 32, learning rate decaying over the seconds. Then
+# kvpop-eval of both beside dense, StreamingLLM, LagKV and SnapKV on EVAL_N fresh problems of each family at 75%
+# and 88%.
+#   -> $OUT/ckpt_{reasoning,mix}/kvpop_distill_cr88, $OUT/retrofit_*.log, $OUT/eval_{reasoning,mix}/ (kvpop-eval
+#      folders; the heuristics are in eval_reasoning), $OUT/eval_*.log
+# Usage: OUT=dir bash benchmarks/gpu/retrofit_data_mix.sh                      (~4 min on one H200)
+# Knobs: RS (training seconds, 110), EVAL_N (problems per family, 40), SEED_BASE (2^48 + 5000), DEVICE (cuda);
+# a CPU smoke test: DEVICE=cpu RS=5 EVAL_N=2 NEX=8.
+set -u
+: "${OUT:?set OUT to an output directory}"
+export PYTHONUNBUFFERED=1 PYTHONPATH=. TOKENIZERS_PARALLELISM=false
+T=checkpoints/teacher; L=1024; W=32; RS=${RS:-110}; N=${EVAL_N:-40}; DEVICE=${DEVICE:-cuda}
+SEED_BASE=${SEED_BASE:-$((2 ** 48 + 5000))}
+if [ "$DEVICE" = cpu ]; then TRAIN_DEV="--use_cpu True"; else TRAIN_DEV="--bf16"; fi
+T0=$(date +%s)
+stamp() { echo "[$(( $(date +%s) - T0 ))s] $*"; }
+K88=$(python3 -c "from kvpop_hf.testbed.policies import parse_budgets as p; print(p('0.88', $L, 4, $W)[0].topk)") \
+  || { echo "python3 cannot import kvpop_hf" >&2; exit 2; }
+mkdir -p "$OUT"
+
+retro() {  # name families
+  OMP_NUM_THREADS=2 timeout $((RS + 150)) python3 training/retrofit.py --model $T --dataset "testbed:$2" --seq_len $L \
+    --sinks 4 --window $W --topk "$K88" --scorer mlstm --scorer_kwargs '{"token_readout": true}' \
+    --train_backbone True --lora_rank 8 --merge_lora True --distill_weight 1.0 --learning_rate 1e-3 \
+    --scorer_learning_rate 3e-3 --target_reduce max --target_queries labels --max_train_seconds "$RS" \
+    --lr_decay_by_time True --per_device_train_batch_size 8 --num_examples "${NEX:-4000}" --max_steps 100000 \
+    --output_dir "$OUT/ckpt_$1/kvpop_distill_cr88" --logging_steps 10 --report_to none --save_strategy no \
+    --disable_tqdm True --seed 0 $TRAIN_DEV > "$OUT/retrofit_$1.log" 2>&1
+  local rc=$?; stamp "retrofit $1 ($2) exit $rc"
+  grep -o "{'loss'[^}]*}" "$OUT/retrofit_$1.log" | sed -n '$p' | cut -c1-200
+}
+retro reasoning reasoning &
+retro mix reasoning,vt &
+wait
+evaluate() {  # arm policies
+  timeout 300 python3 -m kvpop_hf.testbed.evaluate --model $T --out "$OUT/eval_$1" --length $L --n "$N" \
+    --seed-base "$SEED_BASE" --families vt,reasoning --in-domain reasoning --sinks 4 --window $W --budgets 0.75,0.88 \
+    --policies "$2" --scorer-checkpoint "kvpop_distill=$OUT/ckpt_$1/kvpop_distill_cr88" --batch-size 40 \
+    --device "$DEVICE" --no-progress > "$OUT/eval_$1.log" 2>&1
+  stamp "eval $1 exit $?"
+}
+evaluate reasoning dense,streaming,lagkv,snapkv,kvpop_distill &
+evaluate mix dense,kvpop_distill &
+wait
+for f in "$OUT"/eval_*/table[12].md; do echo "== $f"; grep -E "^\| [a-z]" "$f"; done
