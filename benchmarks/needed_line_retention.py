@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import shlex
-import subprocess
 import sys
 from pathlib import Path
 
@@ -33,6 +32,7 @@ from kvpop_hf.compat import with_cache  # noqa: E402
 from kvpop_hf.testbed import make_problem  # noqa: E402
 from kvpop_hf.testbed.evaluate import parse_knobs  # noqa: E402
 from kvpop_hf.testbed.policies import parse_budgets  # noqa: E402
+from kvpop_hf.utils.provenance import git_commit  # noqa: E402
 
 LINE_STARTS = {"reasoning": "fact_token_pos", "vt": "statement_token_pos"}
 # the words every such line repeats (``fact : x70 = 5 .``, ``VAR zibo = VAR krupodrim .``): not counted
@@ -114,12 +114,14 @@ def main(argv=None) -> None:
     }
     rows = []
     for fam in families:
+        prompts = []  # (ids, needed lines) of each problem, shared by the policies
+        for i in range(args.n):
+            problem = make_problem(fam, length=args.length, seed=args.seed_base + i, **knobs.get(fam, {}))
+            ids = tok(problem.prompt)["input_ids"]
+            prompts.append((ids, needed_lines(problem, tok.convert_ids_to_tokens(ids), newline)))
         for name, make in caches.items():
             tokens, whole = [], []
-            for i in range(args.n):
-                problem = make_problem(fam, length=args.length, seed=args.seed_base + i, **knobs.get(fam, {}))
-                ids = tok(problem.prompt)["input_ids"]
-                lines = needed_lines(problem, tok.convert_ids_to_tokens(ids), newline)
+            for ids, lines in prompts:
                 t, w = kept_share(model, make(), torch.tensor([ids]), lines)
                 tokens.append(t)
                 whole.append(w)
@@ -128,11 +130,7 @@ def main(argv=None) -> None:
                          w.min().item(), divmod(int(w.argmin()), w.shape[1])))
             print(f"{fam} {name}: kept {t.mean().item():.3f} of the needed tokens, {w.mean().item():.3f} of the "
                   "needed lines whole", flush=True)
-    try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
-                                text=True).stdout.strip()
-    except OSError:
-        commit = "unknown"
+    commit = git_commit(ROOT)[:7]
     lines = [f"`python benchmarks/needed_line_retention.py {shlex.join(sys.argv[1:] if argv is None else argv)}` "
              f"(commit {commit}; B = {budget.B}, k = {budget.topk}; {args.n} problems per family, seeds "
              f"{args.seed_base} + i)", "",
