@@ -19,7 +19,8 @@ retro() {  # name scorer topk
   local name=$1 scorer=$2 topk=$3
   OMP_NUM_THREADS=3 timeout 150 python3 training/retrofit.py --model "$TEACHER" \
     --dataset testbed:reasoning --seq_len $L --sinks 4 --window $W --topk $topk --train_backbone False --scorer $scorer \
-    --scorer_kwargs "$([ "$scorer" = mlstm ] && echo '{"token_readout": false}' || echo '{}')" --output_dir "$OUT/ckpt/$name" --max_steps 1000 --num_examples 4000 --max_train_seconds ${RS:-70} \
+    --scorer_kwargs "$([ "$scorer" = mlstm ] && echo '{"token_readout": false}' || echo '{}')" \
+    --output_dir "$OUT/ckpt/$name" --max_steps 1000 --num_examples 4000 --max_train_seconds ${RS:-70} \
     --per_device_train_batch_size 8 --learning_rate 1e-4 --scorer_learning_rate 3e-3 --bf16 --logging_steps 10 \
     --report_to none --save_strategy no --disable_tqdm True --seed 0 > "$OUT/retrofit_$name.log" 2>&1
   stamp "retrofit $name exit $?"; grep -o "{'loss'[^}]*}" "$OUT/retrofit_$name.log" | sed -n '$p' | cut -c1-200

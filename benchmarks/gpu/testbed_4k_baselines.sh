@@ -18,7 +18,8 @@
 # Knobs: TEACHER (checkpoints/teacher_4k), KVP_CKPTS (checkpoints/kvp_4k), RS (training seconds, 240), EVAL_N
 # (problems per evaluation, 40), SEED_BASE (the first problem's seed, 2^48), WINDOW (DMS's protected window and the
 # window of the evaluations, 32), BUDGETS (the trained budgets, "75 88 94"), UNTRAINED=0 (skip the policies that need
-# no training), EVAL=0 (train only), LR_DECAY=1 (the learning rate decays linearly to 0 over RS, as KVpop's retrofits in testbed_4k.sh), EBS (evaluation batch size, 20; DEBS for DMS, whose prefill mask is dense, 10),
+# no training), EVAL=0 (train only), LR_DECAY=1 (the learning rate decays linearly to 0 over RS, as KVpop's
+# retrofits in testbed_4k.sh), EBS (evaluation batch size, 20; DEBS for DMS, whose prefill mask is dense, 10),
 # DBS (DMS training batch size, 2), NEX (training examples, 1200), TRAIN_SLACK (seconds a training may run past RS
 # for loading and saving, 150), THREADS (torch threads per process, 2), DEADLINE (seconds after start by which
 # everything is cut, 560); for a CPU smoke test of the script (python3 must be the environment's):
@@ -47,7 +48,8 @@ print('budgets:', ', '.join(f'{b.spec}: B = {b.B}, k = {b.topk}' for b in p('$(p
 evaluate() {  # out-dir seconds args...  (kvpop-eval of reasoning problems with the 4k knobs)
   local d=$1 s=$2; shift 2
   OMP_NUM_THREADS=$TH timeout "$s" python3 -m kvpop_hf.testbed.evaluate --out "$d" --n "$N" --families reasoning \
-    --in-domain reasoning --seed-base "${SEED_BASE:-281474976710656}" --length $L --sinks 4 --window $W $KNOBS --batch-size "$EBS" --device "$DEVICE" \
+    --in-domain reasoning --seed-base "${SEED_BASE:-281474976710656}" --length $L --sinks 4 --window $W $KNOBS \
+    --batch-size "$EBS" --device "$DEVICE" \
     --no-progress "$@" > "$d.log" 2>&1
   local rc=$?; stamp "eval ${d##*/} exit $rc"; grep -E "^\| [a-z]" "$d/table1.md" 2>/dev/null
 }
