@@ -51,7 +51,7 @@ import traceback
 from pathlib import Path
 
 import torch
-from transformers import CompileConfig, StoppingCriteria, StoppingCriteriaList
+from transformers import CompileConfig, StaticCache, StoppingCriteria, StoppingCriteriaList
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -61,6 +61,7 @@ import kvpop_hf  # noqa: E402,F401  (registers the "kvpop" attention)
 from kvpop_hf import KVpopCache, prefill_in_chunks  # noqa: E402
 from kvpop_hf.compat import with_cache  # noqa: E402
 from kvpop_hf.compile_cache import enable_compile_cache, save_compile_cache  # noqa: E402
+from kvpop_hf.run_ahead import run_ahead_sample  # noqa: E402
 from kvpop_hf.utils.provenance import git_commit, versions  # noqa: E402
 from generation_speed import build_model, fill_dense, fill_kvpop  # noqa: E402
 
@@ -69,16 +70,19 @@ COLUMNS = ["cache", "scorer", "context", "batch", "decode_ms", "tokens_per_s", "
 
 class StepTimes(StoppingCriteria):
     """Records the time after each generated token (after a device synchronisation); never stops generation.
-    ``profile_at``: tokens after which a torch.profiler records three decode steps (``profile``: its table)."""
+    ``profile_at``: tokens after which a torch.profiler records three decode steps (``profile``: its table).
+    ``sync_all=False`` (run-ahead rows): only the first two tokens synchronise; later times are host times, which
+    the run-ahead loop keeps one step ahead of the device (it waits for step ``n - 1`` while ``n`` runs), so their
+    gaps are the steady-state step time without adding the synchronisation the loop removes."""
 
     PROFILED_STEPS = 3
 
-    def __init__(self, device: torch.device, profile_at: int | None = None):
-        self.device, self.times = device, []
+    def __init__(self, device: torch.device, profile_at: int | None = None, sync_all: bool = True):
+        self.device, self.times, self.sync_all = device, [], sync_all
         self.profile_at, self.profile, self._prof = profile_at, None, None
 
     def __call__(self, input_ids, scores, **kwargs):
-        if self.device.type == "cuda":
+        if self.device.type == "cuda" and (self.sync_all or len(self.times) < 2):
             torch.cuda.synchronize(self.device)
         self.times.append(time.perf_counter())
         n = len(self.times)
@@ -127,6 +131,12 @@ def fill_static_in_place(model, batch: int, context: int, extra: int, device):
 
 def generate_once(model, cache_kind: str, scorer: str, ids, mask, gen: dict, args, synthetic: bool) -> None:
     cache = None
+    if gen.get("custom_generate") is not None and not synthetic and cache_kind == "static":
+        # what cache_implementation="static" builds, passed as an object (run_ahead_sample takes generate's cache)
+        cache = StaticCache(config=model.config, max_cache_len=ids.shape[1] + args.new_tokens + 16)
+        model.set_attn_implementation("sdpa")
+        model.generate(ids, **with_cache(model, cache, **gen))
+        return
     try:
         if cache_kind == "kvpop":
             model.set_attn_implementation("kvpop")
@@ -155,15 +165,18 @@ def non_static_inputs() -> int:
     return int(counters["inductor"].get("cudagraph_recorded_non_static_inputs", 0))
 
 
-def measure(model, cache_kind: str, scorer: str, context: int, batch: int, args, device, profile_to=None) -> dict:
+def measure(model, cache_kind: str, scorer: str, context: int, batch: int, args, device, profile_to=None,
+            loop: str = "stock") -> dict:
     """One row (see the module docstring)."""
     row = {"cache": cache_kind, "scorer": scorer if cache_kind == "kvpop" else "", "context": context,
-           "batch": batch, "process": args.process}
+           "batch": batch, "process": args.process, "loop": loop}
     synthetic = args.synthetic_from is not None and batch >= args.synthetic_from
     ids, mask = prompts(batch, context, model.config.vocab_size, device)
-    timer = StepTimes(device, profile_at=args.warmup + 2 if profile_to else None)
+    timer = StepTimes(device, profile_at=args.warmup + 2 if profile_to else None, sync_all=loop == "stock")
     gen = dict(attention_mask=mask, max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens,
                do_sample=False, stopping_criteria=StoppingCriteriaList([timer]), pad_token_id=0)
+    if loop == "run_ahead":
+        gen["custom_generate"] = run_ahead_sample
     if args.compile_mode:
         gen["compile_config"] = CompileConfig(mode=args.compile_mode)
     weights = torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
@@ -231,25 +244,28 @@ def run_rows(args) -> list[dict]:
                         continue
                     if kind == "kvpop" and args.kvpop_batches is not None and batch not in args.kvpop_batches:
                         continue
-                    profile_to = None
-                    if args.profile_dir and batch == 1 and context == args.contexts[0]:
-                        Path(args.profile_dir).mkdir(parents=True, exist_ok=True)
-                        profile_to = Path(args.profile_dir) / f"profile_{args.process}_{kind}_{scorer or 'dense'}.txt"
-                    row = measure(model, kind, scorer, context, batch, args, device, profile_to)
-                    print(f"[{args.process}] {kind} {scorer or '-'} ctx {context} batch {batch}: "
-                          f"{row['decode_ms']} ms/step, {row['tokens_per_s']} tok/s, peak {row['peak_gb']} GB, "
-                          f"first step {row['first_step_s']} s, non-static graph inputs "
-                          f"{row.get('non_static_inputs', '-')}" + (" (filled in place)" if row.get("synthetic") else ""),
-                          flush=True)
-                    rows.append(row)
-                    if args.out_prefix and not args.rows_json:
-                        write(Path(args.out_prefix), rows, "(partial) " + " ".join(sys.argv))  # kept if killed
+                    for loop in args.loops:
+                        profile_to = None
+                        if args.profile_dir and batch == 1 and context == args.contexts[0]:
+                            Path(args.profile_dir).mkdir(parents=True, exist_ok=True)
+                            profile_to = (Path(args.profile_dir)
+                                          / f"profile_{args.process}_{kind}_{scorer or 'dense'}_{loop}.txt")
+                        row = measure(model, kind, scorer, context, batch, args, device, profile_to, loop)
+                        print(f"[{args.process}] {kind} {scorer or '-'} ctx {context} batch {batch} {loop}: "
+                              f"{row['decode_ms']} ms/step, {row['tokens_per_s']} tok/s, peak {row['peak_gb']} GB, "
+                              f"first step {row['first_step_s']} s, non-static graph inputs "
+                              f"{row.get('non_static_inputs', '-')}"
+                              + (" (filled in place)" if row.get("synthetic") else ""), flush=True)
+                        rows.append(row)
+                        if args.out_prefix and not args.rows_json:
+                            write(Path(args.out_prefix), rows, "(partial) " + " ".join(sys.argv))  # kept if killed
     if args.compile_reuse and args.process == "first":
         save_compile_cache(args.compile_reuse)
     return rows
 
 
-MD_COLUMNS = COLUMNS + ["filled", "non_static_inputs"]
+MD_COLUMNS = COLUMNS + ["loop", "filled", "non_static_inputs"]
+RUN_AHEAD_SUFFIX = "_run_ahead"  # the run-ahead rows' CSV: <prefix>_run_ahead.csv, the same columns
 
 
 def _md_cell(row: dict, key: str) -> str:
@@ -260,10 +276,15 @@ def _md_cell(row: dict, key: str) -> str:
 
 def write(prefix: Path, rows: list[dict], command: str) -> None:
     prefix.parent.mkdir(parents=True, exist_ok=True)
-    with open(prefix.with_suffix(".csv"), "w", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=COLUMNS)
-        w.writeheader()
-        w.writerows({k: r.get(k, "") for k in COLUMNS} for r in rows)
+    for path, loop in ((prefix.with_suffix(".csv"), "stock"),
+                       (prefix.with_name(prefix.name + RUN_AHEAD_SUFFIX + ".csv"), "run_ahead")):
+        mine = [r for r in rows if r.get("loop", "stock") == loop]
+        if not mine:
+            continue
+        with open(path, "w", newline="") as fh:
+            w = csv.DictWriter(fh, fieldnames=COLUMNS)
+            w.writeheader()
+            w.writerows({k: r.get(k, "") for k in COLUMNS} for r in mine)
     vers = versions("torch", "transformers", "triton")
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
     lines = [f"# Decode through model.generate ({gpu})", "",
@@ -302,6 +323,9 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--profile-dir", default=None, help="profile three decode steps per (cache, scorer) at batch 1")
     ap.add_argument("--compile-mode", default=None, choices=["reduce-overhead", "max-autotune"],
                     help="generate's compile_config=CompileConfig(mode=...) (default: transformers' own config)")
+    ap.add_argument("--loops", nargs="+", default=["stock"], choices=["stock", "run_ahead"],
+                    help="decoding loops per row: generate's own (stock) and/or custom_generate=run_ahead_sample "
+                         "(kvpop_hf.run_ahead; its rows go to <out-prefix>_run_ahead.csv)")
     ap.add_argument("--no-retry", action="store_true", help="a failed generate is not retried after a dynamo reset")
     ap.add_argument("--compile-reuse", metavar="DIR", default=None,
                     help="run everything in two fresh processes sharing the compile cache DIR (process first/second)")

@@ -38,6 +38,19 @@ def test_via_generate_rows(tmp_path):
     assert "generate" in prefix.with_suffix(".md").read_text()
 
 
+def test_run_ahead_rows_in_their_own_csv(tmp_path):
+    prefix = tmp_path / "gen"
+    argv = [*TINY, "--contexts", "120", "--batches", "2", "--scorers", "mlp", "--loops", "stock", "run_ahead",
+            "--out-prefix", str(prefix)]
+    assert generate_call_speed.main(argv) == 0
+    stock, ahead = rows_of(prefix), rows_of(tmp_path / "gen_run_ahead")
+    assert list(ahead[0]) == generate_call_speed.COLUMNS
+    for rows in (stock, ahead):
+        assert {(r["cache"], r["scorer"]) for r in rows} == {("static", ""), ("kvpop", "mlp")}
+        assert all(float(r["decode_ms"]) > 0 for r in rows)
+    assert "run_ahead" in prefix.with_suffix(".md").read_text()
+
+
 def test_compile_reuse_runs_two_processes(tmp_path):
     prefix = tmp_path / "reuse"
     argv = [*TINY, "--contexts", "100", "--caches", "kvpop", "--scorers", "knorm", "--compile-reuse",
