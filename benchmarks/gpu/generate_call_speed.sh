@@ -6,6 +6,8 @@
 #   CONTEXTS=32768 BATCHES="16 32 64 128 1" SCORERS=knorm STATIC_MAX_BATCH=32 STATIC_BATCHES="16 32"
 #   KVPOP_BATCHES="1 32 64 128" SYNTHETIC_FROM=8 (add 8 to both batch lists for batch 8). PROFILE=1: decode-step
 #   profiles (the profiler may slow the rows that follow it in the process: measure speed without it).
+# LOOPS="stock run_ahead": every row with generate's own loop and with custom_generate=kvpop_hf.run_ahead_sample
+#   (rows of the latter in $OUT/h200_qwen3-8b_generate_run_ahead.csv).
 # Usage: OUT=dir [CONTEXTS="4096 131072"] [CACHES="static kvpop"] [SCORERS="knorm mlp mlstm"] [STATIC_CONTEXTS=4096] [LIMIT_S=590]
 #        bash benchmarks/gpu/generate_call_speed.sh
 # Writes $OUT/h200_qwen3-8b_generate{.csv,.md}, the log, the non-static CUDA-graph inputs named by torch
@@ -22,6 +24,7 @@ extra=()
 [ -n "${CACHES:-}" ] && extra+=(--caches $CACHES)
 [ -n "${STATIC_BATCHES:-}" ] && extra+=(--static-batches $STATIC_BATCHES)
 [ -n "${KVPOP_BATCHES:-}" ] && extra+=(--kvpop-batches $KVPOP_BATCHES)
+[ -n "${LOOPS:-}" ] && extra+=(--loops $LOOPS)  # e.g. LOOPS="stock run_ahead": each row with both decoding loops
 [ "${PROFILE:-0}" = 1 ] && extra+=(--profile-dir /tmp/kvpop_profiles)
 timeout "${LIMIT_S:-590}" python3 benchmarks/generation_speed.py --via-generate --device cuda --shape qwen3-8b \
   --contexts ${CONTEXTS:-4096 131072} --batches ${BATCHES:-1} --scorers ${SCORERS:-knorm mlp mlstm} \
