@@ -129,6 +129,7 @@ def fill_static_in_place(model, batch: int, context: int, extra: int, device):
     return cache
 
 
+@torch.no_grad()  # the in-place fills run a forward: with autograd on it would keep every layer's expanded K/V
 def generate_once(model, cache_kind: str, scorer: str, ids, mask, gen: dict, args, synthetic: bool) -> None:
     cache = None
     if gen.get("custom_generate") is not None and not synthetic and cache_kind == "static":

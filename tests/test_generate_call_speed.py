@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -127,3 +128,19 @@ def test_out_of_memory_row_names_where(tmp_path, monkeypatch, capsys):
     assert generate_call_speed.main([*TINY, "--contexts", "150", "--caches", "static", "--out-prefix", str(prefix)]) == 0
     assert rows_of(prefix)[0]["decode_ms"] == "OOM"
     assert "out of memory at test_generate_call_speed.py" in capsys.readouterr().out
+
+
+def test_in_place_fills_run_without_autograd(tmp_path, monkeypatch):
+    """The fills' forward must not record an autograd graph (it kept every layer's expanded K/V at 32k)."""
+    seen = []
+    real = generate_call_speed.fill_static_in_place
+
+    def spy(*a, **k):
+        seen.append(torch.is_grad_enabled())
+        return real(*a, **k)
+
+    monkeypatch.setattr(generate_call_speed, "fill_static_in_place", spy)
+    argv = [*TINY, "--contexts", "100", "--batches", "2", "--caches", "static", "--synthetic-from", "2",
+            "--out-prefix", str(tmp_path / "fill")]
+    assert generate_call_speed.main(argv) == 0
+    assert seen == [False]
