@@ -1,9 +1,12 @@
 """run_ahead_sample (custom_generate) against the stock generate loop: same sequences, scores and streamed tokens;
 after a stop on EOS the cache has read exactly one more token, which a later generate call continues from."""
 
+import traceback
+
 import pytest
 import torch
 from transformers import DynamicCache
+from torch.utils._python_dispatch import TorchDispatchMode
 from transformers.generation.streamers import BaseStreamer
 
 from helpers import distinct_ids, left_padded, tiny_model
@@ -123,3 +126,40 @@ def test_unsupported_outputs_refused_before_any_work():
         model.generate(distinct_ids(1, 10), **with_cache(model, cache), max_new_tokens=3, pad_token_id=0,
                        return_dict_in_generate=True, output_hidden_states=True, custom_generate=run_ahead_sample)
     assert cache.get_seq_length() == 0
+
+
+class _HostReads(TorchDispatchMode):
+    """Counts ops that read a tensor's value on the host (a device synchronisation on CUDA) or copy Python data
+    to a tensor (a synchronising copy from pageable memory on CUDA) inside the decoding loop, outside the model's
+    forward and the prefill."""
+
+    OPS = ("aten._local_scalar_dense.default", "aten.lift_fresh.default", "aten.nonzero.default")
+
+    def __init__(self):
+        super().__init__()
+        self.found = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if str(func) in self.OPS:
+            frames = [(f.filename, f.name) for f in traceback.extract_stack()]
+            in_loop = any(name in ("run_ahead_sample", "_sample") for _, name in frames)
+            excluded = any(name in ("_prefill", "_read", "_call_impl") or "kvpop_hf/layer.py" in file
+                           for file, name in frames)
+            if in_loop and not excluded:
+                self.found.append((str(func), [f"{file.rsplit('/', 1)[-1]}:{name}" for file, name in frames[-8:]]))
+        return func(*args, **(kwargs or {}))
+
+
+def test_decode_steps_read_nothing_from_the_device():
+    """Between the prefill and the end, the loop itself (input preparation, logits processors, stopping criteria,
+    the flags) never reads a device value: what lets the host run one step ahead on CUDA. The stock loop's own
+    per-step read is found by the same probe."""
+    model = tiny_model("qwen3")
+    ids = distinct_ids(1, 30)
+    gen = dict(max_new_tokens=12, min_new_tokens=12, do_sample=False, pad_token_id=0, eos_token_id=3)
+    for loop, expect_reads in (("stock", True), ("run_ahead", False)):
+        probe = _HostReads()
+        extra = {"custom_generate": run_ahead_sample} if loop == "run_ahead" else {}
+        with probe:
+            model.generate(ids, **with_cache(model, _cache(model, "mlstm")), **gen, **extra)
+        assert bool(probe.found) == expect_reads, (loop, probe.found[:3])
