@@ -5,7 +5,7 @@ import traceback
 
 import pytest
 import torch
-from transformers import DynamicCache
+from transformers import DynamicCache, StaticCache
 from torch.utils._python_dispatch import TorchDispatchMode
 from transformers.generation.streamers import BaseStreamer
 
@@ -163,3 +163,25 @@ def test_decode_steps_read_nothing_from_the_device():
         with probe:
             model.generate(ids, **with_cache(model, _cache(model, "mlstm")), **gen, **extra)
         assert bool(probe.found) == expect_reads, (loop, probe.found[:3])
+
+
+@pytest.mark.parametrize("extra", [dict(max_new_tokens=1), dict(max_new_tokens=9, prefill_chunk_size=7)])
+def test_one_token_and_chunked_prefill(extra):
+    model = tiny_model("qwen3")
+    ids, mask = _batch()
+    gen = dict(do_sample=False, pad_token_id=0, **extra)
+    stock = model.generate(ids, attention_mask=mask, **with_cache(model, _cache(model, "mlstm")), **gen)
+    ahead = model.generate(ids, attention_mask=mask, **with_cache(model, _cache(model, "mlstm")), **gen,
+                           custom_generate=run_ahead_sample)
+    assert torch.equal(stock, ahead) and ahead.shape[1] == ids.shape[1] + extra["max_new_tokens"]
+
+
+def test_static_cache_object():
+    model = tiny_model("qwen3", attn="sdpa")
+    ids, mask = _batch()
+    gen = dict(max_new_tokens=10, min_new_tokens=10, do_sample=False, pad_token_id=0)
+    caches = [StaticCache(config=model.config, max_cache_len=ids.shape[1] + 16) for _ in range(2)]
+    stock = model.generate(ids, attention_mask=mask, **with_cache(model, caches[0]), **gen)
+    ahead = model.generate(ids, attention_mask=mask, **with_cache(model, caches[1]), **gen,
+                           custom_generate=run_ahead_sample)
+    assert torch.equal(stock, ahead)
