@@ -254,12 +254,15 @@ def _check_model_shape(config: KVpopConfig, model_config, what: str) -> dict:
 
 
 def user_stacklevel() -> int:
-    """The ``stacklevel`` that points a warning at the first caller outside kvpop_hf, transformers and
-    torch (a warning raised inside a model's forward would otherwise point into library code)."""
+    """The ``stacklevel`` that points a warning at the first caller outside kvpop_hf, transformers, torch and
+    the ``kernels`` package through which transformers >= 5.25 calls its layers (a warning raised inside a
+    model's forward would otherwise point into library code)."""
     import transformers
 
-    internal = tuple(os.path.dirname(os.path.abspath(m.__file__)) + os.sep
-                     for m in (torch, transformers, sys.modules[__package__]))
+    modules = [torch, transformers, sys.modules[__package__]]
+    if sys.modules.get("kernels") is not None and getattr(sys.modules["kernels"], "__file__", None):
+        modules.append(sys.modules["kernels"])
+    internal = tuple(os.path.dirname(os.path.abspath(m.__file__)) + os.sep for m in modules)
     frame, level = sys._getframe(1), 1
     while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(internal):
         frame, level = frame.f_back, level + 1
