@@ -132,12 +132,6 @@ def fill_static_in_place(model, batch: int, context: int, extra: int, device):
 @torch.no_grad()  # the in-place fills run a forward: with autograd on it would keep every layer's expanded K/V
 def generate_once(model, cache_kind: str, scorer: str, ids, mask, gen: dict, args, synthetic: bool) -> None:
     cache = None
-    if gen.get("custom_generate") is not None and not synthetic and cache_kind == "static":
-        # what cache_implementation="static" builds, passed as an object (run_ahead_sample takes generate's cache)
-        cache = StaticCache(config=model.config, max_cache_len=ids.shape[1] + args.new_tokens + 16)
-        model.set_attn_implementation("sdpa")
-        model.generate(ids, **with_cache(model, cache, **gen))
-        return
     try:
         if cache_kind == "kvpop":
             model.set_attn_implementation("kvpop")
@@ -152,6 +146,10 @@ def generate_once(model, cache_kind: str, scorer: str, ids, mask, gen: dict, arg
             model.set_attn_implementation("sdpa")
             if synthetic:
                 cache = fill_static_in_place(model, ids.shape[0], ids.shape[1], args.new_tokens + 16, ids.device)
+                model.generate(ids, **with_cache(model, cache, **gen))
+            elif gen.get("custom_generate") is not None:
+                # what cache_implementation="static" builds, as an object: a custom decoding loop takes the cache
+                cache = StaticCache(config=model.config, max_cache_len=ids.shape[1] + args.new_tokens + 16)
                 model.generate(ids, **with_cache(model, cache, **gen))
             else:
                 model.generate(ids, cache_implementation="static", **gen)

@@ -259,10 +259,9 @@ def user_stacklevel() -> int:
     model's forward would otherwise point into library code)."""
     import transformers
 
-    modules = [torch, transformers, sys.modules[__package__]]
-    if sys.modules.get("kernels") is not None and getattr(sys.modules["kernels"], "__file__", None):
-        modules.append(sys.modules["kernels"])
-    internal = tuple(os.path.dirname(os.path.abspath(m.__file__)) + os.sep for m in modules)
+    modules = (torch, transformers, sys.modules[__package__], sys.modules.get("kernels"))
+    internal = tuple(os.path.dirname(os.path.abspath(m.__file__)) + os.sep
+                     for m in modules if getattr(m, "__file__", None))
     frame, level = sys._getframe(1), 1
     while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(internal):
         frame, level = frame.f_back, level + 1

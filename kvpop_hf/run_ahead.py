@@ -31,6 +31,8 @@ import torch
 from torch import nn
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
+from .compat import cache_kwarg
+
 __all__ = ["run_ahead_sample"]
 
 
@@ -48,10 +50,10 @@ def run_ahead_sample(model, input_ids: torch.LongTensor, logits_processor, stopp
     stream_to=streamer)``: transformers does not forward ``streamer=`` to a custom decoding method. It receives
     the prompt, then each token one step late (the host reads tokens only once their step is done).
     """
+    _check_supported(model, generation_config, synced_gpus)
     streamer = stream_to
     if streamer is not None:
         streamer.put(input_ids.cpu())
-    _check_supported(model, generation_config, synced_gpus)
     keep_scores = generation_config.return_dict_in_generate and generation_config.output_scores
     keep_logits = generation_config.return_dict_in_generate and generation_config.output_logits
     scores: tuple | None = () if keep_scores else None
@@ -114,8 +116,8 @@ def run_ahead_sample(model, input_ids: torch.LongTensor, logits_processor, stopp
         return input_ids
     fields = GenerateDecoderOnlyOutput.__dataclass_fields__
     cache_field = "cache" if "cache" in fields else "past_key_values"
-    cache = model_kwargs.get("cache", model_kwargs.get("past_key_values"))
-    return GenerateDecoderOnlyOutput(sequences=input_ids, scores=scores, logits=raw_logits, **{cache_field: cache})
+    return GenerateDecoderOnlyOutput(sequences=input_ids, scores=scores, logits=raw_logits,
+                                     **{cache_field: model_kwargs.get(cache_kwarg(model))})
 
 
 class _StopFlags:

@@ -121,11 +121,12 @@ def test_sampling_matches_stock_loop_with_the_same_seed():
 
 def test_unsupported_outputs_refused_before_any_work():
     model = tiny_model("qwen3")
-    cache = _cache(model, "knorm")
+    cache, rec = _cache(model, "knorm"), Recorder()
     with pytest.raises(ValueError, match="output_attentions / output_hidden_states.*without custom_generate"):
         model.generate(distinct_ids(1, 10), **with_cache(model, cache), max_new_tokens=3, pad_token_id=0,
-                       return_dict_in_generate=True, output_hidden_states=True, custom_generate=run_ahead_sample)
-    assert cache.get_seq_length() == 0
+                       return_dict_in_generate=True, output_hidden_states=True, custom_generate=run_ahead_sample,
+                       stream_to=rec)
+    assert cache.get_seq_length() == 0 and rec.puts == []
 
 
 class _HostReads(TorchDispatchMode):
