@@ -112,22 +112,26 @@ def split_count(programs: int, slots: int, block: int = _BLOCK_N, target: int = 
     return math.ceil(slots / per_split), per_split
 
 
-def decode_attention_triton(query, key, value, seen, scaling, splits: int | None = None):
-    """Split-KV version of :func:`decode_attention_reference`; ``splits`` overrides the split count."""
+def decode_attention_triton(query, key, value, seen, scaling, splits: int | None = None, block_n: int = _BLOCK_N,
+                            num_warps: int | None = None, num_stages: int | None = None):
+    """Split-KV version of :func:`decode_attention_reference`; ``splits`` overrides the split count, ``block_n``
+    (slots per tile), ``num_warps`` and ``num_stages`` the launch configuration
+    (``benchmarks/decode_attention_configs.py`` times them)."""
     b, hq, _, d = query.shape
     hkv, B, dv = key.shape[1], key.shape[2], value.shape[-1]
     g = hq // hkv
     if not (key.is_contiguous() and value.is_contiguous()):
         raise ValueError("decode_attention_triton needs contiguous key/value buffers")
-    ns, per_split = split_count(b * hkv, B, target=_PROGRAMS if splits is None else b * hkv * splits)
+    ns, per_split = split_count(b * hkv, B, block_n, target=_PROGRAMS if splits is None else b * hkv * splits)
+    launch = {k: v for k, v in (("num_warps", num_warps), ("num_stages", num_stages)) if v is not None}
     q = query.reshape(b * hkv, g, d).contiguous()
     m = torch.empty(b * hkv, ns, g, device=query.device, dtype=torch.float32)
     l = torch.empty_like(m)
     acc = torch.empty(b * hkv, ns, g, dv, device=query.device, dtype=torch.float32)
     scale = (1.0 / math.sqrt(d)) if scaling is None else float(scaling)
     split_decode_kernel()[(b * hkv, ns)](q, key, value, seen, m, l, acc, scale * math.log2(math.e), hkv, B, per_split,
-                                         G=g, D=d, DV=dv, NS=ns, BLOCK_G=max(16, next_pow2(g)), BLOCK_N=_BLOCK_N,
-                                         BLOCK_D=next_pow2(d), BLOCK_DV=next_pow2(dv))
+                                         G=g, D=d, DV=dv, NS=ns, BLOCK_G=max(16, next_pow2(g)), BLOCK_N=block_n,
+                                         BLOCK_D=next_pow2(d), BLOCK_DV=next_pow2(dv), **launch)
     # merge the splits; a split past `seen` has m = -inf and l = acc = 0
     top = m.amax(dim=1, keepdim=True)
     w = torch.exp2(m - top)

@@ -31,6 +31,15 @@ def test_split_kernel_matches_reference(b, hq, hkv, B, d, dv, splits):
         torch.testing.assert_close(got, ref, atol=2e-5, rtol=2e-5)
 
 
+@pytest.mark.parametrize("block_n,num_warps,num_stages", [(32, 2, 1), (128, 8, 2)])
+def test_launch_configurations_match_reference(block_n, num_warps, num_stages):
+    q, k, v, seen = random_inputs(2, 8, 2, 300, 32, 32, seed=4)
+    ref = decode_attention_reference(q, k, v, seen, None)
+    got = decode_attention_triton(q, k, v, seen, None, splits=3, block_n=block_n, num_warps=num_warps,
+                                  num_stages=num_stages)
+    torch.testing.assert_close(got, ref, atol=2e-5, rtol=2e-5)
+
+
 def test_rows_see_only_their_prefix():
     """Changing a slot at or past `seen` leaves the output alone; changing one before it does not."""
     q, k, v, _ = random_inputs(2, 4, 2, 96, 16, 16, seed=5)
