@@ -37,7 +37,7 @@
 #        OUT=dir STAGE=retrofit TEACHER=checkpoints/teacher_4k bash benchmarks/gpu/testbed_4k.sh   (~9 min)
 # Knobs: TB (teacher training seconds, 240), RS (retrofit seconds, 200), WINDOW (the protected window, 64;
 # WINDOW=32 gives the window-32 rows of results/testbed_4k), VARIANTS (the retrofits to run, default
-# the eight above, e.g. "kvpop_cr88 kvpop_distill_cr88"; a policy is evaluated when its _cr88 run exists),
+# the eight above, e.g. "kvpop_cr88 kvpop_distill_cr88"; a policy is evaluated when its _cr88 or _cr94 run exists; one with a _cr94 run alone needs EVAL_BUDGETS=0.94),
 # ORACLE=0 (skip the answer-query oracles), EVAL=0 (retrofit only: no evaluation), BASE_POLICIES (the untrained rows of the evaluation, dense,streaming), EVAL_N (problems per evaluation, 40),
 # DEADLINE (seconds after start by which the last evaluations are cut, 540), THREADS (torch threads per process, 2),
 # EVAL_FAMILIES (families evaluated, "reasoning"; e.g. "reasoning vt"), SEED_BASE (problem i of an evaluation has seed
@@ -194,8 +194,9 @@ eval_checkpoints() {  # ckpt-folder out-dir: kvpop-eval of the learned policies 
   local C=$1 B=${EVAL_BUDGETS:-0.75,0.88,0.94} specs=() policies=${BASE_POLICIES:-dense,streaming} p
   for p in kvpop kvpop_mlp kvpop_mean kvpop_mlp_mean kvpop_distill kvpop_mlp_distill kvpop_mean_distill \
            kvpop_mlp_mean_distill; do
-    [ -d "$C/${p}_cr88" ] || continue
+    [ -d "$C/${p}_cr88" ] || [ -d "$C/${p}_cr94" ] || continue
     policies+=",$p"
+    [ -d "$C/${p}_cr88" ] || continue  # a 94% checkpoint alone serves 94% only: EVAL_BUDGETS=0.94
     specs+=(--scorer-checkpoint "$p@cr75=$C/${p}_cr88")
     [ ! -d "$C/${p}_cr94" ] && specs+=(--scorer-checkpoint "$p@cr94=$C/${p}_cr88")
   done
