@@ -219,11 +219,18 @@ class KVpopLayer(CacheLayerMixin):
 
     def _mark_static(self) -> None:
         """Tag the buffers for CUDA graphs (fixed addresses) and tell the attention function, through
-        the keys it is handed, where the per-row counts live (:class:`kvpop_hf.handoff.DecodeSlots`)."""
+        the keys it is handed, where the per-row counts live (:class:`kvpop_hf.handoff.DecodeSlots`).
+
+        Every dimension but the batch is also marked static: ``generate`` shares one compiled call between caches,
+        and after a graph of another cache (a ``StaticCache`` of another length, whose buffers have the same
+        names) dynamo's automatic dynamic shapes would otherwise make the slot dimension symbolic, which the
+        Triton decode kernels of a CUDA graph do not compile with (inductor's ``KeyError: 'op25'``)."""
         mark_decode_slots(self.keys, self.seen, self._decode_attention)
         if not torch.compiler.is_compiling():
             for t in self._buffers():
                 torch._dynamo.mark_static_address(t)
+                for dim in range(1, t.dim()):
+                    torch._dynamo.mark_static(t, dim)
 
     def get_seq_length(self) -> torch.Tensor | int:
         """Tokens seen, padding included (a 0-d tensor once initialised, as in `StaticLayer`)."""

@@ -308,3 +308,38 @@ def test_prefill_in_chunks_rejects_bad_input():
     prefill_in_chunks(model, cache, ids, 4)
     with pytest.raises(ValueError, match="already holds 11 tokens"):
         prefill_in_chunks(model, cache, ids, 4)
+
+
+def test_graph_after_a_static_cache_graph_keeps_the_slot_dimension_static():
+    """generate shares one compiled call between caches. After a StaticCache graph (buffers of the same names,
+    another length), dynamo's automatic dynamic shapes would make KVpop's slot dimension symbolic; on CUDA that
+    graph failed to compile (inductor KeyError 'op25'). Every dimension but the batch must stay static, and the
+    tokens must equal eager decoding."""
+    shapes = []
+
+    def recording_backend(gm, example_inputs):
+        for node in gm.graph.nodes:
+            value = node.meta.get("example_value")
+            if node.op == "placeholder" and isinstance(value, torch.Tensor) and "cache_layers" in node.name:
+                shapes.append((node.name, [str(d) for d in value.shape]))
+        return gm.forward
+
+    model = tiny_model("qwen3")
+    cfg = compile_config(backend=recording_backend)
+    gen = dict(max_new_tokens=6, do_sample=False, pad_token_id=0)
+    torch._dynamo.reset()
+    try:
+        model.set_attn_implementation("sdpa")
+        model.generate(distinct_ids(2, 30, seed=1), cache_implementation="static", compile_config=cfg, **gen)
+        model.set_attn_implementation("kvpop")
+        shapes.clear()
+        ids = distinct_ids(3, 30, seed=2)
+        compiled = model.generate(ids, **with_cache(model, KVpopCache(model.config, scorer="mlstm", **KW)),
+                                  compile_config=cfg, **gen)
+    finally:
+        torch._dynamo.reset()
+    eager = model.generate(ids, **with_cache(model, KVpopCache(model.config, scorer="mlstm", **KW)), **gen)
+    assert any(name.endswith("keys") for name, _ in shapes), "the KVpop graph was compiled with the cache's keys"
+    symbolic = [(name, dims) for name, dims in shapes if any(not d.isdigit() for d in dims[1:])]
+    assert symbolic == [], symbolic
+    assert torch.equal(compiled, eager)
