@@ -4,7 +4,8 @@ One decode step's attention of one layer at a given shape (default: Qwen3-8B, ba
 occupied): ``decode_attention_triton`` (the split kernel and the merge of the splits) captured in a CUDA graph
 and timed by ``triton.testing.do_bench_cudagraph`` (median microseconds), for every combination of the slots per
 tile (``--block-n``), the split target (``--programs``: about this many programs in all), ``--num-warps`` and
-``--num-stages``. Each configuration is checked against ``decode_attention_reference`` first. The row of the
+``--num-stages``. Eager, the merge is several small kernels; ``--compiled`` times the function compiled by
+torch.compile, as in a compiled decode step (inductor fuses the merge). Each configuration is checked against ``decode_attention_reference`` first. The row of the
 repository's default configuration is marked; the table also gives the bandwidth reached (keys and values read
 once).
 
@@ -29,15 +30,20 @@ from kvpop_hf import decode_attention as da  # noqa: E402
 from kvpop_hf.utils.provenance import git_commit  # noqa: E402
 
 
-def time_config(q, k, v, seen, block_n, programs, num_warps, num_stages, reps):
+def time_config(q, k, v, seen, block_n, programs, num_warps, num_stages, reps, compiled=False):
     import triton
 
     b, hkv = k.shape[0], k.shape[1]
     splits = max(1, round(programs / (b * hkv)))
 
-    def fn():
+    def attend(q, k, v, seen):
         return da.decode_attention_triton(q, k, v, seen, None, splits=splits, block_n=block_n, num_warps=num_warps,
                                           num_stages=num_stages)
+
+    step = torch.compile(attend, fullgraph=True) if compiled else attend
+
+    def fn():
+        return step(q, k, v, seen)
 
     ref = da.decode_attention_reference(q, k, v, seen, None)
     torch.testing.assert_close(fn(), ref, atol=2e-2, rtol=2e-2)
@@ -56,6 +62,7 @@ def main(argv=None) -> int:
     ap.add_argument("--programs", type=int, nargs="+", default=[128, 256, 512, 1024])
     ap.add_argument("--num-warps", type=int, nargs="+", default=[2, 4, 8])
     ap.add_argument("--num-stages", type=int, nargs="+", default=[2, 3])
+    ap.add_argument("--compiled", action="store_true", help="time torch.compile(decode_attention_triton)")
     ap.add_argument("--reps", type=int, default=50, help="milliseconds per do_bench_cudagraph measurement")
     ap.add_argument("--out", default=None, help="markdown table to write")
     args = ap.parse_args(argv)
@@ -73,7 +80,7 @@ def main(argv=None) -> int:
     for block_n, programs, warps, stages in itertools.product(args.block_n, args.programs, args.num_warps,
                                                               args.num_stages):
         try:
-            us, ns = time_config(q, k, v, seen, block_n, programs, warps, stages, args.reps)
+            us, ns = time_config(q, k, v, seen, block_n, programs, warps, stages, args.reps, args.compiled)
         except Exception as err:  # a configuration Triton cannot build (e.g. out of shared memory)
             print(f"block_n {block_n} programs {programs} warps {warps} stages {stages}: {type(err).__name__}")
             continue
@@ -88,7 +95,8 @@ def main(argv=None) -> int:
              f"- command: `python benchmarks/decode_attention_configs.py {' '.join(sys.argv[1:] if argv is None else argv)}`",
              f"- commit: {git_commit(ROOT)}", f"- date: {_dt.datetime.now(_dt.timezone.utc):%Y-%m-%d %H:%M UTC}",
              f"- shape: batch {b}, {hq} query / {hkv} KV heads, {B} slots, head dim {d}, bf16; {gbytes * 1e3:.1f} MB "
-             "of keys and values; `us`: median of three do_bench_cudagraph medians (kernel and merge)", "",
+             "of keys and values; `us`: median of three do_bench_cudagraph medians (kernel and merge, "
+             + ("compiled" if args.compiled else "eager: the merge unfused") + ")", "",
              "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     lines += ["| " + " | ".join(str(r[c]) for c in cols) + " |" for r in rows]
     text = "\n".join(lines) + "\n"
