@@ -6,6 +6,9 @@
 #   CONTEXTS=32768 BATCHES="16 32 64 128 1" SCORERS=knorm STATIC_MAX_BATCH=32 STATIC_BATCHES="16 32"
 #   KVPOP_BATCHES="1 32 64 128" SYNTHETIC_FROM=8 (add 8 to both batch lists for batch 8). PROFILE=1: decode-step
 #   profiles (the profiler may slow the rows that follow it in the process: measure speed without it).
+# The op25 case (a KVpop graph compiled after a StaticCache graph in one process; results/generation_speed/
+#   h200_qwen3-8b_generate.md, run 7): CONTEXTS=32768 BATCHES="8 32" CACHES="static kvpop" SCORERS=knorm
+#   STATIC_BATCHES="8 32" KVPOP_BATCHES=32 SYNTHETIC_FROM=8 STATIC_MAX_BATCH=32 NO_RETRY=1 (a failure is not retried).
 # LOOPS="stock run_ahead": every row with generate's own loop and with custom_generate=kvpop_hf.run_ahead_sample
 #   (rows of the latter in $OUT/h200_qwen3-8b_generate_run_ahead.csv).
 # Usage: OUT=dir [CONTEXTS="4096 131072"] [CACHES="static kvpop"] [SCORERS="knorm mlp mlstm"] [STATIC_CONTEXTS=4096] [LIMIT_S=590]
@@ -26,6 +29,7 @@ extra=()
 [ -n "${KVPOP_BATCHES:-}" ] && extra+=(--kvpop-batches $KVPOP_BATCHES)
 [ -n "${LOOPS:-}" ] && extra+=(--loops $LOOPS)  # e.g. LOOPS="stock run_ahead": each row with both decoding loops
 [ "${PROFILE:-0}" = 1 ] && extra+=(--profile-dir /tmp/kvpop_profiles)
+[ "${NO_RETRY:-0}" = 1 ] && extra+=(--no-retry)  # a failed generate is not retried after torch._dynamo.reset()
 timeout "${LIMIT_S:-590}" python3 benchmarks/generation_speed.py --via-generate --device cuda --shape qwen3-8b \
   --contexts ${CONTEXTS:-4096 131072} --batches ${BATCHES:-1} --scorers ${SCORERS:-knorm mlp mlstm} \
   --static-max-batch ${STATIC_MAX_BATCH:-1} "${extra[@]}" \
