@@ -9,7 +9,9 @@ you serve with :func:`kvpop_hf.compile_cache.enable_compile_cache` on, then writ
     kvpop-warm-compile --model Qwen/Qwen3-8B --cache-dir /var/cache/kvpop \\
         --scorer your-org/kvpop-qwen3-8b knorm --batches 1 8 32
 
-Each scorer, budget, batch size and dtype is its own compiled graph, so warm every combination you serve; the
+Each scorer, budget, batch size, dtype and compile mode (``--compile-mode max-autotune`` when the serving processes
+pass ``compile_config=CompileConfig(mode="max-autotune")``) is its own compiled graph, so warm every combination
+you serve; the
 prompt length does not matter (the cache's buffers have ``B`` slots whatever the context). Weights are never
 changed; ``--random-weights`` builds the model from its config instead (same graphs, no download of the
 weights). Scorers are names of :data:`kvpop_hf.scorers.SCORERS` (with ``--budget``) or KVpop checkpoints
@@ -41,10 +43,15 @@ def _build_cache(model, scorer: str, budget):
 
 
 def warm(model, cache_dir: str | os.PathLike, scorers: list[str], batches: list[int], budget=None,
-         prompt_tokens: int = 16, new_tokens: int = 4, progress: bool = True) -> tuple[list[dict], Path | None]:
+         prompt_tokens: int = 16, new_tokens: int = 4, progress: bool = True,
+         compile_mode: str | None = None) -> tuple[list[dict], Path | None]:
     """One greedy ``generate`` of ``new_tokens`` per (scorer, batch) with the compile cache ``cache_dir`` on, then
-    the bundle written. The model must already be on its device. Returns one record per run (``scorer``,
-    ``batch``, ``seconds``: the whole call, compilation included) and the bundle's path (None: nothing compiled)."""
+    the bundle written. The model must already be on its device. ``compile_mode``: generate's
+    ``compile_config=CompileConfig(mode=...)`` (None: transformers' default), the one the serving processes pass.
+    Returns one record per run (``scorer``, ``batch``, ``seconds``: the whole call, compilation included) and the
+    bundle's path (None: nothing compiled)."""
+    from transformers import CompileConfig
+
     from tqdm.auto import tqdm
 
     from .compat import with_cache
@@ -54,13 +61,14 @@ def warm(model, cache_dir: str | os.PathLike, scorers: list[str], batches: list[
     device = next(model.parameters()).device
     model.set_attn_implementation("kvpop")
     records = []
+    extra = {} if compile_mode is None else {"compile_config": CompileConfig(mode=compile_mode)}
     combos = [(s, b) for s in scorers for b in batches]
     for scorer, batch in tqdm(combos, desc="warming the compile cache", disable=not progress):
         cache = _build_cache(model, scorer, budget)
         ids = torch.randint(1, model.config.vocab_size, (batch, prompt_tokens), device=device)
         t0 = time.perf_counter()
         model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=new_tokens,
-                       min_new_tokens=new_tokens, pad_token_id=0, **with_cache(model, cache))
+                       min_new_tokens=new_tokens, pad_token_id=0, **with_cache(model, cache), **extra)
         records.append({"scorer": scorer, "batch": batch, "seconds": round(time.perf_counter() - t0, 2)})
     return records, save_compile_cache(cache_dir)
 
@@ -78,6 +86,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--new-tokens", type=int, default=4, help="tokens per warm-up generation (>= 3)")
     ap.add_argument("--random-weights", action="store_true", help="build the model from its config (no weights read)")
+    ap.add_argument("--compile-mode", default=None, choices=["reduce-overhead", "max-autotune"],
+                    help="the CompileConfig mode the serving processes pass to generate (default: transformers' own)")
     return ap
 
 
@@ -129,7 +139,8 @@ def main(argv=None) -> int:
     if device.type != "cuda":
         print(f"kvpop-warm-compile: on {device.type}, generate does not compile decode steps; nothing will be cached.",
               file=sys.stderr)
-    records, bundle = warm(model, args.cache_dir, args.scorer, args.batches, args.budget, new_tokens=args.new_tokens)
+    records, bundle = warm(model, args.cache_dir, args.scorer, args.batches, args.budget, new_tokens=args.new_tokens,
+                           compile_mode=args.compile_mode)
     for r in records:
         print(f"{r['scorer']} batch {r['batch']}: {r['seconds']} s")
     print(f"compile cache {Path(args.cache_dir).resolve()}; bundle: {bundle or 'none (nothing was compiled)'}")

@@ -49,3 +49,27 @@ def test_warms_each_scorer_and_batch(tiny_model, tmp_path, capsys):
     assert [line.split(":")[0] for line in lines] == ["knorm batch 1", "knorm batch 2", f"{ckpt} batch 1",
                                                       f"{ckpt} batch 2"]
     assert "nothing will be cached" in out.err and (tmp_path / "cc" / "inductor").is_dir()
+
+
+def test_compile_mode_reaches_generate(tiny_model, tmp_path, monkeypatch):
+    from transformers import AutoModelForCausalLM
+
+    from kvpop_hf.warm_compile import warm
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model)
+    seen = []
+    original = model.generate
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs.get("compile_config"))
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(model, "generate", spy)
+    warm(model, tmp_path / "cc", ["knorm"], [1], budget=(2, 4, 6), progress=False, compile_mode="max-autotune")
+    warm(model, tmp_path / "cc", ["knorm"], [1], budget=(2, 4, 6), progress=False)
+    assert seen[0].mode == "max-autotune" and seen[1] is None
+
+
+def test_bad_compile_mode_is_refused(tmp_path):
+    with pytest.raises(SystemExit):
+        main(["--model", "m", "--cache-dir", str(tmp_path / "cc"), "--device", "cpu", "--compile-mode", "fast"])
