@@ -11,9 +11,8 @@ you serve with :func:`kvpop_hf.compile_cache.enable_compile_cache` on, then writ
 
 Each scorer, budget, batch size, dtype and compile mode (``--compile-mode max-autotune`` when the serving processes
 pass ``compile_config=CompileConfig(mode="max-autotune")``) is its own compiled graph, so warm every combination
-you serve; the
-prompt length does not matter (the cache's buffers have ``B`` slots whatever the context). Weights are never
-changed; ``--random-weights`` builds the model from its config instead (same graphs, no download of the
+you serve; the prompt length does not matter (the cache's buffers have ``B`` slots whatever the context). Weights
+are never changed; ``--random-weights`` builds the model from its config instead (same graphs, no download of the
 weights). Scorers are names of :data:`kvpop_hf.scorers.SCORERS` (with ``--budget``) or KVpop checkpoints
 (a directory or a Hub repo id, their own budget unless ``--budget`` is given).
 """
@@ -50,9 +49,8 @@ def warm(model, cache_dir: str | os.PathLike, scorers: list[str], batches: list[
     ``compile_config=CompileConfig(mode=...)`` (None: transformers' default), the one the serving processes pass.
     Returns one record per run (``scorer``, ``batch``, ``seconds``: the whole call, compilation included) and the
     bundle's path (None: nothing compiled)."""
-    from transformers import CompileConfig
-
     from tqdm.auto import tqdm
+    from transformers import CompileConfig
 
     from .compat import with_cache
     from .compile_cache import enable_compile_cache, save_compile_cache

@@ -194,11 +194,13 @@ eval_checkpoints() {  # ckpt-folder out-dir: kvpop-eval of the learned policies 
   local C=$1 B=${EVAL_BUDGETS:-0.75,0.88,0.94} specs=() policies=${BASE_POLICIES:-dense,streaming} p
   for p in kvpop kvpop_mlp kvpop_mean kvpop_mlp_mean kvpop_distill kvpop_mlp_distill kvpop_mean_distill \
            kvpop_mlp_mean_distill; do
-    [ -d "$C/${p}_cr88" ] || [ -d "$C/${p}_cr94" ] || continue
-    policies+=",$p"
-    [ -d "$C/${p}_cr88" ] || continue  # a 94% checkpoint alone serves 94% only: EVAL_BUDGETS=0.94
-    specs+=(--scorer-checkpoint "$p@cr75=$C/${p}_cr88")
-    [ ! -d "$C/${p}_cr94" ] && specs+=(--scorer-checkpoint "$p@cr94=$C/${p}_cr88")
+    if [ -d "$C/${p}_cr88" ]; then
+      policies+=",$p"
+      specs+=(--scorer-checkpoint "$p@cr75=$C/${p}_cr88")
+      [ ! -d "$C/${p}_cr94" ] && specs+=(--scorer-checkpoint "$p@cr94=$C/${p}_cr88")
+    elif [ -d "$C/${p}_cr94" ]; then
+      policies+=",$p"  # a 94% checkpoint alone serves 94% only: EVAL_BUDGETS=0.94
+    fi
   done
   evaluate "$2" "$(left)" --model "$TEACHER" --length $L --budgets "$B" --policies "$policies" \
     --checkpoints-dir "$C" "${specs[@]}" --analysis --analysis-n "${ANALYSIS_N:-8}" --oracle-kind max --oracle-queries target
