@@ -25,7 +25,9 @@ per row, StaticCache's ``context - 1`` positions), then call ``generate`` the sa
 not depend on the contents, and a 32k prefill of 128 rows would take minutes. Their ``peak_gb`` is the decode's
 (the prompt is not run). ``--static-contexts`` limits the StaticCache rows to some contexts. ``--compile-mode max-autotune``
 passes ``compile_config=CompileConfig(mode="max-autotune")`` to ``generate`` (inductor tunes the matrix products;
-CUDA graphs stay on). ``--profile-dir``
+CUDA graphs stay on). ``--projections separate fused`` measures every row again after
+``kvpop_hf.fused_projections.fuse_projection_storage(model)`` with ``compile_config=fused_compile_config(mode)``
+(q/k/v and gate/up as one matrix product each in the compiled step). ``--profile-dir``
 writes a torch.profiler table (CPU and CUDA time) of three decode steps inside ``generate`` per (cache, scorer)
 at batch 1 and the first context, and the log prints each row's count of non-static CUDA-graph inputs.
 
@@ -41,6 +43,7 @@ import argparse
 import csv
 import datetime as _dt
 import gc
+import itertools
 import json
 import statistics
 import subprocess
@@ -61,6 +64,7 @@ import kvpop_hf  # noqa: E402,F401  (registers the "kvpop" attention)
 from kvpop_hf import KVpopCache, prefill_in_chunks  # noqa: E402
 from kvpop_hf.compat import with_cache  # noqa: E402
 from kvpop_hf.compile_cache import enable_compile_cache, save_compile_cache  # noqa: E402
+from kvpop_hf.fused_projections import fuse_projection_storage, fused_compile_config  # noqa: E402
 from kvpop_hf.run_ahead import run_ahead_sample  # noqa: E402
 from kvpop_hf.utils.provenance import git_commit, versions  # noqa: E402
 from generation_speed import build_model, fill_dense, fill_kvpop  # noqa: E402
@@ -165,10 +169,10 @@ def non_static_inputs() -> int:
 
 
 def measure(model, cache_kind: str, scorer: str, context: int, batch: int, args, device, profile_to=None,
-            loop: str = "stock") -> dict:
+            loop: str = "stock", projections: str = "separate") -> dict:
     """One row (see the module docstring)."""
     row = {"cache": cache_kind, "scorer": scorer if cache_kind == "kvpop" else "", "context": context,
-           "batch": batch, "process": args.process, "loop": loop}
+           "batch": batch, "process": args.process, "loop": loop, "projections": projections}
     synthetic = args.synthetic_from is not None and batch >= args.synthetic_from
     ids, mask = prompts(batch, context, model.config.vocab_size, device)
     timer = StepTimes(device, profile_at=args.warmup + 2 if profile_to else None, sync_all=loop == "stock")
@@ -176,7 +180,9 @@ def measure(model, cache_kind: str, scorer: str, context: int, batch: int, args,
                do_sample=False, stopping_criteria=StoppingCriteriaList([timer]), pad_token_id=0)
     if loop == "run_ahead":
         gen["custom_generate"] = run_ahead_sample
-    if args.compile_mode:
+    if row["projections"] == "fused":
+        gen["compile_config"] = fused_compile_config(args.compile_mode or "reduce-overhead")
+    elif args.compile_mode:
         gen["compile_config"] = CompileConfig(mode=args.compile_mode)
     weights = torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
     if device.type == "cuda":
@@ -225,13 +231,7 @@ def measure(model, cache_kind: str, scorer: str, context: int, batch: int, args,
     return row
 
 
-def run_rows(args) -> list[dict]:
-    device = torch.device(args.device)
-    dtype = getattr(torch, args.dtype or ("bfloat16" if device.type == "cuda" else "float32"))
-    if args.compile_reuse:  # one of the two processes of --compile-reuse
-        state = enable_compile_cache(args.compile_reuse)
-        print(f"[{args.process}] compile cache {state['directory']}: {state['loaded']} artifacts loaded", flush=True)
-    model = build_model(args.shape, device, dtype, max(args.contexts) + args.new_tokens + 16)
+def _rows_of(model, args, device, projections: str) -> list[dict]:
     rows = []
     for context in args.contexts:
         for batch in args.batches:
@@ -248,23 +248,44 @@ def run_rows(args) -> list[dict]:
                         if args.profile_dir and batch == 1 and context == args.contexts[0]:
                             Path(args.profile_dir).mkdir(parents=True, exist_ok=True)
                             profile_to = (Path(args.profile_dir)
-                                          / f"profile_{args.process}_{kind}_{scorer or 'dense'}_{loop}.txt")
-                        row = measure(model, kind, scorer, context, batch, args, device, profile_to, loop)
-                        print(f"[{args.process}] {kind} {scorer or '-'} ctx {context} batch {batch} {loop}: "
+                                          / f"profile_{args.process}_{kind}_{scorer or 'dense'}_{loop}_{projections}.txt")
+                        row = measure(model, kind, scorer, context, batch, args, device, profile_to, loop, projections)
+                        print(f"[{args.process}] {kind} {scorer or '-'} ctx {context} batch {batch} {loop} {projections}: "
                               f"{row['decode_ms']} ms/step, {row['tokens_per_s']} tok/s, peak {row['peak_gb']} GB, "
                               f"first step {row['first_step_s']} s, non-static graph inputs "
                               f"{row.get('non_static_inputs', '-')}"
                               + (" (filled in place)" if row.get("synthetic") else ""), flush=True)
                         rows.append(row)
                         if args.out_prefix and not args.rows_json:
-                            write(Path(args.out_prefix), rows, "(partial) " + " ".join(sys.argv))  # kept if killed
+                            write(Path(args.out_prefix), args.done_rows + rows,
+                                  "(partial) " + " ".join(sys.argv))  # kept if killed
+    return rows
+
+
+def run_rows(args) -> list[dict]:
+    device = torch.device(args.device)
+    dtype = getattr(torch, args.dtype or ("bfloat16" if device.type == "cuda" else "float32"))
+    if args.compile_reuse:  # one of the two processes of --compile-reuse
+        state = enable_compile_cache(args.compile_reuse)
+        print(f"[{args.process}] compile cache {state['directory']}: {state['loaded']} artifacts loaded", flush=True)
+    model = build_model(args.shape, device, dtype, max(args.contexts) + args.new_tokens + 16)
+    rows = []
+    for projections in args.projections:
+        if projections == "fused":  # in place and for good: the fused rows come after the separate ones
+            groups = fuse_projection_storage(model)
+            torch._dynamo.reset()
+            print(f"[{args.process}] projections fused: {groups} groups (q/k/v, gate/up) in one buffer each",
+                  flush=True)
+        args.done_rows = list(rows)  # written with the partial results
+        rows += _rows_of(model, args, device, projections)
     if args.compile_reuse and args.process == "first":
         save_compile_cache(args.compile_reuse)
     return rows
 
 
-MD_COLUMNS = COLUMNS + ["loop", "filled", "non_static_inputs"]
+MD_COLUMNS = COLUMNS + ["loop", "projections", "filled", "non_static_inputs"]
 RUN_AHEAD_SUFFIX = "_run_ahead"  # the run-ahead rows' CSV: <prefix>_run_ahead.csv, the same columns
+FUSED_SUFFIX = "_fused"  # rows with --projections fused: <prefix>_fused.csv / <prefix>_run_ahead_fused.csv
 
 
 def _md_cell(row: dict, key: str) -> str:
@@ -275,9 +296,10 @@ def _md_cell(row: dict, key: str) -> str:
 
 def write(prefix: Path, rows: list[dict], command: str) -> None:
     prefix.parent.mkdir(parents=True, exist_ok=True)
-    for path, loop in ((prefix.with_suffix(".csv"), "stock"),
-                       (prefix.with_name(prefix.name + RUN_AHEAD_SUFFIX + ".csv"), "run_ahead")):
-        mine = [r for r in rows if r.get("loop", "stock") == loop]
+    for loop, projections in itertools.product(("stock", "run_ahead"), ("separate", "fused")):
+        path = prefix.with_name(prefix.name + (RUN_AHEAD_SUFFIX if loop == "run_ahead" else "")
+                                + (FUSED_SUFFIX if projections == "fused" else "") + ".csv")
+        mine = [r for r in rows if r.get("loop", "stock") == loop and r.get("projections", "separate") == projections]
         if not mine:
             continue
         with open(path, "w", newline="") as fh:
@@ -325,6 +347,9 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--loops", nargs="+", default=["stock"], choices=["stock", "run_ahead"],
                     help="decoding loops per row: generate's own (stock) and/or custom_generate=run_ahead_sample "
                          "(kvpop_hf.run_ahead; its rows go to <out-prefix>_run_ahead.csv)")
+    ap.add_argument("--projections", nargs="+", default=["separate"], choices=["separate", "fused"],
+                    help="fused: every row again after kvpop_hf.fused_projections.fuse_projection_storage(model), "
+                         "compiled with fused_compile_config (rows to <out-prefix>[_run_ahead]_fused.csv)")
     ap.add_argument("--no-retry", action="store_true", help="a failed generate is not retried after a dynamo reset")
     ap.add_argument("--compile-reuse", metavar="DIR", default=None,
                     help="run everything in two fresh processes sharing the compile cache DIR (process first/second)")
@@ -337,6 +362,7 @@ def parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parser().parse_args(argv)
+    args.projections = sorted(set(args.projections), key=["separate", "fused"].index)  # fusing is for good
     if args.new_tokens < args.warmup + 3:
         raise ValueError(f"--new-tokens {args.new_tokens} leaves no timed step after --warmup {args.warmup}: "
                          f"use --new-tokens >= {args.warmup + 3}.")

@@ -11,6 +11,8 @@
 #   STATIC_BATCHES="8 32" KVPOP_BATCHES=32 SYNTHETIC_FROM=8 STATIC_MAX_BATCH=32 NO_RETRY=1 (a failure is not retried).
 # LOOPS="stock run_ahead": every row with generate's own loop and with custom_generate=kvpop_hf.run_ahead_sample
 #   (rows of the latter in $OUT/h200_qwen3-8b_generate_run_ahead.csv).
+# PROJECTIONS="separate fused": every row again with q/k/v and gate/up as one product each (kvpop_hf.fused_projections;
+#   rows in $OUT/h200_qwen3-8b_generate[_run_ahead]_fused.csv).
 # Usage: OUT=dir [CONTEXTS="4096 131072"] [CACHES="static kvpop"] [SCORERS="knorm mlp mlstm"] [STATIC_CONTEXTS=4096] [LIMIT_S=590]
 #        bash benchmarks/gpu/generate_call_speed.sh
 # Writes $OUT/h200_qwen3-8b_generate{.csv,.md}, the log, the non-static CUDA-graph inputs named by torch
@@ -29,6 +31,7 @@ extra=()
 [ -n "${KVPOP_BATCHES:-}" ] && extra+=(--kvpop-batches $KVPOP_BATCHES)
 [ -n "${LOOPS:-}" ] && extra+=(--loops $LOOPS)  # e.g. LOOPS="stock run_ahead": each row with both decoding loops
 [ "${PROFILE:-0}" = 1 ] && extra+=(--profile-dir /tmp/kvpop_profiles)
+[ -n "${PROJECTIONS:-}" ] && extra+=(--projections $PROJECTIONS)  # e.g. "separate fused": every row again, fused
 [ "${NO_RETRY:-0}" = 1 ] && extra+=(--no-retry)  # a failed generate is not retried after torch._dynamo.reset()
 timeout "${LIMIT_S:-590}" python3 benchmarks/generation_speed.py --via-generate --device cuda --shape qwen3-8b \
   --contexts ${CONTEXTS:-4096 131072} --batches ${BATCHES:-1} --scorers ${SCORERS:-knorm mlp mlstm} \

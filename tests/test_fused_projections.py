@@ -1,0 +1,109 @@
+"""One matrix product for sibling projections in compiled decoding (``kvpop_hf.fused_projections``).
+
+* the storage fusion changes nothing eager code computes, and every projection's weight is a view of one buffer;
+* the inductor pass, run by ``generate`` through ``fused_compile_config``, removes the products it should (q/k/v and
+  gate/up: four per layer) and the compiled tokens and logits equal eager decoding;
+* a model without the fused storage keeps every product (the pass reads row blocks in the graph, not names);
+* bad input is refused before any work.
+"""
+
+import pytest
+import torch
+import torch._functorch.config
+from torch import nn
+
+from helpers import distinct_ids, tiny_model
+from kvpop_hf import KVpopCache
+from kvpop_hf.compat import with_cache
+from kvpop_hf.fused_projections import (AdjacentMatmulFusion, SharedStorageLinear, fuse_adjacent_matmuls,
+                                        fuse_projection_storage, fused_compile_config)
+
+KW = dict(sinks=2, window=4, topk=6)
+
+
+@pytest.fixture(autouse=True)
+def _no_autograd_cache():  # a cached graph would skip the pass these tests count
+    with torch._functorch.config.patch(enable_autograd_cache=False):
+        yield
+
+
+def test_storage_fusion_keeps_eager_outputs_and_shares_one_buffer():
+    model = tiny_model("qwen3")
+    ids = distinct_ids(2, 12, seed=3)
+    with torch.no_grad():
+        before = model(ids).logits
+        state = {k: v.clone() for k, v in model.state_dict().items()}
+    assert fuse_projection_storage(model) == 2 * model.config.num_hidden_layers
+    attn, mlp = model.model.layers[0].self_attn, model.model.layers[0].mlp
+    assert type(attn.k_proj) is SharedStorageLinear
+    assert "self_attn.k_proj.stacked" not in model.state_dict()  # the buffer is not saved twice
+    ptr = attn.q_proj.weight.untyped_storage().data_ptr()
+    assert attn.k_proj.weight.untyped_storage().data_ptr() == ptr == attn.v_proj.weight.untyped_storage().data_ptr()
+    assert attn.k_proj.weight.storage_offset() == attn.q_proj.weight.numel()
+    assert mlp.up_proj.weight.storage_offset() == mlp.gate_proj.weight.numel()
+    assert all(torch.equal(state[k], v) for k, v in model.state_dict().items())
+    with torch.no_grad():
+        assert torch.equal(model(ids).logits, before)
+
+
+class _Counted(AdjacentMatmulFusion):
+    removed = 0
+
+    def __call__(self, graph):
+        type(self).removed += fuse_adjacent_matmuls(graph)
+
+
+@pytest.mark.parametrize("scorer", ["knorm", "mlstm"])
+def test_compiled_generate_with_the_pass_equals_eager(scorer):
+    model = tiny_model("qwen3")
+    ids = distinct_ids(2, 20, seed=7)
+    gen = dict(max_new_tokens=10, do_sample=False, pad_token_id=0, output_logits=True, return_dict_in_generate=True)
+    eager = model.generate(ids, **with_cache(model, KVpopCache(model.config, scorer=scorer, **KW)), **gen)
+    fuse_projection_storage(model)
+    torch._dynamo.reset()
+    cfg = fused_compile_config(mode="default")
+    cfg.options.update(post_grad_custom_post_pass=_Counted(), fx_graph_cache=False)  # the pass runs, not a cache
+    cfg._compile_all_devices = True  # transformers compiles decode steps on CUDA only unless told so
+    _Counted.removed = 0
+    compiled = model.generate(ids, **with_cache(model, KVpopCache(model.config, scorer=scorer, **KW)),
+                              compile_config=cfg, **gen)
+    assert _Counted.removed == 3 * model.config.num_hidden_layers  # q/k/v: 2 fewer, gate/up: 1 fewer
+    assert torch.equal(compiled.sequences, eager.sequences)
+    diff = max((a - b).abs().max().item() for a, b in zip(compiled.logits, eager.logits))
+    assert diff < 1e-4, diff
+
+
+def test_pass_leaves_separate_weights_alone():
+    class Three(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.q_proj, self.k_proj, self.v_proj = (nn.Linear(16, n, bias=False) for n in (16, 8, 8))
+
+        def forward(self, x):
+            return torch.cat([self.q_proj(x), self.k_proj(x), self.v_proj(x)], -1)
+
+    x = torch.randn(3, 16)
+    for fused in (False, True):
+        m = Three()
+        if fused:
+            fuse_projection_storage(m)
+        counted = _Counted()
+        _Counted.removed = 0
+        torch._dynamo.reset()
+        out = torch.compile(m, options={"post_grad_custom_post_pass": counted, "fx_graph_cache": False})(x)
+        assert _Counted.removed == (2 if fused else 0)
+        torch.testing.assert_close(out, m(x))
+
+
+def test_bad_input_is_refused():
+    with pytest.raises(ValueError, match="no group of bias-free nn.Linear"):
+        fuse_projection_storage(nn.Sequential(nn.Linear(4, 4)))
+    with pytest.raises(ValueError, match="unknown mode"):
+        fused_compile_config(mode="fast")
+
+
+def test_pass_equality_and_cache_key():
+    a, b = AdjacentMatmulFusion(), AdjacentMatmulFusion()
+    assert a == b and hash(a) == hash(b) and a.uuid() == b.uuid()
+    cfg = fused_compile_config("max-autotune")
+    assert cfg.mode is None and cfg.options["max_autotune"] and cfg.options["triton.cudagraphs"]
