@@ -17,7 +17,8 @@
 # Usage: OUT=dir bash benchmarks/gpu/testbed_4k_baselines.sh                                 (~9.5 min)
 # Knobs: TEACHER (checkpoints/teacher_4k), KVP_CKPTS (checkpoints/kvp_4k), RS (training seconds, 240), EVAL_N
 # (problems per evaluation, 40), SEED_BASE (the first problem's seed, 2^48), WINDOW (DMS's protected window and the
-# window of the evaluations, 32), BUDGETS (the trained budgets, "75 88 94"), UNTRAINED=0 (skip the policies that need
+# window of the evaluations, 32), BUDGETS (the trained budgets, "75 88 94"), POLICIES (the trained baselines,
+# "streaming_plus dms"; one of them trains as many at a time as KVpop's two-at-a-time retrofits), UNTRAINED=0 (skip the policies that need
 # no training), EVAL=0 (train only), LR_DECAY=1 (the learning rate decays linearly to 0 over RS, as KVpop's
 # retrofits in testbed_4k.sh), EBS (evaluation batch size, 20; DEBS for DMS, whose prefill mask is dense, 10),
 # DBS (DMS training batch size, 2), NEX (training examples, 1200), TRAIN_SLACK (seconds a training may run past RS
@@ -91,8 +92,8 @@ dms() {  # NN: train, then evaluate (compression.json in the evaluation folder)
 DMS_JOBS=()
 for nn in ${BUDGETS:-75 88 94}; do
   case "$nn" in [0-9][0-9]) ;; *) echo "BUDGETS holds two-digit percentages (75 88 94), got $nn" >&2; exit 2 ;; esac
-  streaming_plus $nn &
-  dms $nn & DMS_JOBS+=($!)
+  case " ${POLICIES:-streaming_plus dms} " in *" streaming_plus "*) streaming_plus $nn & ;; esac
+  case " ${POLICIES:-streaming_plus dms} " in *" dms "*) dms $nn & DMS_JOBS+=($!) ;; esac
 done
 [ "${UNTRAINED:-1}" = 1 ] && for p in tova h2o snapkv; do
   for nn in 75 94; do
@@ -103,7 +104,7 @@ done
 [ "${UNTRAINED:-1}" = 1 ] && evaluate "$OUT/eval_kvp_cr94" "$(left)" --model "$TEACHER" --budgets 0.94 --policies kvp,kvp_supervised \
   --scorer-checkpoint "kvp=$KVP_CKPTS/rl" --scorer-checkpoint "kvp_supervised=$KVP_CKPTS/supervised" &
 
-wait "${DMS_JOBS[@]}"
+[ ${#DMS_JOBS[@]} -gt 0 ] && wait "${DMS_JOBS[@]}"
 mkdir -p "$OUT/eval_dms"
 python3 - "$OUT" ${BUDGETS:-75 88 94} > "$OUT/eval_dms/merge.log" 2>&1 <<'EOF'
 import json, sys
