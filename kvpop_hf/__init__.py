@@ -7,6 +7,7 @@ from .attention import register as _register_attention
 from .backends import Backends
 from .cache import KVpopCache
 from .config import KVpopConfig
+from .fused_projections import fuse_projection_storage, fused_compile_config
 from .prefill import prefill_in_chunks
 from .run_ahead import run_ahead_sample
 from .scorers import SCORERS, Scorer, build_scorer
@@ -26,5 +27,5 @@ def __getattr__(name):  # the training stack is imported on first use
     raise AttributeError(f"module 'kvpop_hf' has no attribute {name!r}")
 
 
-__all__ = ["Backends", "KVpopCache", "KVpopConfig", "prefill_in_chunks", "run_ahead_sample", "Scorer", "SCORERS", "build_scorer", "KVpopTrainer", "KVpopTrainingArguments"]
+__all__ = ["Backends", "KVpopCache", "KVpopConfig", "fuse_projection_storage", "fused_compile_config", "prefill_in_chunks", "run_ahead_sample", "Scorer", "SCORERS", "build_scorer", "KVpopTrainer", "KVpopTrainingArguments"]
 __version__ = "0.1.0"

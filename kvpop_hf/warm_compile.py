@@ -11,7 +11,9 @@ you serve with :func:`kvpop_hf.compile_cache.enable_compile_cache` on, then writ
 
 Each scorer, budget, batch size, dtype and compile mode (``--compile-mode max-autotune`` when the serving processes
 pass ``compile_config=CompileConfig(mode="max-autotune")``) is its own compiled graph, so warm every combination
-you serve; the prompt length does not matter (the cache's buffers have ``B`` slots whatever the context). Weights
+you serve (``--fuse-projections`` when the serving processes run
+:func:`kvpop_hf.fused_projections.fuse_projection_storage` and pass ``fused_compile_config(mode)``); the prompt
+length does not matter (the cache's buffers have ``B`` slots whatever the context). Weights
 are never changed; ``--random-weights`` builds the model from its config instead (same graphs, no download of the
 weights). Scorers are names of :data:`kvpop_hf.scorers.SCORERS` (with ``--budget``) or KVpop checkpoints
 (a directory or a Hub repo id, their own budget unless ``--budget`` is given).
@@ -43,10 +45,12 @@ def _build_cache(model, scorer: str, budget):
 
 def warm(model, cache_dir: str | os.PathLike, scorers: list[str], batches: list[int], budget=None,
          prompt_tokens: int = 16, new_tokens: int = 4, progress: bool = True,
-         compile_mode: str | None = None) -> tuple[list[dict], Path | None]:
+         compile_mode: str | None = None, fuse_projections: bool = False) -> tuple[list[dict], Path | None]:
     """One greedy ``generate`` of ``new_tokens`` per (scorer, batch) with the compile cache ``cache_dir`` on, then
     the bundle written. The model must already be on its device. ``compile_mode``: generate's
     ``compile_config=CompileConfig(mode=...)`` (None: transformers' default), the one the serving processes pass.
+    ``fuse_projections``: store the model's q/k/v and gate/up weights as one buffer each (in place) and compile with
+    ``fused_compile_config(compile_mode or "reduce-overhead")``, as serving processes that fuse them do.
     Returns one record per run (``scorer``, ``batch``, ``seconds``: the whole call, compilation included) and the
     bundle's path (None: nothing compiled)."""
     from tqdm.auto import tqdm
@@ -60,6 +64,11 @@ def warm(model, cache_dir: str | os.PathLike, scorers: list[str], batches: list[
     model.set_attn_implementation("kvpop")
     records = []
     extra = {} if compile_mode is None else {"compile_config": CompileConfig(mode=compile_mode)}
+    if fuse_projections:
+        from .fused_projections import fuse_projection_storage, fused_compile_config
+
+        fuse_projection_storage(model)
+        extra = {"compile_config": fused_compile_config(compile_mode or "reduce-overhead")}
     combos = [(s, b) for s in scorers for b in batches]
     for scorer, batch in tqdm(combos, desc="warming the compile cache", disable=not progress):
         cache = _build_cache(model, scorer, budget)
@@ -86,6 +95,9 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--random-weights", action="store_true", help="build the model from its config (no weights read)")
     ap.add_argument("--compile-mode", default=None, choices=["reduce-overhead", "max-autotune"],
                     help="the CompileConfig mode the serving processes pass to generate (default: transformers' own)")
+    ap.add_argument("--fuse-projections", action="store_true",
+                    help="q/k/v and gate/up as one matrix product each (kvpop_hf.fused_projections), as the serving "
+                         "processes compile them")
     return ap
 
 
@@ -138,7 +150,7 @@ def main(argv=None) -> int:
         print(f"kvpop-warm-compile: on {device.type}, generate does not compile decode steps; nothing will be cached.",
               file=sys.stderr)
     records, bundle = warm(model, args.cache_dir, args.scorer, args.batches, args.budget, new_tokens=args.new_tokens,
-                           compile_mode=args.compile_mode)
+                           compile_mode=args.compile_mode, fuse_projections=args.fuse_projections)
     for r in records:
         print(f"{r['scorer']} batch {r['batch']}: {r['seconds']} s")
     print(f"compile cache {Path(args.cache_dir).resolve()}; bundle: {bundle or 'none (nothing was compiled)'}")

@@ -67,7 +67,12 @@ def test_compile_mode_reaches_generate(tiny_model, tmp_path, monkeypatch):
     monkeypatch.setattr(model, "generate", spy)
     warm(model, tmp_path / "cc", ["knorm"], [1], budget=(2, 4, 6), progress=False, compile_mode="max-autotune")
     warm(model, tmp_path / "cc", ["knorm"], [1], budget=(2, 4, 6), progress=False)
+    warm(model, tmp_path / "cc", ["knorm"], [1], budget=(2, 4, 6), progress=False, compile_mode="max-autotune",
+         fuse_projections=True)
     assert seen[0].mode == "max-autotune" and seen[1] is None
+    fused = seen[2].options
+    assert seen[2].mode is None and fused["max_autotune"] and "post_grad_custom_post_pass" in fused
+    assert type(model.model.layers[0].self_attn.k_proj).__name__ == "SharedStorageLinear"
 
 
 def test_bad_compile_mode_is_refused(tmp_path):
