@@ -4,8 +4,15 @@
 * the inductor pass, run by ``generate`` through ``fused_compile_config``, removes the products it should (q/k/v and
   gate/up: four per layer) and the compiled tokens and logits equal eager decoding;
 * a model without the fused storage keeps every product (the pass reads row blocks in the graph, not names);
+* a second process loads the fused graph from the compile cache, and an unfused model never reads it;
 * bad input is refused before any work.
 """
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -107,3 +114,52 @@ def test_pass_equality_and_cache_key():
     assert a == b and hash(a) == hash(b) and a.uuid() == b.uuid()
     cfg = fused_compile_config("max-autotune")
     assert cfg.mode is None and cfg.options["max_autotune"] and cfg.options["triton.cudagraphs"]
+
+
+CACHE_SCRIPT = r"""
+import json, sys, torch
+from torch import nn
+from torch._dynamo.utils import counters
+from kvpop_hf.compile_cache import enable_compile_cache
+from kvpop_hf.fused_projections import AdjacentMatmulFusion, fuse_projection_storage
+
+class Three(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.q_proj, self.k_proj, self.v_proj = (nn.Linear(32, n, bias=False) for n in (32, 8, 8))
+    def forward(self, x):
+        return torch.cat([self.q_proj(x), self.k_proj(x), self.v_proj(x)], -1).relu()
+
+enable_compile_cache(sys.argv[1])
+torch.manual_seed(0)
+m = Three()
+if sys.argv[2] == "fused":
+    fuse_projection_storage(m)
+x = torch.randn(2, 32)
+with torch.no_grad():
+    out = torch.compile(m, options={"post_grad_custom_post_pass": AdjacentMatmulFusion()})(x)
+    ok = torch.allclose(out, m(x), atol=1e-5)
+print(json.dumps({"hit": counters["inductor"]["fxgraph_cache_hit"], "miss": counters["inductor"]["fxgraph_cache_miss"],
+                  "ok": ok}))
+"""
+
+
+def _cache_run(directory, variant):
+    root = Path(__file__).resolve().parents[1]
+    env = {k: v for k, v in os.environ.items() if k not in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")}
+    env["PYTHONPATH"] = str(root) + os.pathsep + env.get("PYTHONPATH", "")
+    out = subprocess.run([sys.executable, "-c", CACHE_SCRIPT, str(directory), variant], capture_output=True,
+                         text=True, env=env, timeout=600, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.slow
+def test_compile_cache_reuses_the_fused_graph_and_keeps_it_apart(tmp_path):
+    """A second process loads the fused graph from the compile cache; an unfused model compiles its own graph
+    (the row blocks are in the graph, so the cache key differs) instead of reading the fused one."""
+    first = _cache_run(tmp_path, "fused")
+    assert first["miss"] >= 1 and first["hit"] == 0 and first["ok"]
+    second = _cache_run(tmp_path, "fused")
+    assert second["hit"] >= 1 and second["miss"] == 0 and second["ok"]
+    plain = _cache_run(tmp_path, "separate")
+    assert plain["miss"] >= 1 and plain["hit"] == 0 and plain["ok"]
