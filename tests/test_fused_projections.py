@@ -34,8 +34,9 @@ def _no_autograd_cache():  # a cached graph would skip the pass these tests coun
         yield
 
 
-def test_storage_fusion_keeps_eager_outputs_and_shares_one_buffer():
-    model = tiny_model("qwen3")
+@pytest.mark.parametrize("arch", ["qwen3", "llama"])
+def test_storage_fusion_keeps_eager_outputs_and_shares_one_buffer(arch):
+    model = tiny_model(arch)
     ids = distinct_ids(2, 12, seed=3)
     with torch.no_grad():
         before = model(ids).logits
