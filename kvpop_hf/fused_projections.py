@@ -68,7 +68,7 @@ def fuse_projection_storage(model: nn.Module, groups=DEFAULT_GROUPS) -> int:
     Only bias-free ``nn.Linear`` modules with one input width, dtype and device are grouped (a LoRA-wrapped
     projection is not: merge the adapter first). Call it after moving the model to its device and dtype (a move
     copies parameters and buffers apart). Raises ``ValueError`` when no group is found. ``save_pretrained``
-    afterwards is refused by safetensors (the weights share memory): save before."""
+    afterwards writes the same tensors under the same names (the buffer is not saved)."""
     stored = 0
     for module in model.modules():
         for names in groups:

@@ -54,6 +54,19 @@ def test_storage_fusion_keeps_eager_outputs_and_shares_one_buffer(arch):
         assert torch.equal(model(ids).logits, before)
 
 
+def test_a_fused_model_saves_and_loads_as_the_original(tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    model = tiny_model("qwen3")
+    fuse_projection_storage(model)
+    model.save_pretrained(tmp_path / "m")
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "m")
+    assert type(loaded.model.layers[0].self_attn.q_proj) is nn.Linear
+    state = model.state_dict()
+    assert loaded.state_dict().keys() == state.keys()
+    assert all(torch.equal(v, state[k]) for k, v in loaded.state_dict().items())
+
+
 class _Counted(AdjacentMatmulFusion):
     removed = 0
 
