@@ -294,8 +294,10 @@ def _md_cell(row: dict, key: str) -> str:
     return str(row.get(key, ""))
 
 
-def write(prefix: Path, rows: list[dict], command: str) -> None:
+def write(prefix: Path, rows: list[dict], command: str) -> list[Path]:
+    """The CSV files (one per loop and projections) and the Markdown table; returns the paths written."""
     prefix.parent.mkdir(parents=True, exist_ok=True)
+    written = []
     for loop, projections in itertools.product(("stock", "run_ahead"), ("separate", "fused")):
         path = prefix.with_name(prefix.name + (RUN_AHEAD_SUFFIX if loop == "run_ahead" else "")
                                 + (FUSED_SUFFIX if projections == "fused" else "") + ".csv")
@@ -306,6 +308,7 @@ def write(prefix: Path, rows: list[dict], command: str) -> None:
             w = csv.DictWriter(fh, fieldnames=COLUMNS)
             w.writeheader()
             w.writerows({k: r.get(k, "") for k in COLUMNS} for r in mine)
+        written.append(path)
     vers = versions("torch", "transformers", "triton")
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
     lines = [f"# Decode through model.generate ({gpu})", "",
@@ -317,6 +320,7 @@ def write(prefix: Path, rows: list[dict], command: str) -> None:
              "| " + " | ".join(MD_COLUMNS) + " |", "|" + "---|" * len(MD_COLUMNS)]
     lines += ["| " + " | ".join(_md_cell(r, k) for k in MD_COLUMNS) + " |" for r in rows]
     prefix.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    return written + [prefix.with_suffix(".md")]
 
 
 def parser() -> argparse.ArgumentParser:
@@ -380,8 +384,8 @@ def main(argv=None) -> int:
     else:
         rows = run_rows(args)
     if args.out_prefix:
-        write(Path(args.out_prefix), rows, command)
-        print(f"wrote {Path(args.out_prefix).with_suffix('.csv')}")
+        for path in write(Path(args.out_prefix), rows, command):
+            print(f"wrote {path}")
     return 0
 
 

@@ -1,5 +1,6 @@
 """benchmarks/generation_speed.py --via-generate on a tiny model (CPU): the CSV of record's exact columns, one
-row per (cache, scorer, context, batch) with left-padded batches, both processes of --compile-reuse, and the
+row per (cache, scorer, context, batch) with left-padded batches, both processes of --compile-reuse, the fused
+projections' rows after the separate ones, and the
 refusal of a token count that leaves nothing to time."""
 
 from __future__ import annotations
@@ -50,6 +51,18 @@ def test_run_ahead_rows_in_their_own_csv(tmp_path):
         assert {(r["cache"], r["scorer"]) for r in rows} == {("static", ""), ("kvpop", "mlp")}
         assert all(float(r["decode_ms"]) > 0 for r in rows)
     assert "run_ahead" in prefix.with_suffix(".md").read_text()
+
+
+def test_fused_rows_in_their_own_csv_after_the_separate_ones(tmp_path):
+    prefix = tmp_path / "gen"
+    argv = [*TINY, "--contexts", "100", "--caches", "kvpop", "--scorers", "knorm", "--projections", "fused",
+            "separate", "--out-prefix", str(prefix)]
+    assert generate_call_speed.main(argv) == 0
+    separate, fused = rows_of(prefix), rows_of(tmp_path / "gen_fused")
+    assert list(fused[0]) == generate_call_speed.COLUMNS
+    assert len(separate) == len(fused) == 1 and float(fused[0]["decode_ms"]) > 0
+    table = prefix.with_suffix(".md").read_text()
+    assert table.index("| separate |") < table.index("| fused |")
 
 
 def test_compile_reuse_runs_two_processes(tmp_path):
