@@ -11,6 +11,8 @@
 #   STATIC_BATCHES="8 32" KVPOP_BATCHES=32 SYNTHETIC_FROM=8 STATIC_MAX_BATCH=32 NO_RETRY=1 (a failure is not retried).
 # LOOPS="stock run_ahead": every row with generate's own loop and with custom_generate=kvpop_hf.run_ahead_sample
 #   (rows of the latter in $OUT/h200_qwen3-8b_generate_run_ahead.csv).
+# Fused projections, all three scorers at 128k with a second process reusing the compile cache (one call, ~400 s):
+#   CONTEXTS=131072 CACHES=kvpop LOOPS=run_ahead PROJECTIONS=fused STATIC_INPUT_LOG=0 LIMIT_S=560.
 # PROJECTIONS="separate fused": every row again with q/k/v and gate/up as one product each (kvpop_hf.fused_projections;
 #   rows in $OUT/h200_qwen3-8b_generate[_run_ahead]_fused.csv).
 # Usage: OUT=dir [CONTEXTS="4096 131072"] [CACHES="static kvpop"] [SCORERS="knorm mlp mlstm"] [STATIC_CONTEXTS=4096] [LIMIT_S=590]
