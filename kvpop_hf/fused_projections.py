@@ -108,8 +108,11 @@ def _row_block(mm_node):
         return None
     base, dim = block.args[0], (block.args[1] if len(block.args) > 1 else 0)
     start = block.args[2] if len(block.args) > 2 else 0
+    step = block.args[4] if len(block.args) > 4 else block.kwargs.get("step", 1)
     val, base_val = block.meta.get("val"), getattr(base, "meta", {}).get("val")
-    if dim != 0 or not isinstance(start, int) or not isinstance(base_val, torch.Tensor) or base_val.dim() != 2:
+    if dim != 0 or step != 1 or not isinstance(start, int) or start < 0:
+        return None
+    if not isinstance(base_val, torch.Tensor) or base_val.dim() != 2:
         return None
     if base_val.stride() != (base_val.shape[1], 1) or not isinstance(val, torch.Tensor):
         return None

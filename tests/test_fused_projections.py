@@ -177,3 +177,26 @@ def test_compile_cache_reuses_the_fused_graph_and_keeps_it_apart(tmp_path):
     assert second["hit"] >= 1 and second["miss"] == 0 and second["ok"]
     plain = _cache_run(tmp_path, "separate")
     assert plain["miss"] >= 1 and plain["hit"] == 0 and plain["ok"]
+
+
+def test_pass_fuses_only_blocks_that_tile_rows():
+    """Row blocks with a gap, a stride or a column slice are left alone; blocks that tile are fused, and the
+    rewritten graph computes the same values."""
+    buf = torch.randn(40, 16)
+    x = torch.randn(3, 16)
+
+    def mm(x, w):  # a linear layer's product as it reaches inductor's post-grad graph
+        return torch.mm(x, w.permute(1, 0))
+
+    def tiled(x, b):
+        return torch.cat([mm(x, b[0:16]), mm(x, b[16:24]), mm(x, b[24:40])], -1)
+
+    def gapped(x, b):
+        return torch.cat([mm(x, b[0:16]), mm(x, b[20:28]), mm(x, b[0:40:2]), mm(x, b[:, 0:16])], -1)
+
+    for fn, expected in ((tiled, 2), (gapped, 0)):
+        gm = torch.fx.experimental.proxy_tensor.make_fx(fn, tracing_mode="fake")(x, buf)
+        got = fuse_adjacent_matmuls(gm.graph)
+        gm.recompile()
+        assert got == expected, fn.__name__
+        torch.testing.assert_close(gm(x, buf), fn(x, buf))
