@@ -180,8 +180,8 @@ def measure(model, cache_kind: str, scorer: str, context: int, batch: int, args,
                do_sample=False, stopping_criteria=StoppingCriteriaList([timer]), pad_token_id=0)
     if loop == "run_ahead":
         gen["custom_generate"] = run_ahead_sample
-    if row["projections"] == "fused":
-        gen["compile_config"] = fused_compile_config(args.compile_mode or "reduce-overhead")
+    if projections == "fused":
+        gen["compile_config"] = fused_compile_config(args.compile_mode)
     elif args.compile_mode:
         gen["compile_config"] = CompileConfig(mode=args.compile_mode)
     weights = torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
@@ -231,7 +231,8 @@ def measure(model, cache_kind: str, scorer: str, context: int, batch: int, args,
     return row
 
 
-def _rows_of(model, args, device, projections: str) -> list[dict]:
+def _rows_of(model, args, device, projections: str, done: list[dict]) -> list[dict]:
+    """The rows of one projections setting; ``done``: the rows measured before, written with the partial results."""
     rows = []
     for context in args.contexts:
         for batch in args.batches:
@@ -257,7 +258,7 @@ def _rows_of(model, args, device, projections: str) -> list[dict]:
                               + (" (filled in place)" if row.get("synthetic") else ""), flush=True)
                         rows.append(row)
                         if args.out_prefix and not args.rows_json:
-                            write(Path(args.out_prefix), args.done_rows + rows,
+                            write(Path(args.out_prefix), done + rows,
                                   "(partial) " + " ".join(sys.argv))  # kept if killed
     return rows
 
@@ -276,8 +277,7 @@ def run_rows(args) -> list[dict]:
             torch._dynamo.reset()
             print(f"[{args.process}] projections fused: {groups} groups (q/k/v, gate/up) in one buffer each",
                   flush=True)
-        args.done_rows = list(rows)  # written with the partial results
-        rows += _rows_of(model, args, device, projections)
+        rows += _rows_of(model, args, device, projections, done=rows)
     if args.compile_reuse and args.process == "first":
         save_compile_cache(args.compile_reuse)
     return rows

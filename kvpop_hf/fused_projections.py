@@ -27,6 +27,7 @@ from collections import defaultdict
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch._inductor.custom_graph_pass import CustomGraphPass
 
 # sibling projections that read one input in the attention and MLP blocks of Llama-style decoders
 DEFAULT_GROUPS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
@@ -177,15 +178,7 @@ def fuse_adjacent_matmuls(graph: torch.fx.Graph) -> int:
     return removed
 
 
-def _custom_graph_pass_base():
-    try:
-        from torch._inductor.custom_graph_pass import CustomGraphPass
-    except ImportError:  # pragma: no cover - every supported torch has it
-        return object
-    return CustomGraphPass
-
-
-class AdjacentMatmulFusion(_custom_graph_pass_base()):
+class AdjacentMatmulFusion(CustomGraphPass):
     """Inductor post-grad pass running :func:`fuse_adjacent_matmuls`; its ``uuid`` (a hash of the pass's source)
     keys inductor's graph caches, so compiled artifacts stay reusable across processes."""
 
@@ -203,15 +196,17 @@ class AdjacentMatmulFusion(_custom_graph_pass_base()):
         return hash(type(self))
 
 
-def fused_compile_config(mode: str = "reduce-overhead", **kwargs):
+def fused_compile_config(mode: str | None = None, **kwargs):
     """``transformers.CompileConfig`` for ``generate``: torch.compile's ``mode`` options plus the fusion pass.
 
-    ``mode``: ``"reduce-overhead"`` (transformers' default) or ``"max-autotune"``; further keyword arguments go to
+    ``mode``: ``"reduce-overhead"``, ``"max-autotune"``, or None for ``CompileConfig``'s own default mode (the one
+    ``generate`` uses without a ``compile_config``); further keyword arguments go to
     ``CompileConfig`` (``fullgraph``, ``dynamic``, ...). Use with a model passed through
     :func:`fuse_projection_storage`; without it the pass finds nothing to fuse and changes nothing."""
     from torch._inductor import list_mode_options
     from transformers import CompileConfig
 
+    mode = CompileConfig().mode if mode is None else mode
     if mode not in ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"):
         raise ValueError(f"fused_compile_config: unknown mode {mode!r}; use 'reduce-overhead' or 'max-autotune'")
     options = dict(list_mode_options(mode))

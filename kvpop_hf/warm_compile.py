@@ -50,7 +50,7 @@ def warm(model, cache_dir: str | os.PathLike, scorers: list[str], batches: list[
     the bundle written. The model must already be on its device. ``compile_mode``: generate's
     ``compile_config=CompileConfig(mode=...)`` (None: transformers' default), the one the serving processes pass.
     ``fuse_projections``: store the model's q/k/v and gate/up weights as one buffer each (in place) and compile with
-    ``fused_compile_config(compile_mode or "reduce-overhead")``, as serving processes that fuse them do.
+    ``fused_compile_config(compile_mode)``, as serving processes that fuse them do.
     Returns one record per run (``scorer``, ``batch``, ``seconds``: the whole call, compilation included) and the
     bundle's path (None: nothing compiled)."""
     from tqdm.auto import tqdm
@@ -68,7 +68,7 @@ def warm(model, cache_dir: str | os.PathLike, scorers: list[str], batches: list[
         from .fused_projections import fuse_projection_storage, fused_compile_config
 
         fuse_projection_storage(model)
-        extra = {"compile_config": fused_compile_config(compile_mode or "reduce-overhead")}
+        extra = {"compile_config": fused_compile_config(compile_mode)}
     combos = [(s, b) for s in scorers for b in batches]
     for scorer, batch in tqdm(combos, desc="warming the compile cache", disable=not progress):
         cache = _build_cache(model, scorer, budget)

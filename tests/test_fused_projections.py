@@ -128,6 +128,8 @@ def test_pass_equality_and_cache_key():
     assert a == b and hash(a) == hash(b) and a.uuid() == b.uuid()
     cfg = fused_compile_config("max-autotune")
     assert cfg.mode is None and cfg.options["max_autotune"] and cfg.options["triton.cudagraphs"]
+    default = fused_compile_config()  # CompileConfig's own mode, as generate's default compile_config
+    assert default.mode is None and default.options["triton.cudagraphs"] and "max_autotune" not in default.options
 
 
 CACHE_SCRIPT = r"""
