@@ -21,6 +21,7 @@
 # (static_inputs.log) and the decode-step profiles (profiles.tgz).
 set -u
 : "${OUT:?set OUT to an output directory}"
+mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH=.
 [ "${STATIC_INPUT_LOG:-1}" = 1 ] && export TORCH_LOGS=cudagraph_static_inputs  # names the non-static CUDA-graph inputs
 extra=()
