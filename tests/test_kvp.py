@@ -206,3 +206,28 @@ def test_cli_knobs_shape_the_traces_and_bad_knobs_fail_first(tiny_dir, tmp_path)
         with pytest.raises(ValueError, match=msg):
             train_kvp.main(_argv(tiny_dir, "bad", *bad))
         assert not (tiny_dir / "bad").exists()
+
+
+def test_cli_bad_device_fails_first(tiny_dir):
+    for bad, msg in (("gpu0", "not a torch device"), ("cuda", "lacks")):
+        if bad == "cuda" and torch.cuda.is_available():
+            continue
+        with pytest.raises(ValueError, match=msg):
+            train_kvp.main(_argv(tiny_dir, "bad_device", "--device", bad))
+        assert not (tiny_dir / "bad_device").exists()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cli_on_cuda_saves_a_cpu_checkpoint_and_resumes_exactly(tiny_dir, tmp_path):
+    argv = lambda out, *x: _argv(tiny_dir, out, "--device", "cuda", "--traces-file", str(tmp_path / "t.pt"), *x)  # noqa: E731
+    assert train_kvp.main(argv("cuda_straight", "--steps", "4")) == 0
+    assert train_kvp.main(argv("cuda_resumed", "--steps", "2")) == 0
+    assert train_kvp.main(argv("cuda_resumed", "--steps", "4", "--resume")) == 0
+    a = load_file(tiny_dir / "cuda_straight" / "kvpop_scorer.safetensors")
+    b = load_file(tiny_dir / "cuda_resumed" / "kvpop_scorer.safetensors")
+    for name in a:
+        assert a[name].device.type == "cpu"
+        torch.testing.assert_close(a[name], b[name])
+    model = AutoModelForCausalLM.from_pretrained(tiny_dir / "model", attn_implementation="kvpop").eval()
+    cache = KVpopCache.from_pretrained(tiny_dir / "cuda_straight", model.config)
+    assert cache.scorer.trained_with == "rl"

@@ -82,10 +82,23 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--budgets", default="", help="also the share of future attention evicted at these budgets "
                                                  "(tokens, comma-separated; cache ranking)")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (small ops: 1 is fastest)")
+    p.add_argument("--device", default="cpu", help="where traces are recorded, the agent trains and the held-out "
+                                                  "costs are computed (cpu, cuda, cuda:1, ...)")
     p.add_argument("--no-progress", action="store_true")
     args = p.parse_args(argv)
     args.trace_knobs = trace_knobs(args)  # bad knobs fail here, before any work
+    check_device(args.device)
     return args
+
+
+def check_device(device: str) -> None:
+    """A ``--device`` torch cannot use is an error before any work."""
+    try:
+        dev = torch.device(device)
+    except RuntimeError as err:
+        raise ValueError(f"--device {device!r} is not a torch device ({err}); use cpu, cuda or cuda:N.") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"--device {device} asks for CUDA, which this torch build or machine lacks; use --device cpu.")
 
 
 def trace_knobs(args) -> dict[str, dict]:
@@ -102,7 +115,15 @@ def trace_knobs(args) -> dict[str, dict]:
 
 
 def load_traces(args):
-    """(train, heldout, model config): from --traces-file if it exists, else recorded from --model."""
+    """(train, heldout, model config) on ``--device``: from --traces-file if it exists, else recorded from
+    --model (the file holds them on the CPU)."""
+    from kvpop_hf.baselines.kvp.train import traces_to
+
+    train, heldout, config = _load_traces(args)
+    return traces_to(train, args.device), traces_to(heldout, args.device), config
+
+
+def _load_traces(args):
     from transformers import AutoConfig
 
     meta = {"model": str(args.model), "families": args.families, "length": args.length,
@@ -122,7 +143,7 @@ def load_traces(args):
     from kvpop_hf.testbed.kvp_traces import testbed_traces
 
     tok = AutoTokenizer.from_pretrained(args.model)
-    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).eval().to(args.device)
     fams = [f for f in args.families.split(",") if f]
     kw = dict(length=args.length, progress=not args.no_progress, knobs=knobs)
     train = testbed_traces(model, tok, fams, n=args.train_traces, seed=args.trace_seed, **kw)
@@ -140,12 +161,12 @@ def train(args, traces, config, out: Path) -> KVpopCache:
     name = "kvp" if args.objective == "rl" else "kvp_supervised"
     scorer = build_scorer("kvp", L, H, D, proj_dim=args.proj_dim, pos_dim=args.pos_dim,
                           max_positions=args.max_positions or args.length + 128, hidden=args.hidden,
-                          trained_with=args.objective, seed=args.seed)
+                          trained_with=args.objective, seed=args.seed).to(args.device)
     cfg = KVPTrainConfig(objective=args.objective, supervised_loss=args.supervised_loss, samples=args.samples,
                          traces_per_step=args.traces_per_step, lr=args.lr, min_context=args.min_context,
                          min_future=args.min_future, normalize_advantages=not args.no_normalize_advantages,
                          seed=args.seed)
-    trainer = KVPTrainer(scorer, traces, cfg)
+    trainer = KVPTrainer(scorer, traces, cfg, device=args.device)
     log_path = out / "train_log.csv"
     if args.resume and (out / STATE).is_file():
         trainer.load_state_dict(torch.load(out / STATE, weights_only=True))
@@ -173,8 +194,9 @@ def train(args, traces, config, out: Path) -> KVpopCache:
     bar.close()
     trainer.save(out / STATE)
     scorer.requires_grad_(False).eval()
-    cache = KVpopCache(config, sinks=args.sinks, window=args.window, topk=args.topk, scorer=scorer)
+    cache = KVpopCache(config, sinks=args.sinks, window=args.window, topk=args.topk, scorer=scorer.cpu())
     cache.save_pretrained(out)
+    scorer.to(args.device)  # the held-out costs are computed where the traces are
     print(f"{name}: {trainer.step_count} steps, checkpoint in {out}")
     return cache
 
@@ -186,7 +208,7 @@ def evaluate(args, heldout, config, policies: dict, out: Path) -> dict:
     L, H, D = model_shape(config)
     for base in [b for b in args.baselines.split(",") if b]:
         kw = {"lag": args.window} if base == "lagkv" else {}
-        policies.setdefault(base, (build_scorer(base, L, H, D, **kw), None))
+        policies.setdefault(base, (build_scorer(base, L, H, D, **kw).to(args.device), None))
     points = eval_points(heldout, [float(f) for f in args.fractions.split(",")])
     tables = {}
     for ranking, protect in (("pure", None), ("cache", (args.sinks, args.window))):
@@ -242,7 +264,8 @@ def _run(args, argv: list[str], out: Path) -> int:
         if not path:
             raise SystemExit(f"--compare expects NAME=DIR, got {spec!r}")
         ck = KVpopCache.from_pretrained(path, config)
-        policies[name] = (ck.scorer, ck.log_gamma)
+        lg = ck.log_gamma.to(args.device) if ck.log_gamma is not None else None
+        policies[name] = (ck.scorer.to(args.device), lg)
     evaluate(args, heldout, config, policies, out)
     meta = {"command": "python training/train_kvp.py " + shlex.join(argv), "args": vars(args),
             "commit": git_commit(Path(__file__).resolve().parent),

@@ -4,6 +4,10 @@
 #     LoRA distilled at the budget for RS seconds and merged -> $OUT/ckpt/streaming_plus_cr<NN>;
 #   * DMS at 75/88/94%: eviction gates + rank-8 LoRA distilled for RS seconds (the compression target ramps up over
 #     the first half of them), merged -> $OUT/ckpt/dms_cr<NN>;
+#   * KVP (POLICIES=kvp, not by default): Q/K/V traces of KVP_TRACES reasoning problems (the 4k knobs) recorded once
+#     with TEACHER, then the RL agent and the supervised (ListNet) agent trained on them side by side for RS seconds
+#     on DEVICE (training/train_kvp.py) -> $OUT/ckpt/kvp_{rl,supervised}, each evaluated at every budget of BUDGETS
+#     (one untagged checkpoint serves them all, with the budget's topk);
 #   * meanwhile, kvpop-eval of the policies that need no training, at the budgets the 4k table lacks: TOVA, H2O and
 #     SnapKV at 75% and 94%, LagKV at 94%, KVP (RL and supervised, KVP_CKPTS/{rl,supervised}) at 94%;
 #   * each trained checkpoint is evaluated as soon as it is saved (kvpop-eval, one folder per policy and budget);
@@ -16,7 +20,8 @@
 #
 # Usage: OUT=dir bash benchmarks/gpu/testbed_4k_baselines.sh                                 (~9.5 min)
 # Knobs: TEACHER (checkpoints/teacher_4k), KVP_CKPTS (checkpoints/kvp_4k), RS (training seconds, 240), EVAL_N
-# (problems per evaluation, 40), SEED_BASE (the first problem's seed, 2^48), WINDOW (DMS's protected window and the
+# (problems per evaluation, 40), SEED_BASE (the first problem's seed, 2^48), TRAIN_SEED (the trainings' seed, 0;
+# another seed adds _s<seed> to the checkpoint and evaluation names), KVP_TRACES (128), WINDOW (DMS's protected window and the
 # window of the evaluations, 32), BUDGETS (the trained budgets, "75 88 94"), POLICIES (the trained baselines,
 # "streaming_plus dms"; one of them trains as many at a time as KVpop's two-at-a-time retrofits), UNTRAINED=0 (skip the policies that need
 # no training), EVAL=0 (train only), LR_DECAY=1 (the learning rate decays linearly to 0 over RS, as KVpop's
@@ -29,6 +34,7 @@ set -u
 : "${OUT:?set OUT to an output directory}"
 export PYTHONUNBUFFERED=1 PYTHONPATH=. TOKENIZERS_PARALLELISM=false
 L=${LEN:-4096}; W=${WINDOW:-32}; N=${EVAL_N:-40}; EBS=${EBS:-20}; DEBS=${DEBS:-10}; DBS=${DBS:-2}; NEX=${NEX:-1200}; RS=${RS:-240}
+SEED=${TRAIN_SEED:-0}; SFX=$([ "$SEED" = 0 ] || echo "_s$SEED")
 TEACHER=${TEACHER:-checkpoints/teacher_4k}; KVP_CKPTS=${KVP_CKPTS:-checkpoints/kvp_4k}
 DEADLINE=${DEADLINE:-560}; DEVICE=${DEVICE:-cuda}; TRAIN_SLACK=${TRAIN_SLACK:-150}; TH=${THREADS:-2}
 if [ "$DEVICE" = cpu ]; then TRAIN_DEV="--use_cpu True"; else TRAIN_DEV="--bf16"; fi
@@ -61,11 +67,11 @@ train_seconds() {  # the training limit: RS + TRAIN_SLACK, and at least a minute
 
 COMMON_TRAIN="--dataset testbed:reasoning --knob reasoning.n_facts=10 reasoning.steps=4 --seq_len $L --sinks 4
   --lora_rank 8 --merge_lora True --max_steps 100000 --num_examples $NEX --max_train_seconds $RS --learning_rate 1e-3
-  --logging_steps 10 --report_to none --save_strategy no --disable_tqdm True --seed 0 $TRAIN_DEV
+  --logging_steps 10 --report_to none --save_strategy no --disable_tqdm True --seed $SEED $TRAIN_DEV
   $([ "${LR_DECAY:-0}" = 1 ] && echo --lr_decay_by_time True)"
 
 streaming_plus() {  # NN (75 / 88 / 94): train, then evaluate
-  local cr=0.$1 name=streaming_plus_cr$1 B
+  local cr=0.$1 name=streaming_plus_cr$1$SFX B
   B=$(tokens "$cr")
   OMP_NUM_THREADS=$TH timeout "$(train_seconds)" python3 training/retrofit.py --model "$TEACHER" $COMMON_TRAIN \
     --window $((B - 4)) --topk 0 --scorer streaming --per_device_train_batch_size 4 --output_dir "$OUT/ckpt/$name" \
@@ -78,7 +84,7 @@ streaming_plus() {  # NN (75 / 88 / 94): train, then evaluate
 }
 
 dms() {  # NN: train, then evaluate (compression.json in the evaluation folder)
-  local cr=0.$1 name=dms_cr$1
+  local cr=0.$1 name=dms_cr$1$SFX
   OMP_NUM_THREADS=$TH timeout "$(train_seconds)" python3 training/train_dms.py --model "$TEACHER" $COMMON_TRAIN \
     --compression "$cr" --window $W --penalty one_sided --compression_weight 10 --ramp_fraction 0.5 \
     --per_device_train_batch_size "$DBS" --output_dir "$OUT/ckpt/$name" > "$OUT/train_$name.log" 2>&1
@@ -89,7 +95,33 @@ dms() {  # NN: train, then evaluate (compression.json in the evaluation folder)
     --scorer-checkpoint "dms@cr$1=$OUT/ckpt/$name"
 }
 
+kvp() {  # record the traces, train both KVP agents side by side, evaluate each at every budget of BUDGETS
+  local nn0 B0 traces=$OUT/kvp_traces.pt obj
+  nn0=$(set -- ${BUDGETS:-75 88 94}; echo "$1"); B0=$(tokens "0.$nn0")
+  local targs=(--model "$TEACHER" --traces-file "$traces" --families reasoning --length $L
+    --knob reasoning.n_facts=10 reasoning.steps=4 --train-traces "${KVP_TRACES:-128}" --heldout-traces 8
+    --device "$DEVICE" --sinks 4 --window $W --topk $((B0 - 4 - W)) --seed $SEED --baselines knorm,streaming
+    --fractions 0.5 --budgets "$B0" --no-progress)
+  OMP_NUM_THREADS=$TH timeout "$(left)" python3 training/train_kvp.py "${targs[@]}" --out "$OUT/kvp_record" --steps 0 \
+    > "$OUT/train_kvp_record.log" 2>&1
+  stamp "kvp traces recorded exit $? ($(du -h "$traces" 2>/dev/null | cut -f1))"
+  for obj in rl supervised; do
+    ( OMP_NUM_THREADS=$TH timeout "$(train_seconds)" python3 training/train_kvp.py "${targs[@]}" --objective $obj \
+        --out "$OUT/ckpt/kvp_$obj$SFX" --steps 1000000 --max-train-seconds "$RS" --save-every 500 \
+        > "$OUT/train_kvp_$obj$SFX.log" 2>&1
+      stamp "train kvp_$obj$SFX exit $? ($(tail -1 "$OUT/ckpt/kvp_$obj$SFX/train_log.csv" 2>/dev/null))" ) &
+  done
+  wait
+  [ "${EVAL:-1}" = 1 ] || return
+  for nn in ${BUDGETS:-75 88 94}; do
+    evaluate "$OUT/eval_kvp_cr$nn$SFX" "$(left)" --model "$TEACHER" --budgets 0.$nn --policies kvp,kvp_supervised \
+      --scorer-checkpoint "kvp=$OUT/ckpt/kvp_rl$SFX" --scorer-checkpoint "kvp_supervised=$OUT/ckpt/kvp_supervised$SFX" &
+  done
+  wait
+}
+
 DMS_JOBS=()
+case " ${POLICIES:-streaming_plus dms} " in *" kvp "*) kvp & ;; esac
 for nn in ${BUDGETS:-75 88 94}; do
   case "$nn" in [0-9][0-9]) ;; *) echo "BUDGETS holds two-digit percentages (75 88 94), got $nn" >&2; exit 2 ;; esac
   case " ${POLICIES:-streaming_plus dms} " in *" streaming_plus "*) streaming_plus $nn & ;; esac

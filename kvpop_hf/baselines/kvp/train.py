@@ -10,7 +10,9 @@ Each step draws ``traces_per_step`` traces and for each a context length ``n`` u
 * ``objective="supervised"``: :func:`~kvpop_hf.baselines.kvp.supervised.supervised_loss` on the same scores.
 
 All randomness (traces, ``n``, Gumbel noise) comes from one ``torch.Generator`` whose state is saved with the
-weights and the optimiser, so a resumed run continues exactly where it stopped.
+weights and the optimiser, so a resumed run continues exactly where it stopped. On an accelerator the traces and
+the agent live there and the Gumbel noise comes from a second generator on that device (saved as well); traces
+and ``n`` are still drawn on the CPU, so a run draws the same traces and lengths on every device.
 """
 
 from __future__ import annotations
@@ -44,8 +46,13 @@ class KVPTrainConfig:
 def agent_scores(scorer, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """k/v ``[L, Hkv, n, D]`` -> scores ``[L, Hkv, n]`` (positions ``0..n-1``), differentiable."""
     L, H, n, _ = k.shape
-    pos = torch.arange(n).view(1, 1, n).expand(1, H, n)
+    pos = torch.arange(n, device=k.device).view(1, 1, n).expand(1, H, n)
     return torch.stack([scorer.score(l, k[l, None].float(), v[l, None].float(), pos)[0] for l in range(L)])
+
+
+def traces_to(traces: Sequence[dict], device: str | torch.device) -> list[dict]:
+    """The traces with their tensors on ``device`` (other entries as they are)."""
+    return [{key: val.to(device) if torch.is_tensor(val) else val for key, val in tr.items()} for tr in traces]
 
 
 def trace_future_attention(trace: dict, n: int) -> torch.Tensor:
@@ -75,9 +82,10 @@ def step_loss(scorer, trace: dict, n: int, cfg: KVPTrainConfig, gen: torch.Gener
 
 
 class KVPTrainer:
-    """Holds the scorer, optimiser, generator and step count; :meth:`step` does one update."""
+    """Holds the scorer, optimiser, generators and step count; :meth:`step` does one update. ``device``: where
+    the scorer and the traces are (both are expected there already; :func:`traces_to` moves traces)."""
 
-    def __init__(self, scorer, traces: Sequence[dict], cfg: KVPTrainConfig):
+    def __init__(self, scorer, traces: Sequence[dict], cfg: KVPTrainConfig, device: str | torch.device = "cpu"):
         if cfg.objective not in ("rl", "supervised"):
             raise ValueError(f"Unknown objective {cfg.objective!r}: use 'rl' or 'supervised'.")
         if cfg.objective == "rl" and cfg.samples < 2:
@@ -86,6 +94,9 @@ class KVPTrainer:
         self.scorer.requires_grad_(True).train()
         self.opt = torch.optim.AdamW(scorer.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
         self.gen = torch.Generator().manual_seed(cfg.seed)
+        device = torch.device(device)
+        # Gumbel noise is drawn where the scores are; on the CPU from the one generator, as it always was
+        self.noise = self.gen if device.type == "cpu" else torch.Generator(device).manual_seed(cfg.seed)
         self.step_count = 0
 
     def sample(self) -> tuple[dict, int]:
@@ -100,7 +111,7 @@ class KVPTrainer:
         total, costs = 0.0, []
         for _ in range(self.cfg.traces_per_step):
             trace, n = self.sample()
-            loss, stats = step_loss(self.scorer, trace, n, self.cfg, self.gen)
+            loss, stats = step_loss(self.scorer, trace, n, self.cfg, self.noise)
             (loss / self.cfg.traces_per_step).backward()
             total += float(loss.detach()) / self.cfg.traces_per_step
             costs.append(stats["cost"])
@@ -112,13 +123,18 @@ class KVPTrainer:
 
     # -- resumable state ------------------------------------------------------------------------
     def state_dict(self) -> dict:
-        return {"step": self.step_count, "scorer": self.scorer.state_dict(), "optimizer": self.opt.state_dict(),
-                "generator": self.gen.get_state(), "config": asdict(self.cfg)}
+        state = {"step": self.step_count, "scorer": self.scorer.state_dict(), "optimizer": self.opt.state_dict(),
+                 "generator": self.gen.get_state(), "config": asdict(self.cfg)}
+        if self.noise is not self.gen:
+            state["noise_generator"] = self.noise.get_state()
+        return state
 
     def load_state_dict(self, state: dict) -> None:
         self.scorer.load_state_dict(state["scorer"])
         self.opt.load_state_dict(state["optimizer"])
         self.gen.set_state(state["generator"])
+        if self.noise is not self.gen and "noise_generator" in state:
+            self.noise.set_state(state["noise_generator"])
         self.step_count = int(state["step"])
 
     def save(self, path: str | Path) -> None:
