@@ -137,26 +137,28 @@ done
   --scorer-checkpoint "kvp=$KVP_CKPTS/rl" --scorer-checkpoint "kvp_supervised=$KVP_CKPTS/supervised" &
 
 [ ${#DMS_JOBS[@]} -gt 0 ] && wait "${DMS_JOBS[@]}"
-mkdir -p "$OUT/eval_dms"
-python3 - "$OUT" ${BUDGETS:-75 88 94} > "$OUT/eval_dms/merge.log" 2>&1 <<'EOF'
+if [ ${#DMS_JOBS[@]} -gt 0 ]; then  # merge the DMS compression.json files and draw their heatmap
+mkdir -p "$OUT/eval_dms$SFX"
+python3 - "$OUT" "$SFX" ${BUDGETS:-75 88 94} > "$OUT/eval_dms$SFX/merge.log" 2>&1 <<'EOF'
 import json, sys
 from pathlib import Path
-out = Path(sys.argv[1])
+out, sfx = Path(sys.argv[1]), sys.argv[2]
 merged = {}
-for nn in sys.argv[2:]:
-    f = out / f"eval_dms_cr{nn}" / "compression.json"
+for nn in sys.argv[3:]:
+    f = out / f"eval_dms_cr{nn}{sfx}" / "compression.json"
     if f.is_file():
         merged.update(json.loads(f.read_text()))
         print(f"merged {f}")
 if merged:
-    (out / "eval_dms" / "compression.json").write_text(json.dumps(merged, indent=2) + "\n")
+    (out / f"eval_dms{sfx}" / "compression.json").write_text(json.dumps(merged, indent=2) + "\n")
 EOF
-if [ -f "$OUT/eval_dms/compression.json" ]; then
-  timeout "$(left)" python3 -m kvpop_hf.baselines.dms.heatmap "$OUT/eval_dms/compression.json" \
-    "$OUT/eval_dms/eviction_ratio_heatmap.png" >> "$OUT/eval_dms/merge.log" 2>&1
+if [ -f "$OUT/eval_dms$SFX/compression.json" ]; then
+  timeout "$(left)" python3 -m kvpop_hf.baselines.dms.heatmap "$OUT/eval_dms$SFX/compression.json" \
+    "$OUT/eval_dms$SFX/eviction_ratio_heatmap.png" >> "$OUT/eval_dms$SFX/merge.log" 2>&1
   stamp "DMS heatmap exit $?"
 else
   stamp "DMS heatmap: no compression.json"
+fi
 fi
 wait
 
