@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import sys
-import warnings
 
 import torch
 from transformers.cache_utils import Cache

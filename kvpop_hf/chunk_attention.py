@@ -10,7 +10,6 @@ the chunk's new tokens) and which of them each query sees. Two implementations:
 
 from __future__ import annotations
 
-import torch
 from torch.nn import functional as F
 
 from .backends import Backends

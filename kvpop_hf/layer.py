@@ -453,7 +453,7 @@ class KVpopLayer(CacheLayerMixin):
                 "Each forward's attention must run before the next forward updates the same cache."
             )
         self.pending = None
-        s, w, k, B = self.sinks, self.window, self.topk, self.budget
+        s, w, k = self.sinks, self.window, self.topk
         k_new, v_new, n_old = chunk.k_new, chunk.v_new, chunk.n_old
         b, h, L, d = k_new.shape
         dev = k_new.device
