@@ -12,7 +12,10 @@ same budget is the reference row. The answer's own later lines (rules, trace) ar
 
 Prints and writes a markdown table with the command: the share of the needed content tokens stored and the share
 of the needed lines whose content tokens are all stored, means over problems, layers and KV heads, and the head that
-keeps the fewest such lines.
+keeps the fewest such lines. The heads do not matter alike: per head, the dense model's *lookup attention* is the
+share of the answer's attention (its target queries, teacher-forced, max over the query heads of a KV head, mean
+over the target tokens) that lands on the needed content tokens; the table also gives the content tokens kept
+weighted by it, ``sum_h a_h kept_h / sum_h a_h``. ``--per-head CSV`` writes both per (family, policy, layer, head).
 """
 
 from __future__ import annotations
@@ -30,7 +33,9 @@ sys.path.insert(0, str(ROOT))
 from kvpop_hf import KVpopCache  # noqa: E402
 from kvpop_hf.compat import with_cache  # noqa: E402
 from kvpop_hf.testbed import make_problem  # noqa: E402
+from kvpop_hf.testbed.analysis import record_qkv  # noqa: E402
 from kvpop_hf.testbed.evaluate import parse_knobs  # noqa: E402
+from kvpop_hf.testbed.tasks import training_example  # noqa: E402
 from kvpop_hf.testbed.policies import parse_budgets  # noqa: E402
 from kvpop_hf.utils.provenance import git_commit  # noqa: E402
 
@@ -75,6 +80,27 @@ def kept_share(model, cache, ids: torch.Tensor, lines: list[list[int]]) -> tuple
     return torch.stack(tokens), torch.stack(whole)
 
 
+@torch.no_grad()
+def lookup_attention(model, full_ids: torch.Tensor, n_prompt: int, lines: list[list[int]]) -> torch.Tensor:
+    """Dense, teacher-forced ``full_ids [1, S]`` (prompt of ``n_prompt`` tokens, then the target): per layer and KV
+    head, the share of each target query's attention on the lines' content tokens, max over the query heads of the
+    KV head, mean over the target queries -> ``[layers, kv_heads]``."""
+    qkv = record_qkv(model, full_ids)
+    need = torch.tensor(sorted(p for line in lines for p in line))
+    S = full_ids.shape[1]
+    out = []
+    for layer in sorted(qkv):
+        q, k, _, scale = qkv[layer]  # q [1, Hq, S, D], k [1, Hkv, S, D]
+        Hq, Hkv, D = q.shape[1], k.shape[1], q.shape[-1]
+        T = S - n_prompt
+        qt = q[0, :, n_prompt:].reshape(Hkv, Hq // Hkv, T, D)
+        logits = scale * torch.einsum("hgtd,hsd->hgts", qt, k[0])  # [Hkv, G, T, S]
+        causal = torch.arange(S)[None, :] > (n_prompt + torch.arange(T))[:, None]  # [T, S]
+        probs = logits.masked_fill(causal, float("-inf")).softmax(-1)
+        out.append(probs[..., need].sum(-1).amax(1).mean(-1))  # [Hkv]
+    return torch.stack(out)
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", required=True, help="a distilled student's folder (model + kvpop scorer)")
@@ -88,6 +114,7 @@ def main(argv=None) -> None:
     ap.add_argument("--window", type=int, default=64)
     ap.add_argument("--seed-base", type=int, default=2 ** 48)
     ap.add_argument("--knob", action="append", default=[], help="generator knob FAMILY.KEY=VALUE (repeatable)")
+    ap.add_argument("--per-head", type=Path, default=None, help="also write per-head shares to this CSV")
     args = ap.parse_args(argv)
     families = [f for f in args.families.split(",") if f]
     bad = [f for f in families if f not in LINE_STARTS]
@@ -112,22 +139,32 @@ def main(argv=None) -> None:
         "streaming": lambda: KVpopCache(model.config, sinks=args.sinks, window=args.window, topk=budget.topk,
                                         scorer="streaming"),
     }
-    rows = []
+    rows, per_head = [], []
     for fam in families:
-        prompts = []  # (ids, needed lines) of each problem, shared by the policies
+        prompts = []  # (ids, needed lines, lookup attention [layers, heads]) of each problem, shared by the policies
         for i in range(args.n):
             problem = make_problem(fam, length=args.length, seed=args.seed_base + i, **knobs.get(fam, {}))
             ids = tok(problem.prompt)["input_ids"]
-            prompts.append((ids, needed_lines(problem, tok.convert_ids_to_tokens(ids), newline)))
+            full = training_example(problem, tok)["input_ids"]
+            if full[:len(ids)] != ids:
+                raise RuntimeError("the prompt's tokens differ inside the training example; positions would not match")
+            lines = needed_lines(problem, tok.convert_ids_to_tokens(ids), newline)
+            prompts.append((ids, lines, lookup_attention(model, torch.tensor([full]), len(ids), lines)))
+        att = torch.stack([a for *_, a in prompts]).mean(0)  # [layers, heads]
         for name, make in caches.items():
-            tokens, whole = [], []
-            for ids, lines in prompts:
+            tokens, whole, weighted = [], [], []
+            for ids, lines, a in prompts:
                 t, w = kept_share(model, make(), torch.tensor([ids]), lines)
                 tokens.append(t)
                 whole.append(w)
+                weighted.append((a * t).sum() / a.sum().clamp_min(1e-12))
             t, w = torch.stack(tokens).mean(0), torch.stack(whole).mean(0)  # [layers, heads]
             rows.append((fam, name, len(lines), sum(map(len, lines)), t.mean().item(), w.mean().item(),
-                         w.min().item(), divmod(int(w.argmin()), w.shape[1])))
+                         w.min().item(), divmod(int(w.argmin()), w.shape[1]), torch.stack(weighted).mean().item()))
+            for layer in range(t.shape[0]):
+                for head in range(t.shape[1]):
+                    per_head.append((fam, name, layer, head, att[layer, head].item(), t[layer, head].item(),
+                                     w[layer, head].item()))
             print(f"{fam} {name}: kept {t.mean().item():.3f} of the needed tokens, {w.mean().item():.3f} of the "
                   "needed lines whole", flush=True)
     commit = git_commit(ROOT)[:7]
@@ -135,14 +172,21 @@ def main(argv=None) -> None:
              f"(commit {commit}; B = {budget.B}, k = {budget.topk}; {args.n} problems per family, seeds "
              f"{args.seed_base} + i)", "",
              "| family | policy | needed lines / content tokens (last problem) | content tokens kept | lines kept whole | "
-             "lines kept whole, lowest head (layer, head) |", "|---|---|---|---|---|---|"]
-    for fam, name, n_lines, n_tok, tok_share, whole, low, (lay, head) in rows:
+             "lines kept whole, lowest head (layer, head) | content tokens kept, weighted by lookup attention |",
+             "|---|---|---|---|---|---|---|"]
+    for fam, name, n_lines, n_tok, tok_share, whole, low, (lay, head), wtd in rows:
         lines.append(f"| {fam} | {name} | {n_lines} / {n_tok} | {tok_share:.3f} | {whole:.3f} | "
-                     f"{low:.3f} (L{lay}, H{head}) |")
+                     f"{low:.3f} (L{lay}, H{head}) | {wtd:.3f} |")
     text = "\n".join(lines) + "\n"
     print(text)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(text)
+    if args.per_head is not None:
+        args.per_head.parent.mkdir(parents=True, exist_ok=True)
+        with open(args.per_head, "w") as fh:
+            fh.write("family,policy,layer,head,lookup_attention,content_tokens_kept,lines_kept_whole\n")
+            for fam, name, layer, head, a, t, w in per_head:
+                fh.write(f"{fam},{name},{layer},{head},{a:.4f},{t:.4f},{w:.4f}\n")
 
 
 if __name__ == "__main__":

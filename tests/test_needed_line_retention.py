@@ -58,3 +58,26 @@ def test_a_cache_as_long_as_the_prompt_keeps_every_line_and_a_short_window_loses
 def test_bad_families_are_refused_before_loading(tmp_path):
     with pytest.raises(SystemExit, match="needed lines are defined"):
         nlr.main(["--model", str(tmp_path / "missing"), "--out", str(tmp_path / "t.md"), "--families", "cwe"])
+
+
+def test_lookup_attention_matches_the_models_own_attention_weights():
+    from transformers import AutoModelForCausalLM
+
+    from kvpop_hf.testbed.tasks import training_example
+
+    tok = build_tokenizer()
+    p = make_problem("reasoning", length=512, seed=7, n_facts=4, steps=2)
+    ids = tok(p.prompt)["input_ids"]
+    full = torch.tensor([training_example(p, tok)["input_ids"]])
+    _, lines = _lines(p)
+    model = load_model(TEACHER, torch.float32, "cpu")
+    got = nlr.lookup_attention(model, full, len(ids), lines)
+    eager = AutoModelForCausalLM.from_pretrained(TEACHER, dtype=torch.float32, attn_implementation="eager").eval()
+    with torch.no_grad():
+        att = eager(full, output_attentions=True).attentions  # per layer [1, Hq, S, S]
+    need = [i for line in lines for i in line]
+    ref = torch.stack([a[0, :, len(ids):, need].sum(-1).view(2, -1, full.shape[1] - len(ids)).amax(1).mean(-1)
+                       for a in att])
+    assert got.shape == (6, 2)
+    torch.testing.assert_close(got, ref, atol=1e-4, rtol=1e-4)
+    assert float(got.max()) > 0.05  # the answer does look its facts up
