@@ -13,9 +13,11 @@ same budget is the reference row. The answer's own later lines (rules, trace) ar
 Prints and writes a markdown table with the command: the share of the needed content tokens stored and the share
 of the needed lines whose content tokens are all stored, means over problems, layers and KV heads, and the head that
 keeps the fewest such lines. The heads do not matter alike: per head, the dense model's *lookup attention* is the
-share of the answer's attention (its target queries, teacher-forced, max over the query heads of a KV head, mean
-over the target tokens) that lands on the needed content tokens; the table also gives the content tokens kept
-weighted by it, ``sum_h a_h kept_h / sum_h a_h``. ``--per-head CSV`` writes both per (family, policy, layer, head).
+share of the answer's lookup queries' attention that lands on the needed content tokens (teacher-forced; a lookup
+query is the target's ``=`` after a fact name, whose next token copies the fact's value, for ``reasoning``, and every
+target query for ``vt``; max over the query heads of a KV head, mean over the queries); the table also gives the
+content tokens kept weighted by it, ``sum_h a_h kept_h / sum_h a_h``, and ``--per-head CSV`` writes both per
+(family, policy, layer, head).
 """
 
 from __future__ import annotations
@@ -80,22 +82,37 @@ def kept_share(model, cache, ids: torch.Tensor, lines: list[list[int]]) -> tuple
     return torch.stack(tokens), torch.stack(whole)
 
 
+def lookup_queries(problem, full: list[int], n_prompt: int, tokenizer) -> list[int]:
+    """Positions of the target's lookup queries in ``full`` (``<bos> prompt target <eos>``): for ``reasoning`` each
+    ``=`` right after one of the problem's fact names (the next token copies that fact's value), otherwise every
+    target position."""
+    facts = problem.meta.get("facts") or {}
+    if not facts:
+        return list(range(n_prompt, len(full)))
+    names = set(tokenizer.convert_tokens_to_ids(list(facts)))
+    eq = tokenizer.convert_tokens_to_ids("=")
+    return [t for t in range(max(1, n_prompt), len(full)) if full[t] == eq and full[t - 1] in names]
+
+
 @torch.no_grad()
-def lookup_attention(model, full_ids: torch.Tensor, n_prompt: int, lines: list[list[int]]) -> torch.Tensor:
-    """Dense, teacher-forced ``full_ids [1, S]`` (prompt of ``n_prompt`` tokens, then the target): per layer and KV
-    head, the share of each target query's attention on the lines' content tokens, max over the query heads of the
-    KV head, mean over the target queries -> ``[layers, kv_heads]``."""
+def lookup_attention(model, full_ids: torch.Tensor, queries: list[int], lines: list[list[int]]) -> torch.Tensor:
+    """Dense, teacher-forced ``full_ids [1, S]``: per layer and KV head, the share of the attention of the query
+    positions ``queries`` on the lines' content tokens, max over the query heads of the KV head, mean over the
+    queries -> ``[layers, kv_heads]``."""
+    if not queries:
+        raise ValueError("no lookup queries: the target has no position to measure")
     qkv = record_qkv(model, full_ids)
     need = torch.tensor(sorted(p for line in lines for p in line))
+    pos = torch.tensor(queries)
     S = full_ids.shape[1]
     out = []
     for layer in sorted(qkv):
         q, k, _, scale = qkv[layer]  # q [1, Hq, S, D], k [1, Hkv, S, D]
         Hq, Hkv, D = q.shape[1], k.shape[1], q.shape[-1]
-        T = S - n_prompt
-        qt = q[0, :, n_prompt:].reshape(Hkv, Hq // Hkv, T, D)
+        T = len(queries)
+        qt = q[0, :, pos].reshape(Hkv, Hq // Hkv, T, D)
         logits = scale * torch.einsum("hgtd,hsd->hgts", qt, k[0])  # [Hkv, G, T, S]
-        causal = torch.arange(S)[None, :] > (n_prompt + torch.arange(T))[:, None]  # [T, S]
+        causal = torch.arange(S)[None, :] > pos[:, None]  # [T, S]
         probs = logits.masked_fill(causal, float("-inf")).softmax(-1)
         out.append(probs[..., need].sum(-1).amax(1).mean(-1))  # [Hkv]
     return torch.stack(out)
@@ -149,7 +166,8 @@ def main(argv=None) -> None:
             if full[:len(ids)] != ids:
                 raise RuntimeError("the prompt's tokens differ inside the training example; positions would not match")
             lines = needed_lines(problem, tok.convert_ids_to_tokens(ids), newline)
-            prompts.append((ids, lines, lookup_attention(model, torch.tensor([full]), len(ids), lines)))
+            queries = lookup_queries(problem, full, len(ids), tok)
+            prompts.append((ids, lines, lookup_attention(model, torch.tensor([full]), queries, lines)))
         att = torch.stack([a for *_, a in prompts]).mean(0)  # [layers, heads]
         for name, make in caches.items():
             tokens, whole, weighted = [], [], []

@@ -71,13 +71,20 @@ def test_lookup_attention_matches_the_models_own_attention_weights():
     full = torch.tensor([training_example(p, tok)["input_ids"]])
     _, lines = _lines(p)
     model = load_model(TEACHER, torch.float32, "cpu")
-    got = nlr.lookup_attention(model, full, len(ids), lines)
+    queries = nlr.lookup_queries(p, full[0].tolist(), len(ids), tok)
+    words = tok.convert_ids_to_tokens(full[0].tolist())
+    assert len(queries) >= 2 and all(words[t] == "=" and words[t - 1] in p.meta["facts"] for t in queries)
+    assert all(t >= len(ids) for t in queries)  # in the target only
+    assert nlr.lookup_queries(make_problem("vt", length=512, seed=1), [0] * 10, 6, tok) == [6, 7, 8, 9]
+    got = nlr.lookup_attention(model, full, queries, lines)
     eager = AutoModelForCausalLM.from_pretrained(TEACHER, dtype=torch.float32, attn_implementation="eager").eval()
     with torch.no_grad():
         att = eager(full, output_attentions=True).attentions  # per layer [1, Hq, S, S]
     need = [i for line in lines for i in line]
-    ref = torch.stack([a[0, :, len(ids):, need].sum(-1).view(2, -1, full.shape[1] - len(ids)).amax(1).mean(-1)
+    ref = torch.stack([a[0][:, queries][:, :, need].sum(-1).view(2, -1, len(queries)).amax(1).mean(-1)
                        for a in att])
     assert got.shape == (6, 2)
     torch.testing.assert_close(got, ref, atol=1e-4, rtol=1e-4)
-    assert float(got.max()) > 0.05  # the answer does look its facts up
+    assert float(got.max()) > 0.05  # some head of a lookup query attends to the facts
+    with pytest.raises(ValueError, match="no lookup queries"):
+        nlr.lookup_attention(model, full, [], lines)
