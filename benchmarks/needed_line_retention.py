@@ -69,17 +69,42 @@ def needed_lines(problem, tokens: list[str], newline: str) -> list[list[int]]:
 
 
 @torch.no_grad()
-def kept_share(model, cache, ids: torch.Tensor, lines: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
-    """After prefilling ``ids`` into ``cache``: ``[layers, kv_heads]`` share of the lines' content tokens it stores,
-    and ``[layers, kv_heads]`` share of the lines whose content tokens it stores all."""
+def stored_after_prefill(model, cache, ids: torch.Tensor) -> list[torch.Tensor]:
+    """Prefill ``ids [1, S]`` into ``cache``; per layer the positions it stores, ``[kv_heads, B]``."""
     model(ids, **with_cache(model, cache))
+    return [cache.stored_positions(layer)[0].cpu() for layer in range(len(cache.layers))]
+
+
+def kept_share(model, cache, ids: torch.Tensor, lines: list[list[int]], stored: list[torch.Tensor] | None = None
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+    """After prefilling ``ids`` into ``cache`` (or given what it ``stored``): ``[layers, kv_heads]`` share of the
+    lines' content tokens it stores, and ``[layers, kv_heads]`` share of the lines whose content tokens it stores all."""
+    stored = stored_after_prefill(model, cache, ids) if stored is None else stored
     tokens, whole = [], []
-    for layer in range(len(cache.layers)):
-        pos = cache.stored_positions(layer)[0].cpu()  # [h, B]
+    for pos in stored:  # [h, B] per layer
         kept = [[torch.isin(torch.tensor(line), pos[h]) for line in lines] for h in range(pos.shape[0])]
         tokens.append(torch.stack([torch.cat(k).float().mean() for k in kept]))
         whole.append(torch.stack([torch.tensor([bool(x.all()) for x in k]).float().mean() for k in kept]))
     return torch.stack(tokens), torch.stack(whole)
+
+
+#: the tokens of a reasoning fact line, in order (``fact : x70 = 5 .`` and its newline)
+LINE_KINDS = ("fact", ":", "name", "=", "value", ".", "newline")
+
+
+def fact_line_kinds(problem, tokens: list[str], newline: str) -> dict[str, list[int]]:
+    """Positions of every fact line's tokens of a ``reasoning`` problem, by kind (:data:`LINE_KINDS`)."""
+    out: dict[str, list[int]] = {k: [] for k in LINE_KINDS}
+    for start in sorted(problem.meta["fact_token_pos"].values()):
+        q, line = start, []
+        while q < len(tokens) and tokens[q] != newline:
+            line.append(q)
+            q += 1
+        if len(line) != len(LINE_KINDS) - 1:
+            raise ValueError(f"a fact line of {len(line)} tokens at {start}; expected 'fact : NAME = VALUE .'")
+        for kind, pos in zip(LINE_KINDS, line + [q]):
+            out[kind].append(pos)
+    return out
 
 
 def lookup_queries(problem, full: list[int], n_prompt: int, tokenizer) -> list[int]:
@@ -95,16 +120,17 @@ def lookup_queries(problem, full: list[int], n_prompt: int, tokenizer) -> list[i
 
 
 @torch.no_grad()
-def lookup_attention(model, full_ids: torch.Tensor, queries: list[int], lines: list[list[int]]) -> torch.Tensor:
+def lookup_attention(model, full_ids: torch.Tensor, queries: list[int], lines: list[list[int]],
+                     qkv: dict | None = None) -> torch.Tensor:
     """Dense, teacher-forced ``full_ids [1, S]``: per layer and KV head, the share of the attention of the query
     positions ``queries`` on the lines' content tokens, max over the query heads of the KV head, mean over the
-    queries -> ``[layers, kv_heads]``."""
+    queries -> ``[layers, kv_heads]``. ``qkv``: :func:`record_qkv` of ``full_ids``, if already recorded."""
     if not queries:
         raise ValueError("no lookup queries: the target has no position to measure")
-    qkv = record_qkv(model, full_ids)
+    qkv = record_qkv(model, full_ids) if qkv is None else qkv
     need = torch.tensor(sorted(p for line in lines for p in line))
     pos = torch.tensor(queries)
-    S = full_ids.shape[1]
+    S = next(iter(qkv.values()))[1].shape[2]  # keys [1, Hkv, S, D]
     out = []
     for layer in sorted(qkv):
         q, k, _, scale = qkv[layer]  # q [1, Hq, S, D], k [1, Hkv, S, D]
@@ -156,7 +182,7 @@ def main(argv=None) -> None:
         "streaming": lambda: KVpopCache(model.config, sinks=args.sinks, window=args.window, topk=budget.topk,
                                         scorer="streaming"),
     }
-    rows, per_head = [], []
+    rows, per_head, by_kind = [], [], []
     for fam in families:
         prompts = []  # (ids, needed lines, lookup attention [layers, heads]) of each problem, shared by the policies
         for i in range(args.n):
@@ -167,15 +193,31 @@ def main(argv=None) -> None:
                 raise RuntimeError("the prompt's tokens differ inside the training example; positions would not match")
             lines = needed_lines(problem, tok.convert_ids_to_tokens(ids), newline)
             queries = lookup_queries(problem, full, len(ids), tok)
-            prompts.append((ids, lines, lookup_attention(model, torch.tensor([full]), queries, lines)))
-        att = torch.stack([a for *_, a in prompts]).mean(0)  # [layers, heads]
+            qkv = record_qkv(model, torch.tensor([full]))
+            kinds = fact_line_kinds(problem, tok.convert_ids_to_tokens(ids), newline) if fam == "reasoning" else {}
+            kind_att = {k: lookup_attention(model, None, queries, [pos], qkv) for k, pos in kinds.items()}
+            prompts.append((ids, lines, lookup_attention(model, None, queries, lines, qkv), kinds, kind_att))
+            del qkv
+        att = torch.stack([p[2] for p in prompts]).mean(0)  # [layers, heads]
         for name, make in caches.items():
             tokens, whole, weighted = [], [], []
-            for ids, lines, a in prompts:
-                t, w = kept_share(model, make(), torch.tensor([ids]), lines)
+            kind_kept: dict[str, list] = {}
+            for ids, lines, a, kinds, _ in prompts:
+                stored = stored_after_prefill(model, make(), torch.tensor([ids]))
+                t, w = kept_share(model, None, None, lines, stored)
                 tokens.append(t)
                 whole.append(w)
                 weighted.append((a * t).sum() / a.sum().clamp_min(1e-12))
+                for k, pos in kinds.items():
+                    kind_kept.setdefault(k, []).append(kept_share(model, None, None, [pos], stored)[0])
+            if kind_kept:
+                ka = {k: torch.stack([p[4][k] for p in prompts]).mean(0) for k in kind_kept}  # [layers, heads]
+                top = int(sum(ka.values()).argmax())
+                lay, head = divmod(top, att.shape[1])
+                for k, kept in kind_kept.items():
+                    kk = torch.stack(kept).mean(0)
+                    by_kind.append((fam, name, k, (lay, head), ka[k][lay, head].item(), kk[lay, head].item(),
+                                    kk.mean().item(), ((ka[k] * kk).sum() / ka[k].sum().clamp_min(1e-12)).item()))
             t, w = torch.stack(tokens).mean(0), torch.stack(whole).mean(0)  # [layers, heads]
             rows.append((fam, name, len(lines), sum(map(len, lines)), t.mean().item(), w.mean().item(),
                          w.min().item(), divmod(int(w.argmin()), w.shape[1]), torch.stack(weighted).mean().item()))
@@ -195,6 +237,14 @@ def main(argv=None) -> None:
     for fam, name, n_lines, n_tok, tok_share, whole, low, (lay, head), wtd in rows:
         lines.append(f"| {fam} | {name} | {n_lines} / {n_tok} | {tok_share:.3f} | {whole:.3f} | "
                      f"{low:.3f} (L{lay}, H{head}) | {wtd:.3f} |")
+    if by_kind:
+        lines += ["", "By token of the fact lines (reasoning): the lookup queries' attention on that token of every fact "
+                  "line, in the head with the most lookup attention on the fact lines, and the share of those tokens "
+                  "the cache stores there, on average over heads, and weighted over heads by that attention.", "",
+                  "| policy | token | top lookup head | lookup attention there | kept there | kept, mean over heads | "
+                  "kept, weighted by lookup attention |", "|---|---|---|---|---|---|---|"]
+        for fam, name, k, (lay, head), a, kept_top, kept_mean, kept_w in by_kind:
+            lines.append(f"| {name} | `{k}` | L{lay}, H{head} | {a:.3f} | {kept_top:.2f} | {kept_mean:.2f} | {kept_w:.2f} |")
     text = "\n".join(lines) + "\n"
     print(text)
     args.out.parent.mkdir(parents=True, exist_ok=True)

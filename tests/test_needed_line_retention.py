@@ -88,3 +88,21 @@ def test_lookup_attention_matches_the_models_own_attention_weights():
     assert float(got.max()) > 0.05  # some head of a lookup query attends to the facts
     with pytest.raises(ValueError, match="no lookup queries"):
         nlr.lookup_attention(model, full, [], lines)
+
+
+def test_fact_line_kinds_and_the_by_token_table(tmp_path):
+    tok = build_tokenizer()
+    p = make_problem("reasoning", length=512, seed=4, n_facts=4, steps=2)
+    tokens, _ = _lines(p)
+    newline = tok.convert_ids_to_tokens(tok("a\nb", add_special_tokens=False)["input_ids"])[1]
+    kinds = nlr.fact_line_kinds(p, tokens, newline)
+    assert all(len(v) == 4 for v in kinds.values())
+    assert {tokens[i] for i in kinds["."]} == {"."} and {tokens[i] for i in kinds["="]} == {"="}
+    assert sorted(tokens[i] for i in kinds["name"]) == sorted(p.meta["facts"])
+    out = tmp_path / "t.md"
+    nlr.main(["--model", TEACHER, "--scorer-checkpoint", str(ROOT / "checkpoints/scorers_4k_w64/kvpop_cr88"),
+              "--out", str(out), "--per-head", str(tmp_path / "h.csv"), "--families", "reasoning", "--n", "1",
+              "--length", "768", "--budget", "0.75", "--knob", "reasoning.n_facts=4", "--knob", "reasoning.steps=2"])
+    text = out.read_text()
+    assert "| kvpop | `.` |" in text and "| streaming | `value` |" in text
+    assert len((tmp_path / "h.csv").read_text().splitlines()) == 1 + 2 * 12
