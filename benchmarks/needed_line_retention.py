@@ -75,11 +75,9 @@ def stored_after_prefill(model, cache, ids: torch.Tensor) -> list[torch.Tensor]:
     return [cache.stored_positions(layer)[0].cpu() for layer in range(len(cache.layers))]
 
 
-def kept_share(model, cache, ids: torch.Tensor, lines: list[list[int]], stored: list[torch.Tensor] | None = None
-               ) -> tuple[torch.Tensor, torch.Tensor]:
-    """After prefilling ``ids`` into ``cache`` (or given what it ``stored``): ``[layers, kv_heads]`` share of the
-    lines' content tokens it stores, and ``[layers, kv_heads]`` share of the lines whose content tokens it stores all."""
-    stored = stored_after_prefill(model, cache, ids) if stored is None else stored
+def kept_share(stored: list[torch.Tensor], lines: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Given what a cache stores (:func:`stored_after_prefill`): ``[layers, kv_heads]`` share of the lines' content
+    tokens it stores, and ``[layers, kv_heads]`` share of the lines whose content tokens it stores all."""
     tokens, whole = [], []
     for pos in stored:  # [h, B] per layer
         kept = [[torch.isin(torch.tensor(line), pos[h]) for line in lines] for h in range(pos.shape[0])]
@@ -120,14 +118,12 @@ def lookup_queries(problem, full: list[int], n_prompt: int, tokenizer) -> list[i
 
 
 @torch.no_grad()
-def lookup_attention(model, full_ids: torch.Tensor, queries: list[int], lines: list[list[int]],
-                     qkv: dict | None = None) -> torch.Tensor:
-    """Dense, teacher-forced ``full_ids [1, S]``: per layer and KV head, the share of the attention of the query
-    positions ``queries`` on the lines' content tokens, max over the query heads of the KV head, mean over the
-    queries -> ``[layers, kv_heads]``. ``qkv``: :func:`record_qkv` of ``full_ids``, if already recorded."""
+def lookup_attention(qkv: dict, queries: list[int], lines: list[list[int]]) -> torch.Tensor:
+    """``qkv``: :func:`record_qkv` of a dense, teacher-forced sequence. Per layer and KV head, the share of the
+    attention of the query positions ``queries`` on the lines' content tokens, max over the query heads of the KV
+    head, mean over the queries -> ``[layers, kv_heads]``."""
     if not queries:
         raise ValueError("no lookup queries: the target has no position to measure")
-    qkv = record_qkv(model, full_ids) if qkv is None else qkv
     need = torch.tensor(sorted(p for line in lines for p in line))
     pos = torch.tensor(queries)
     S = next(iter(qkv.values()))[1].shape[2]  # keys [1, Hkv, S, D]
@@ -191,12 +187,13 @@ def main(argv=None) -> None:
             full = training_example(problem, tok)["input_ids"]
             if full[:len(ids)] != ids:
                 raise RuntimeError("the prompt's tokens differ inside the training example; positions would not match")
-            lines = needed_lines(problem, tok.convert_ids_to_tokens(ids), newline)
+            words = tok.convert_ids_to_tokens(ids)
+            lines = needed_lines(problem, words, newline)
             queries = lookup_queries(problem, full, len(ids), tok)
             qkv = record_qkv(model, torch.tensor([full]))
-            kinds = fact_line_kinds(problem, tok.convert_ids_to_tokens(ids), newline) if fam == "reasoning" else {}
-            kind_att = {k: lookup_attention(model, None, queries, [pos], qkv) for k, pos in kinds.items()}
-            prompts.append((ids, lines, lookup_attention(model, None, queries, lines, qkv), kinds, kind_att))
+            kinds = fact_line_kinds(problem, words, newline) if fam == "reasoning" else {}
+            kind_att = {k: lookup_attention(qkv, queries, [pos]) for k, pos in kinds.items()}
+            prompts.append((ids, lines, lookup_attention(qkv, queries, lines), kinds, kind_att))
             del qkv
         att = torch.stack([p[2] for p in prompts]).mean(0)  # [layers, heads]
         for name, make in caches.items():
@@ -204,12 +201,12 @@ def main(argv=None) -> None:
             kind_kept: dict[str, list] = {}
             for ids, lines, a, kinds, _ in prompts:
                 stored = stored_after_prefill(model, make(), torch.tensor([ids]))
-                t, w = kept_share(model, None, None, lines, stored)
+                t, w = kept_share(stored, lines)
                 tokens.append(t)
                 whole.append(w)
                 weighted.append((a * t).sum() / a.sum().clamp_min(1e-12))
                 for k, pos in kinds.items():
-                    kind_kept.setdefault(k, []).append(kept_share(model, None, None, [pos], stored)[0])
+                    kind_kept.setdefault(k, []).append(kept_share(stored, [pos])[0])
             if kind_kept:
                 ka = {k: torch.stack([p[4][k] for p in prompts]).mean(0) for k in kind_kept}  # [layers, heads]
                 top = int(sum(ka.values()).argmax())

@@ -48,10 +48,10 @@ def test_a_cache_as_long_as_the_prompt_keeps_every_line_and_a_short_window_loses
     ids = tok(p.prompt)["input_ids"]
     _, lines = _lines(p)
     full = KVpopCache(model.config, sinks=4, window=64, topk=len(ids), scorer="knorm")
-    tokens, whole = nlr.kept_share(model, full, torch.tensor([ids]), lines)
+    tokens, whole = nlr.kept_share(nlr.stored_after_prefill(model, full, torch.tensor([ids])), lines)
     assert tokens.shape == whole.shape == (6, 2) and bool((tokens == 1).all()) and bool((whole == 1).all())
     short = KVpopCache(model.config, sinks=4, window=64, topk=0, scorer="streaming")
-    tokens, whole = nlr.kept_share(model, short, torch.tensor([ids]), lines)
+    tokens, whole = nlr.kept_share(nlr.stored_after_prefill(model, short, torch.tensor([ids])), lines)
     assert float(tokens.max()) < 1.0
 
 
@@ -63,6 +63,7 @@ def test_bad_families_are_refused_before_loading(tmp_path):
 def test_lookup_attention_matches_the_models_own_attention_weights():
     from transformers import AutoModelForCausalLM
 
+    from kvpop_hf.testbed.analysis import record_qkv
     from kvpop_hf.testbed.tasks import training_example
 
     tok = build_tokenizer()
@@ -76,7 +77,7 @@ def test_lookup_attention_matches_the_models_own_attention_weights():
     assert len(queries) >= 2 and all(words[t] == "=" and words[t - 1] in p.meta["facts"] for t in queries)
     assert all(t >= len(ids) for t in queries)  # in the target only
     assert nlr.lookup_queries(make_problem("vt", length=512, seed=1), [0] * 10, 6, tok) == [6, 7, 8, 9]
-    got = nlr.lookup_attention(model, full, queries, lines)
+    got = nlr.lookup_attention(record_qkv(model, full), queries, lines)
     eager = AutoModelForCausalLM.from_pretrained(TEACHER, dtype=torch.float32, attn_implementation="eager").eval()
     with torch.no_grad():
         att = eager(full, output_attentions=True).attentions  # per layer [1, Hq, S, S]
@@ -87,7 +88,7 @@ def test_lookup_attention_matches_the_models_own_attention_weights():
     torch.testing.assert_close(got, ref, atol=1e-4, rtol=1e-4)
     assert float(got.max()) > 0.05  # some head of a lookup query attends to the facts
     with pytest.raises(ValueError, match="no lookup queries"):
-        nlr.lookup_attention(model, full, [], lines)
+        nlr.lookup_attention(record_qkv(model, full), [], lines)
 
 
 def test_fact_line_kinds_and_the_by_token_table(tmp_path):

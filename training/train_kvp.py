@@ -166,7 +166,7 @@ def train(args, traces, config, out: Path) -> KVpopCache:
                          traces_per_step=args.traces_per_step, lr=args.lr, min_context=args.min_context,
                          min_future=args.min_future, normalize_advantages=not args.no_normalize_advantages,
                          seed=args.seed)
-    trainer = KVPTrainer(scorer, traces, cfg, device=args.device)
+    trainer = KVPTrainer(scorer, traces, cfg)
     log_path = out / "train_log.csv"
     if args.resume and (out / STATE).is_file():
         trainer.load_state_dict(torch.load(out / STATE, weights_only=True))

@@ -82,10 +82,10 @@ def step_loss(scorer, trace: dict, n: int, cfg: KVPTrainConfig, gen: torch.Gener
 
 
 class KVPTrainer:
-    """Holds the scorer, optimiser, generators and step count; :meth:`step` does one update. ``device``: where
-    the scorer and the traces are (both are expected there already; :func:`traces_to` moves traces)."""
+    """Holds the scorer, optimiser, generators and step count; :meth:`step` does one update. The traces are expected
+    on the scorer's device (:func:`traces_to` moves them)."""
 
-    def __init__(self, scorer, traces: Sequence[dict], cfg: KVPTrainConfig, device: str | torch.device = "cpu"):
+    def __init__(self, scorer, traces: Sequence[dict], cfg: KVPTrainConfig):
         if cfg.objective not in ("rl", "supervised"):
             raise ValueError(f"Unknown objective {cfg.objective!r}: use 'rl' or 'supervised'.")
         if cfg.objective == "rl" and cfg.samples < 2:
@@ -94,7 +94,7 @@ class KVPTrainer:
         self.scorer.requires_grad_(True).train()
         self.opt = torch.optim.AdamW(scorer.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
         self.gen = torch.Generator().manual_seed(cfg.seed)
-        device = torch.device(device)
+        device = next(scorer.parameters()).device
         # Gumbel noise is drawn where the scores are; on the CPU from the one generator, as it always was
         self.noise = self.gen if device.type == "cpu" else torch.Generator(device).manual_seed(cfg.seed)
         self.step_count = 0
