@@ -26,7 +26,9 @@
 # "streaming_plus dms"; one of them trains as many at a time as KVpop's two-at-a-time retrofits), UNTRAINED=0 (skip the policies that need
 # no training), EVAL=0 (train only), LR_DECAY=1 (the learning rate decays linearly to 0 over RS, as KVpop's
 # retrofits in testbed_4k.sh), EBS (evaluation batch size, 20; DEBS for DMS, whose prefill mask is dense, 10),
-# DBS (DMS training batch size, 2), NEX (training examples, 1200), TRAIN_SLACK (seconds a training may run past RS
+# DBS (DMS training batch size, 2), DMS_WEIGHT (DMS's compression-penalty weight, 10; another weight adds _w<weight>
+# to DMS's names), HELDOUT_SEED_BASE (if set, every trained checkpoint is first evaluated on HELDOUT_N (40) problems
+# with these seeds, in $OUT/eval_<name>_heldout: the set a setting is picked on, apart from the reported one), NEX (training examples, 1200), TRAIN_SLACK (seconds a training may run past RS
 # for loading and saving, 150), THREADS (torch threads per process, 2), DEADLINE (seconds after start by which
 # everything is cut, 560); for a CPU smoke test of the script (python3 must be the environment's):
 # DEVICE=cpu LEN=768 RS=5 EVAL_N=2 EBS=2 DEBS=2 NEX=8 THREADS=1 TRAIN_SLACK=900 DEADLINE=1200.
@@ -35,6 +37,7 @@ set -u
 export PYTHONUNBUFFERED=1 PYTHONPATH=. TOKENIZERS_PARALLELISM=false
 L=${LEN:-4096}; W=${WINDOW:-32}; N=${EVAL_N:-40}; EBS=${EBS:-20}; DEBS=${DEBS:-10}; DBS=${DBS:-2}; NEX=${NEX:-1200}; RS=${RS:-240}
 SEED=${TRAIN_SEED:-0}; SFX=$([ "$SEED" = 0 ] || echo "_s$SEED")
+DW=${DMS_WEIGHT:-10}; DSFX=$([ "$DW" = 10 ] || echo "_w$DW")$SFX
 TEACHER=${TEACHER:-checkpoints/teacher_4k}; KVP_CKPTS=${KVP_CKPTS:-checkpoints/kvp_4k}
 DEADLINE=${DEADLINE:-560}; DEVICE=${DEVICE:-cuda}; TRAIN_SLACK=${TRAIN_SLACK:-150}; TH=${THREADS:-2}
 if [ "$DEVICE" = cpu ]; then TRAIN_DEV="--use_cpu True"; else TRAIN_DEV="--bf16"; fi
@@ -79,20 +82,29 @@ streaming_plus() {  # NN (75 / 88 / 94): train, then evaluate
   local rc=$?; stamp "train $name (B = $B, window $((B - 4))) exit $rc"
   grep -o "{'loss'[^}]*}" "$OUT/train_$name.log" | sed -n '$p' | cut -c1-200
   [ $rc = 0 ] && [ "${EVAL:-1}" = 1 ] || return
-  evaluate "$OUT/eval_$name" "$(left)" --model "$TEACHER" --budgets "$cr" --policies streaming_plus \
-    --scorer-checkpoint "streaming_plus@cr$1=$OUT/ckpt/$name"
+  local args=(--model "$TEACHER" --budgets "$cr" --policies streaming_plus
+    --scorer-checkpoint "streaming_plus@cr$1=$OUT/ckpt/$name")
+  heldout "$OUT/eval_$name" "${args[@]}"
+  evaluate "$OUT/eval_$name" "$(left)" "${args[@]}"
+}
+
+heldout() {  # evaluate-dir args...: the held-out evaluation of HELDOUT_SEED_BASE, if set
+  [ -n "${HELDOUT_SEED_BASE:-}" ] || return 0
+  local d=$1; shift
+  SEED_BASE=$HELDOUT_SEED_BASE N=${HELDOUT_N:-40} evaluate "${d}_heldout" "$(left)" "$@"
 }
 
 dms() {  # NN: train, then evaluate (compression.json in the evaluation folder)
-  local cr=0.$1 name=dms_cr$1$SFX
+  local cr=0.$1 name=dms_cr$1$DSFX
   OMP_NUM_THREADS=$TH timeout "$(train_seconds)" python3 training/train_dms.py --model "$TEACHER" $COMMON_TRAIN \
-    --compression "$cr" --window $W --penalty one_sided --compression_weight 10 --ramp_fraction 0.5 \
+    --compression "$cr" --window $W --penalty one_sided --compression_weight "$DW" --ramp_fraction 0.5 \
     --per_device_train_batch_size "$DBS" --output_dir "$OUT/ckpt/$name" > "$OUT/train_$name.log" 2>&1
   local rc=$?; stamp "train $name exit $rc"
   grep -o "{'loss'[^}]*}" "$OUT/train_$name.log" | sed -n '$p' | cut -c1-240
   [ $rc = 0 ] && [ "${EVAL:-1}" = 1 ] || return
-  EBS=$DEBS evaluate "$OUT/eval_$name" "$(left)" --model "$TEACHER" --budgets "$cr" --policies dms \
-    --scorer-checkpoint "dms@cr$1=$OUT/ckpt/$name"
+  local args=(--model "$TEACHER" --budgets "$cr" --policies dms --scorer-checkpoint "dms@cr$1=$OUT/ckpt/$name")
+  EBS=$DEBS heldout "$OUT/eval_$name" "${args[@]}"
+  EBS=$DEBS evaluate "$OUT/eval_$name" "$(left)" "${args[@]}"
 }
 
 kvp() {  # record the traces, train both KVP agents side by side, evaluate each at every budget of BUDGETS
@@ -138,8 +150,8 @@ done
 
 [ ${#DMS_JOBS[@]} -gt 0 ] && wait "${DMS_JOBS[@]}"
 if [ ${#DMS_JOBS[@]} -gt 0 ]; then  # merge the DMS compression.json files and draw their heatmap
-mkdir -p "$OUT/eval_dms$SFX"
-python3 - "$OUT" "$SFX" ${BUDGETS:-75 88 94} > "$OUT/eval_dms$SFX/merge.log" 2>&1 <<'EOF'
+mkdir -p "$OUT/eval_dms$DSFX"
+python3 - "$OUT" "$DSFX" ${BUDGETS:-75 88 94} > "$OUT/eval_dms$DSFX/merge.log" 2>&1 <<'EOF'
 import json, sys
 from pathlib import Path
 out, sfx = Path(sys.argv[1]), sys.argv[2]
@@ -152,9 +164,9 @@ for nn in sys.argv[3:]:
 if merged:
     (out / f"eval_dms{sfx}" / "compression.json").write_text(json.dumps(merged, indent=2) + "\n")
 EOF
-if [ -f "$OUT/eval_dms$SFX/compression.json" ]; then
-  timeout "$(left)" python3 -m kvpop_hf.baselines.dms.heatmap "$OUT/eval_dms$SFX/compression.json" \
-    "$OUT/eval_dms$SFX/eviction_ratio_heatmap.png" >> "$OUT/eval_dms$SFX/merge.log" 2>&1
+if [ -f "$OUT/eval_dms$DSFX/compression.json" ]; then
+  timeout "$(left)" python3 -m kvpop_hf.baselines.dms.heatmap "$OUT/eval_dms$DSFX/compression.json" \
+    "$OUT/eval_dms$DSFX/eviction_ratio_heatmap.png" >> "$OUT/eval_dms$DSFX/merge.log" 2>&1
   stamp "DMS heatmap exit $?"
 else
   stamp "DMS heatmap: no compression.json"
