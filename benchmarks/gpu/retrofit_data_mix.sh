@@ -9,8 +9,11 @@
 #   -> $OUT/ckpt_{reasoning,mix}/kvpop_distill_cr88, $OUT/retrofit_*.log, $OUT/eval_{reasoning,mix}/ (kvpop-eval
 #      folders; the heuristics are in eval_reasoning), $OUT/eval_*.log
 # Usage: OUT=dir bash benchmarks/gpu/retrofit_data_mix.sh                      (~4 min on one H200)
-# Knobs: RS (training seconds, 110), EVAL_N (problems per family, 40), SEED_BASE (2^48 + 5000), DEVICE (cuda);
-# a CPU smoke test: DEVICE=cpu RS=5 EVAL_N=2 NEX=8.
+# Knobs: RS (training seconds, 110), EVAL_N (problems per family, 40), SEED_BASE (2^48 + 5000), DEVICE (cuda),
+# ARMS (the retrofits, "name:families:scorer ...", scorer tok = delayed mLSTM with the token term or plain = the
+# paper's delayed mLSTM; default "reasoning:reasoning:tok mix:reasoning,vt:tok"), EVAL_BUDGETS (0.75,0.88),
+# BASELINES (evaluated beside the first arm, dense,streaming,lagkv,snapkv); a CPU smoke test: DEVICE=cpu RS=5
+# EVAL_N=2 NEX=8.
 set -u
 : "${OUT:?set OUT to an output directory}"
 export PYTHONUNBUFFERED=1 PYTHONPATH=. TOKENIZERS_PARALLELISM=false
@@ -23,9 +26,11 @@ K88=$(python3 -c "from kvpop_hf.testbed.policies import parse_budgets as p; prin
   || { echo "python3 cannot import kvpop_hf" >&2; exit 2; }
 mkdir -p "$OUT"
 
-retro() {  # name families
+retro() {  # name families scorer
+  local kw='{"token_readout": true}'; [ "$3" = plain ] && kw='{"token_readout": false}'
+  [ "$3" = tok ] || [ "$3" = plain ] || { echo "scorer of arm $1 must be tok or plain, got '$3'" >&2; return 2; }
   OMP_NUM_THREADS=2 timeout $((RS + 150)) python3 training/retrofit.py --model $T --dataset "testbed:$2" --seq_len $L \
-    --sinks 4 --window $W --topk "$K88" --scorer mlstm --scorer_kwargs '{"token_readout": true}' \
+    --sinks 4 --window $W --topk "$K88" --scorer mlstm --scorer_kwargs "$kw" \
     --train_backbone True --lora_rank 8 --merge_lora True --distill_weight 1.0 --learning_rate 1e-3 \
     --scorer_learning_rate 3e-3 --target_reduce max --target_queries labels --max_train_seconds "$RS" \
     --lr_decay_by_time True --per_device_train_batch_size 8 --num_examples "${NEX:-4000}" --max_steps 100000 \
@@ -34,17 +39,22 @@ retro() {  # name families
   local rc=$?; stamp "retrofit $1 ($2) exit $rc"
   grep -o "{'loss'[^}]*}" "$OUT/retrofit_$1.log" | sed -n '$p' | cut -c1-200
 }
-retro reasoning reasoning &
-retro mix reasoning,vt &
+ARMS=${ARMS:-"reasoning:reasoning:tok mix:reasoning,vt:tok"}
+for arm in $ARMS; do IFS=: read -r name fams scorer <<< "$arm"; retro "$name" "$fams" "$scorer" & done
 wait
 evaluate() {  # arm policies
   timeout 300 python3 -m kvpop_hf.testbed.evaluate --model $T --out "$OUT/eval_$1" --length $L --n "$N" \
-    --seed-base "$SEED_BASE" --families vt,reasoning --in-domain reasoning --sinks 4 --window $W --budgets 0.75,0.88 \
-    --policies "$2" --scorer-checkpoint "kvpop_distill=$OUT/ckpt_$1/kvpop_distill_cr88" --batch-size 40 \
+    --seed-base "$SEED_BASE" --families vt,reasoning --in-domain reasoning --sinks 4 --window $W --budgets "${EVAL_BUDGETS:-0.75,0.88}" \
+    --policies "${2#,}" --scorer-checkpoint "kvpop_distill=$OUT/ckpt_$1/kvpop_distill_cr88" --batch-size 40 \
     --device "$DEVICE" --no-progress > "$OUT/eval_$1.log" 2>&1
   stamp "eval $1 exit $?"
 }
-evaluate reasoning dense,streaming,lagkv,snapkv,kvpop_distill &
-evaluate mix dense,kvpop_distill &
+first=1
+for arm in $ARMS; do
+  name=${arm%%:*}
+  if [ $first = 1 ]; then evaluate "$name" "${BASELINES-dense,streaming,lagkv,snapkv},kvpop_distill" &
+  else evaluate "$name" dense,kvpop_distill & fi
+  first=0
+done
 wait
 for f in "$OUT"/eval_*/table[12].md; do echo "== $f"; grep -E "^\| [a-z]" "$f"; done
