@@ -44,6 +44,17 @@ def test_gpu_scripts_parse():
         assert result.returncode == 0, f"{script.name}: {result.stderr}"
 
 
+@pytest.mark.parametrize("arms", ["a:reasoning:foo", "a:reasoning", ":reasoning:tok"])
+def test_retrofit_data_mix_rejects_a_bad_arm_before_any_work(tmp_path, arms):
+    out = tmp_path / "out"
+    env = dict(os.environ, OUT=str(out), ARMS=arms)
+    res = subprocess.run(["bash", str(ROOT / "benchmarks/gpu/retrofit_data_mix.sh")], capture_output=True,
+                         text=True, cwd=ROOT, env=env, timeout=60)
+    assert res.returncode == 2
+    assert f"ARMS entry '{arms}'" in res.stderr and "tok or plain" in res.stderr
+    assert not out.exists()  # nothing was started
+
+
 _NO_TRITON = """
 import os, sys
 sys.modules["triton"] = None  # as if triton were not installed

@@ -20,6 +20,14 @@ export PYTHONUNBUFFERED=1 PYTHONPATH=. TOKENIZERS_PARALLELISM=false
 T=checkpoints/teacher; L=1024; W=32; RS=${RS:-110}; N=${EVAL_N:-40}; DEVICE=${DEVICE:-cuda}
 SEED_BASE=${SEED_BASE:-$((2 ** 48 + 5000))}
 if [ "$DEVICE" = cpu ]; then TRAIN_DEV="--use_cpu True"; else TRAIN_DEV="--bf16"; fi
+ARMS=${ARMS:-"reasoning:reasoning:tok mix:reasoning,vt:tok"}
+for arm in $ARMS; do  # checked before any work
+  IFS=: read -r name fams scorer <<< "$arm"
+  if [ -z "$name" ] || [ -z "$fams" ] || { [ "$scorer" != tok ] && [ "$scorer" != plain ]; }; then
+    echo "ARMS entry '$arm' must be name:families:scorer with scorer tok or plain (e.g. rplain:reasoning:plain)" >&2
+    exit 2
+  fi
+done
 T0=$(date +%s)
 stamp() { echo "[$(( $(date +%s) - T0 ))s] $*"; }
 K88=$(python3 -c "from kvpop_hf.testbed.policies import parse_budgets as p; print(p('0.88', $L, 4, $W)[0].topk)") \
@@ -28,7 +36,6 @@ mkdir -p "$OUT"
 
 retro() {  # name families scorer
   local kw='{"token_readout": true}'; [ "$3" = plain ] && kw='{"token_readout": false}'
-  [ "$3" = tok ] || [ "$3" = plain ] || { echo "scorer of arm $1 must be tok or plain, got '$3'" >&2; return 2; }
   OMP_NUM_THREADS=2 timeout $((RS + 150)) python3 training/retrofit.py --model $T --dataset "testbed:$2" --seq_len $L \
     --sinks 4 --window $W --topk "$K88" --scorer mlstm --scorer_kwargs "$kw" \
     --train_backbone True --lora_rank 8 --merge_lora True --distill_weight 1.0 --learning_rate 1e-3 \
@@ -39,7 +46,6 @@ retro() {  # name families scorer
   local rc=$?; stamp "retrofit $1 ($2) exit $rc"
   grep -o "{'loss'[^}]*}" "$OUT/retrofit_$1.log" | sed -n '$p' | cut -c1-200
 }
-ARMS=${ARMS:-"reasoning:reasoning:tok mix:reasoning,vt:tok"}
 for arm in $ARMS; do IFS=: read -r name fams scorer <<< "$arm"; retro "$name" "$fams" "$scorer" & done
 wait
 evaluate() {  # arm policies
