@@ -6,8 +6,8 @@
 # merged afterwards, max answer-query target, 88%, window 32, learning rate decaying over the seconds. Then
 # kvpop-eval of both beside dense, StreamingLLM, LagKV and SnapKV on EVAL_N fresh problems of each family at 75%
 # and 88%.
-#   -> $OUT/ckpt_{reasoning,mix}/kvpop_distill_cr88, $OUT/retrofit_*.log, $OUT/eval_{reasoning,mix}/ (kvpop-eval
-#      folders; the heuristics are in eval_reasoning), $OUT/eval_*.log
+#   -> $OUT/ckpt_<arm>/kvpop_distill_cr88, $OUT/retrofit_<arm>.log, $OUT/eval_<arm>/ (kvpop-eval folders; the
+#      baselines are in the first arm's), $OUT/eval_<arm>.log; the arms are reasoning and mix unless ARMS says
 # Usage: OUT=dir bash benchmarks/gpu/retrofit_data_mix.sh                      (~4 min on one H200)
 # Knobs: RS (training seconds, 110), EVAL_N (problems per family, 40), SEED_BASE (2^48 + 5000), DEVICE (cuda),
 # ARMS (the retrofits, "name:families:scorer ...", scorer tok = delayed mLSTM with the token term or plain = the
@@ -20,13 +20,14 @@ export PYTHONUNBUFFERED=1 PYTHONPATH=. TOKENIZERS_PARALLELISM=false
 T=checkpoints/teacher; L=1024; W=32; RS=${RS:-110}; N=${EVAL_N:-40}; DEVICE=${DEVICE:-cuda}
 SEED_BASE=${SEED_BASE:-$((2 ** 48 + 5000))}
 if [ "$DEVICE" = cpu ]; then TRAIN_DEV="--use_cpu True"; else TRAIN_DEV="--bf16"; fi
-ARMS=${ARMS:-"reasoning:reasoning:tok mix:reasoning,vt:tok"}
-for arm in $ARMS; do  # checked before any work
+NAMES=(); FAMS=(); SCORERS=()
+for arm in ${ARMS:-"reasoning:reasoning:tok mix:reasoning,vt:tok"}; do  # parsed and checked before any work
   IFS=: read -r name fams scorer <<< "$arm"
   if [ -z "$name" ] || [ -z "$fams" ] || { [ "$scorer" != tok ] && [ "$scorer" != plain ]; }; then
     echo "ARMS entry '$arm' must be name:families:scorer with scorer tok or plain (e.g. rplain:reasoning:plain)" >&2
     exit 2
   fi
+  NAMES+=("$name"); FAMS+=("$fams"); SCORERS+=("$scorer")
 done
 T0=$(date +%s)
 stamp() { echo "[$(( $(date +%s) - T0 ))s] $*"; }
@@ -46,21 +47,19 @@ retro() {  # name families scorer
   local rc=$?; stamp "retrofit $1 ($2) exit $rc"
   grep -o "{'loss'[^}]*}" "$OUT/retrofit_$1.log" | sed -n '$p' | cut -c1-200
 }
-for arm in $ARMS; do IFS=: read -r name fams scorer <<< "$arm"; retro "$name" "$fams" "$scorer" & done
+for i in "${!NAMES[@]}"; do retro "${NAMES[$i]}" "${FAMS[$i]}" "${SCORERS[$i]}" & done
 wait
 evaluate() {  # arm policies
   timeout 300 python3 -m kvpop_hf.testbed.evaluate --model $T --out "$OUT/eval_$1" --length $L --n "$N" \
     --seed-base "$SEED_BASE" --families vt,reasoning --in-domain reasoning --sinks 4 --window $W --budgets "${EVAL_BUDGETS:-0.75,0.88}" \
-    --policies "${2#,}" --scorer-checkpoint "kvpop_distill=$OUT/ckpt_$1/kvpop_distill_cr88" --batch-size 40 \
+    --policies "$2" --scorer-checkpoint "kvpop_distill=$OUT/ckpt_$1/kvpop_distill_cr88" --batch-size 40 \
     --device "$DEVICE" --no-progress > "$OUT/eval_$1.log" 2>&1
   stamp "eval $1 exit $?"
 }
-first=1
-for arm in $ARMS; do
-  name=${arm%%:*}
-  if [ $first = 1 ]; then evaluate "$name" "${BASELINES-dense,streaming,lagkv,snapkv},kvpop_distill" &
-  else evaluate "$name" dense,kvpop_distill & fi
-  first=0
+FIRST_POLICIES=${BASELINES-dense,streaming,lagkv,snapkv}
+FIRST_POLICIES=${FIRST_POLICIES:+$FIRST_POLICIES,}kvpop_distill
+for i in "${!NAMES[@]}"; do
+  if [ "$i" = 0 ]; then evaluate "${NAMES[0]}" "$FIRST_POLICIES" & else evaluate "${NAMES[$i]}" dense,kvpop_distill & fi
 done
 wait
 for f in "$OUT"/eval_*/table[12].md; do echo "== $f"; grep -E "^\| [a-z]" "$f"; done
