@@ -55,6 +55,29 @@ def test_retrofit_data_mix_rejects_a_bad_arm_before_any_work(tmp_path, arms):
     assert not out.exists()  # nothing was started
 
 
+@pytest.mark.parametrize("knobs", ["reasoning.distractor_density", "nofamily.x=1", "reasoning.n_facts=20+junk"])
+def test_retrofit_data_mix_rejects_bad_arm_knobs_before_any_work(tmp_path, knobs):
+    out = tmp_path / "out"
+    arms = f"ok:reasoning:tok bad:reasoning:tok:{knobs}"
+    env = dict(os.environ, OUT=str(out), ARMS=arms, PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
+    res = subprocess.run(["bash", str(ROOT / "benchmarks/gpu/retrofit_data_mix.sh")], capture_output=True,
+                         text=True, cwd=ROOT, env=env, timeout=120)
+    assert res.returncode == 2
+    assert f"ARMS entry 'bad:reasoning:tok:{knobs}'" in res.stderr and "FAMILY.KEY=VALUE" in res.stderr
+    assert not out.exists()
+
+
+def test_retrofit_data_mix_accepts_good_arm_knobs(tmp_path):
+    """Valid knobs pass the check: the run stops at the next arm's bad scorer, not at the knobs."""
+    out = tmp_path / "out"
+    arms = "a:reasoning:tok:reasoning.distractor_density=0+reasoning.n_facts=20 b:reasoning:foo"
+    env = dict(os.environ, OUT=str(out), ARMS=arms, PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
+    res = subprocess.run(["bash", str(ROOT / "benchmarks/gpu/retrofit_data_mix.sh")], capture_output=True,
+                         text=True, cwd=ROOT, env=env, timeout=120)
+    assert res.returncode == 2
+    assert "ARMS entry 'b:reasoning:foo'" in res.stderr and "ARMS entry 'a:" not in res.stderr
+
+
 _NO_TRITON = """
 import os, sys
 sys.modules["triton"] = None  # as if triton were not installed

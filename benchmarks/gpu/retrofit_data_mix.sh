@@ -10,8 +10,10 @@
 #      baselines are in the first arm's), $OUT/eval_<arm>.log; the arms are reasoning and mix unless ARMS says
 # Usage: OUT=dir bash benchmarks/gpu/retrofit_data_mix.sh                      (~4 min on one H200)
 # Knobs: RS (training seconds, 110), EVAL_N (problems per family, 40), SEED_BASE (2^48 + 5000), DEVICE (cuda),
-# ARMS (the retrofits, "name:families:scorer ...", scorer tok = delayed mLSTM with the token term or plain = the
-# paper's delayed mLSTM; default "reasoning:reasoning:tok mix:reasoning,vt:tok"), EVAL_BUDGETS (0.75,0.88),
+# ARMS (the retrofits, "name:families:scorer[:knobs] ...", scorer tok = delayed mLSTM with the token term or plain =
+# the paper's delayed mLSTM, knobs = generator knobs of the retrofit problems joined by "+", e.g.
+# reasoning.distractor_density=0+reasoning.n_facts=20; the evaluation problems keep the defaults; default
+# "reasoning:reasoning:tok mix:reasoning,vt:tok"), EVAL_BUDGETS (0.75,0.88),
 # BASELINES (evaluated beside the first arm, dense,streaming,lagkv,snapkv); a CPU smoke test: DEVICE=cpu RS=5
 # EVAL_N=2 NEX=8.
 set -u
@@ -20,14 +22,21 @@ export PYTHONUNBUFFERED=1 PYTHONPATH=. TOKENIZERS_PARALLELISM=false
 T=checkpoints/teacher; L=1024; W=32; RS=${RS:-110}; N=${EVAL_N:-40}; DEVICE=${DEVICE:-cuda}
 SEED_BASE=${SEED_BASE:-$((2 ** 48 + 5000))}
 if [ "$DEVICE" = cpu ]; then TRAIN_DEV="--use_cpu True"; else TRAIN_DEV="--bf16"; fi
-NAMES=(); FAMS=(); SCORERS=()
+NAMES=(); FAMS=(); SCORERS=(); KNOBS=()
 for arm in ${ARMS:-"reasoning:reasoning:tok mix:reasoning,vt:tok"}; do  # parsed and checked before any work
-  IFS=: read -r name fams scorer <<< "$arm"
+  IFS=: read -r name fams scorer knobs <<< "$arm"
   if [ -z "$name" ] || [ -z "$fams" ] || { [ "$scorer" != tok ] && [ "$scorer" != plain ]; }; then
-    echo "ARMS entry '$arm' must be name:families:scorer with scorer tok or plain (e.g. rplain:reasoning:plain)" >&2
+    echo "ARMS entry '$arm' must be name:families:scorer[:knobs] with scorer tok or plain (e.g." \
+      "rplain:reasoning:plain)" >&2
     exit 2
   fi
-  NAMES+=("$name"); FAMS+=("$fams"); SCORERS+=("$scorer")
+  if [ -n "$knobs" ] && ! python3 -c "import sys; from kvpop_hf.testbed.evaluate import parse_knobs as p
+p(sys.argv[1].split('+'))" "$knobs" 2> /dev/null; then
+    echo "ARMS entry '$arm': its knobs must be FAMILY.KEY=VALUE items joined by + (e.g." \
+      "reasoning.distractor_density=0+reasoning.n_facts=20)" >&2
+    exit 2
+  fi
+  NAMES+=("$name"); FAMS+=("$fams"); SCORERS+=("$scorer"); KNOBS+=("${knobs//+/ }")
 done
 T0=$(date +%s)
 stamp() { echo "[$(( $(date +%s) - T0 ))s] $*"; }
@@ -35,19 +44,20 @@ K88=$(python3 -c "from kvpop_hf.testbed.policies import parse_budgets as p; prin
   || { echo "python3 cannot import kvpop_hf" >&2; exit 2; }
 mkdir -p "$OUT"
 
-retro() {  # name families scorer
+retro() {  # name families scorer knobs
   local kw='{"token_readout": true}'; [ "$3" = plain ] && kw='{"token_readout": false}'
+  local knob=(); [ -n "$4" ] && knob=(--knob $4)
   OMP_NUM_THREADS=2 timeout $((RS + 150)) python3 training/retrofit.py --model $T --dataset "testbed:$2" --seq_len $L \
     --sinks 4 --window $W --topk "$K88" --scorer mlstm --scorer_kwargs "$kw" \
     --train_backbone True --lora_rank 8 --merge_lora True --distill_weight 1.0 --learning_rate 1e-3 \
     --scorer_learning_rate 3e-3 --target_reduce max --target_queries labels --max_train_seconds "$RS" \
     --lr_decay_by_time True --per_device_train_batch_size 8 --num_examples "${NEX:-4000}" --max_steps 100000 \
     --output_dir "$OUT/ckpt_$1/kvpop_distill_cr88" --logging_steps 10 --report_to none --save_strategy no \
-    --disable_tqdm True --seed 0 $TRAIN_DEV > "$OUT/retrofit_$1.log" 2>&1
+    --disable_tqdm True --seed 0 "${knob[@]}" $TRAIN_DEV > "$OUT/retrofit_$1.log" 2>&1
   local rc=$?; stamp "retrofit $1 ($2) exit $rc"
   grep -o "{'loss'[^}]*}" "$OUT/retrofit_$1.log" | sed -n '$p' | cut -c1-200
 }
-for i in "${!NAMES[@]}"; do retro "${NAMES[$i]}" "${FAMS[$i]}" "${SCORERS[$i]}" & done
+for i in "${!NAMES[@]}"; do retro "${NAMES[$i]}" "${FAMS[$i]}" "${SCORERS[$i]}" "${KNOBS[$i]}" & done
 wait
 evaluate() {  # arm policies
   timeout 300 python3 -m kvpop_hf.testbed.evaluate --model $T --out "$OUT/eval_$1" --length $L --n "$N" \
