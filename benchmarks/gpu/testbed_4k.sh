@@ -46,8 +46,6 @@
 # REASONING_WEIGHT (0.6), LOOKUP_WEIGHT (0.3), FAMILY_WEIGHTS (e.g. "vt=0.3": pretrain_teacher.py --family-weight),
 # CURRICULUM (the share of the run at CLEN tokens at most, 0.35), POST=0 (stop after picking the teacher: no
 # oracle, no heuristics; the pick is the run with the highest mean dense EM at LEN over EVAL_FAMILIES).
-# STAGE=retrofit also takes RETRO_KNOBS (further generator knobs of the training problems only, FAMILY.KEY=VALUE
-# separated by spaces, e.g. "reasoning.distractor_density=0"; the evaluations keep the 4k knobs).
 # For a CPU smoke test of the script:
 # DEVICE=cpu LEN=768 LO=512 CLEN=640 TB=10 RS=5 EVAL_N=2 WORKERS=1 NEX=8 WINDOW=32 (at 768 tokens a 64-token window
 # leaves no long-range slot at 94%).
@@ -139,7 +137,7 @@ stage_retrofit() {
   retro() {  # ckpt-folder name scorer topk args...
     local folder=$1 name=$2 scorer=$3 k=$4; shift 4
     OMP_NUM_THREADS=$TH timeout $((RS + 150)) python3 training/retrofit.py --model "$TEACHER" \
-      --dataset testbed:reasoning --knob reasoning.n_facts=10 reasoning.steps=4 ${RETRO_KNOBS:-} --seq_len $L --sinks 4 --window $W \
+      --dataset testbed:reasoning --knob reasoning.n_facts=10 reasoning.steps=4 --seq_len $L --sinks 4 --window $W \
       --topk "$k" --scorer "$scorer" --output_dir "$folder/$name" --max_steps 100000 --num_examples "${NEX:-1200}" \
       --max_train_seconds "$RS" --scorer_learning_rate 3e-3 $TRAIN_DEV \
       --target_queries labels --logging_steps 10 --report_to none --save_strategy no --disable_tqdm True \
