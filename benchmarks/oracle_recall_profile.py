@@ -42,6 +42,9 @@ def parse_args(argv=None):
     ap.add_argument("--oracle-kind", type=oracle_kind_arg, default="max",
                     help="max, mean or p<x> (power mean of order x > 1, e.g. p4) future attention")
     ap.add_argument("--oracle-queries", choices=("target", "all"), default="target")
+    ap.add_argument("--oracle-decay", action="store_true",
+                    help="rank the oracle with each policy's own recency decay too (--log-gammas; the paper's "
+                         "Eq. 5 applies it to teacher and student); the oracle_mass column is then left out")
     args = ap.parse_args(argv)
     check_policy_args(ap, args)
     try:
@@ -61,8 +64,9 @@ def main(argv=None):
     dev = torch.device(args.device)
     t0 = time.time()
     rows = oracle_recall_rows(model, tok, problems, scored, kind=args.oracle_kind, queries=args.oracle_queries,
-                              oracle_ks=args.oracle_ks, mass=True)
-    metrics = ["oracle_recall"] + [f"oracle_recall_top{m}" for m in args.oracle_ks] + ["oracle_mass"]
+                              oracle_ks=args.oracle_ks, mass=not args.oracle_decay, oracle_decay=args.oracle_decay)
+    metrics = (["oracle_recall"] + [f"oracle_recall_top{m}" for m in args.oracle_ks]
+               + ([] if args.oracle_decay else ["oracle_mass"]))
     summary = []
     for (policy, B, cr) in dict.fromkeys((r["policy"], r["budget"], r["cr"]) for r in rows):
         sel = [r for r in rows if (r["policy"], r["budget"], r["cr"]) == (policy, B, cr)]
@@ -75,7 +79,8 @@ def main(argv=None):
         w.writerows(rows)
     command = "python benchmarks/oracle_recall_profile.py " + shlex.join(sys.argv[1:] if argv is None else argv)
     lines = [f"<!-- {command} -->", f"<!-- commit {git_commit()} | {time.strftime('%Y-%m-%d')} | device {dev} | "
-             f"{args.n} problems, oracle {args.oracle_kind} of {args.oracle_queries} queries, "
+             f"{args.n} problems, oracle {args.oracle_kind} of {args.oracle_queries} queries"
+             f"{', each policy decay on the oracle too' if args.oracle_decay else ''}, "
              f"{time.time() - t0:.0f} s -->",
              "", "| policy | B | cr | " + " | ".join(metrics) + " |", "|---" * (3 + len(metrics)) + "|"]
     for s in summary:
@@ -99,7 +104,8 @@ def _plot(summary, ks, path):
     for s in summary:  # x: m, ending with the policy's own k (the usual oracle top-k recall)
         xs = [m for m in ks if m < s["topk"]] + [s["topk"]]
         ys = [s[f"oracle_recall_top{m}"] for m in xs[:-1]] + [s["oracle_recall"]]
-        ax.plot(xs, ys, marker="o", label=f"{s['policy']} B={s['budget']} (attention kept {s['oracle_mass']:.2f})")
+        kept = f" (attention kept {s['oracle_mass']:.2f})" if "oracle_mass" in s else ""
+        ax.plot(xs, ys, marker="o", label=f"{s['policy']} B={s['budget']}{kept}")
     ax.set_xscale("log", base=2)
     ax.set_xlabel("m: the oracle's best m eligible tokens")
     ax.set_ylabel("share kept by the policy")

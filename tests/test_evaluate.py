@@ -379,3 +379,32 @@ def test_heatmap_shows_the_best_policy_at_the_highest_compression():
     assert analysis.heatmap_run(runs, rows).policy == "kvpop_mlp"
     assert analysis.heatmap_run(runs, None).policy == "kvpop"  # preference order without rows
     assert analysis.heatmap_run(runs, [dict(r, em=float("nan")) for r in rows]).policy == "kvpop"
+
+
+def test_oracle_decay_ranks_the_oracle_with_each_policys_own_decay(run):
+    """``oracle_decay=True``: a policy without a decay gets the same rows as without the option; with a decay that
+    outweighs every score, student and oracle both keep the most recent eligible tokens, so the recall is 1 (while
+    the undecayed oracle is not recency-ordered and gives less); asking for the attention share as well is refused."""
+    import types
+
+    out, _, _ = run
+    root = out.parent
+    tok = build_tokenizer()
+    model = AutoModelForCausalLM.from_pretrained(root / "model").eval()
+    problems = [make_problem("reasoning", length=LENGTH, seed=2 ** 48)]
+    budget = types.SimpleNamespace(B=LENGTH // 4, cr=0.75)
+    over = dict(sinks=SINKS, window=WINDOW, topk=LENGTH // 4 - SINKS - WINDOW, scorer="knorm")
+    plain = KVpopCache(model.config, **over)
+    rows = [analysis.oracle_recall_rows(model, tok, problems, [("p", budget, plain)], progress=False, oracle_decay=d)
+            for d in (False, True)]
+    assert [r["oracle_recall"] for r in rows[0]] == [r["oracle_recall"] for r in rows[1]]
+
+    steep = KVpopCache(model.config, log_gamma=-1e4, decay_step=1, **over)
+    decayed = analysis.oracle_recall_rows(model, tok, problems, [("p", budget, steep)], progress=False,
+                                          oracle_decay=True)
+    undecayed = analysis.oracle_recall_rows(model, tok, problems, [("p", budget, steep)], progress=False)
+    assert all(r["oracle_recall"] == pytest.approx(1.0) for r in decayed)
+    assert sum(r["oracle_recall"] for r in undecayed) / len(undecayed) < 0.9
+    with pytest.raises(ValueError, match="oracle_decay"):
+        analysis.oracle_recall_rows(model, tok, problems, [("p", budget, steep)], progress=False, mass=True,
+                                    oracle_decay=True)

@@ -30,6 +30,7 @@ import torch
 from ..cache import KVpopCache
 from ..compat import with_cache
 from ..dense_attention import causal_attention
+from ..priority import decayed_priorities
 from ..topk import running_topk
 from ..trainer.priorities import sequence_priorities
 from .models import load_model
@@ -133,7 +134,7 @@ def oracle_recall_shares(prio: torch.Tensor, oracle: torch.Tensor, sinks: int, w
 @torch.no_grad()
 def oracle_recall_rows(model, tokenizer, problems: Sequence[Problem], scored: Sequence[tuple[str, Any, Any]],
                 progress: bool = True, kind: str = "mean", queries: str = "all", oracle_ks: Sequence[int] = (),
-                mass: bool = False) -> list[dict]:
+                mass: bool = False, oracle_decay: bool = False) -> list[dict]:
     """Oracle top-k recall per (policy, budget, layer, KV head), averaged over ``problems``.
 
     ``oracle_ks``: also the recall of the oracle's best ``m`` eligible tokens for each ``m`` (columns
@@ -142,7 +143,9 @@ def oracle_recall_rows(model, tokenizer, problems: Sequence[Problem], scored: Se
 
     The oracle is :func:`kvpop_hf.testbed.oracle.oracle_table`: ``kind`` ``"mean"`` (the paper's target) or
     ``"max"`` future attention, from every later query (``queries="all"``) or only from those that generate
-    the reference answer (``"target"``).
+    the reference answer (``"target"``). ``oracle_decay``: the oracle's running top-k is taken over the oracle with
+    each policy's own recency decay added (its ``log_gamma`` and decay step, none for a policy without one), i.e.
+    the teacher's decisions under the decayed target of the paper's Eq. 5, which its training matches.
 
     scored: ``(policy, budget, cache)`` triples, or ``(policy, budget, cache, own_model)``; the cache supplies the
     scorer, ``log_gamma`` and the budget (``sinks/window/topk`` of its ``kvpop_config``). Oracle priorities use the
@@ -161,6 +164,9 @@ def oracle_recall_rows(model, tokenizer, problems: Sequence[Problem], scored: Se
 
     if queries not in ("all", "target"):
         raise ValueError(f"queries must be 'all' or 'target', got {queries!r}")
+    if oracle_decay and mass:
+        raise ValueError("mass=True weighs tokens by the undecayed oracle's attention; it is not defined with "
+                         "oracle_decay=True: ask for one of them")
     scored = [tuple(s) + (None,) * (4 - len(s)) for s in scored]
     for p in it:
         ex = training_example(p, tokenizer)
@@ -179,7 +185,11 @@ def oracle_recall_rows(model, tokenizer, problems: Sequence[Problem], scored: Se
                                                                 query_mask=qmask).to(device)
                 prio = cache_priorities(cache, layer, qkv if own is None else own_qkv[id(own)], device)
                 shares = [(cfg.topk, False)] + [(m, False) for m in oracle_ks] + ([(cfg.topk, True)] if mass else [])
-                recs = oracle_recall_shares(prio, oracles[cfg.window][layer], cfg.sinks, cfg.window, cfg.topk, shares)
+                oracle = oracles[cfg.window][layer]  # [Hkv, S]
+                if oracle_decay and cache.log_gamma is not None:
+                    pos = torch.arange(oracle.shape[-1], device=device)
+                    oracle = decayed_priorities(oracle[None], pos, cache.log_gamma[layer].to(device), cfg.decay_step)[0]
+                recs = oracle_recall_shares(prio, oracle, cfg.sinks, cfg.window, cfg.topk, shares)
                 acc.setdefault((policy, budget.B, round(budget.cr, 4), layer), []).append(recs.cpu())
     names = ["oracle_recall"] + [f"oracle_recall_top{m}" for m in oracle_ks] + (["oracle_mass"] if mass else [])
     rows = []
