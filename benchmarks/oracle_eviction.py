@@ -54,7 +54,17 @@ def main(argv=None) -> None:
     ap.add_argument("--queries", choices=["all", "target"], default="all",
                     help="all: every later query counts (the paper's target); target: only the queries that generate "
                          "the reference answer (trace and answer tokens)")
+    ap.add_argument("--log-gammas", default="",
+                    help="also evaluate the oracle with these recency decays (negative floats, e.g. -0.1,-0.5): the "
+                         "priority of token t becomes oracle_t - floor(t / 64) * log_gamma, the paper's Eq. 5 decay "
+                         "(rows <policy>_lg<log_gamma>)")
     args = ap.parse_args(argv)
+    try:
+        gammas = [float(x) for x in args.log_gammas.split(",") if x]
+    except ValueError:
+        ap.error(f"--log-gammas takes negative floats like -0.1,-0.5, got {args.log_gammas!r}")
+    if any(not g < 0 for g in gammas):
+        ap.error(f"--log-gammas must be negative (log of a decay factor in (0, 1)), got {args.log_gammas!r}")
     policy = ("oracle" if args.kind == "mean" else f"oracle_{args.kind}") + ("_target" if args.queries == "target" else "")
     budgets = parse_budgets(args.budgets, args.length, args.sinks, args.window)  # bad budgets fail here
     knobs = parse_knobs(args.knob, [args.family]).get(args.family, {})  # bad knobs fail here
@@ -72,29 +82,30 @@ def main(argv=None) -> None:
     head_dim = model.config.head_dim
     seeds = [args.seed_base + i for i in range(args.n)]
     problems = [make_problem(args.family, length=args.length, seed=s, **knobs) for s in seeds]
-    stats = {b.B: {"em": 0, "tok_c": 0, "tok_n": 0, "lk_c": 0, "lk_n": 0} for b in budgets}
+    runs = [(b, g) for g in [None] + gammas for b in budgets]
+    stats = {(b.B, g): {"em": 0, "tok_c": 0, "tok_n": 0, "lk_c": 0, "lk_n": 0} for b, g in runs}
     for p in tqdm(problems, desc="oracle"):
         ex = training_example(p, tok)
         ids = torch.tensor([ex["input_ids"]], device=device)
         qmask = target_queries(torch.tensor([ex["labels"]], device=device)) if args.queries == "target" else None
         table = oracle_table(model, ids, args.window, backend="flex" if device.type == "cuda" else "chunked",
                              kind=args.kind, query_mask=qmask)
-        for b in budgets:
-            def factory(b=b):
-                return KVpopCache(model.config, sinks=b.sinks, window=b.window, topk=b.topk,
+        for b, g in runs:
+            def factory(b=b, g=g):
+                return KVpopCache(model.config, sinks=b.sinks, window=b.window, topk=b.topk, log_gamma=g,
                                   scorer=OracleScorer(table).bind_head_dim(head_dim))
             ta = token_accuracy(model, tok, [p], cache_factory=factory, progress=False)
             em = exact_match(model, tok, [p], batch_size=1, cache_factory=factory, progress=False)
-            s = stats[b.B]
+            s = stats[b.B, g]
             s["em"] += em["em"][p.family]
             s["tok_c"] += ta["correct"][p.family]
             s["tok_n"] += ta["total"][p.family]
             s["lk_c"] += ta["lookup_correct"].get(p.family, 0)
             s["lk_n"] += ta["lookup_total"].get(p.family, 0)
     rows = []
-    for b in budgets:
-        s = stats[b.B]
-        rows.append({"policy": policy, "budget": str(b.B), "cr": float(b.cr), "sinks": b.sinks, "window": b.window,
+    for b, g in runs:
+        s = stats[b.B, g]
+        rows.append({"policy": policy + ("" if g is None else f"_lg{g:g}"), "budget": str(b.B), "cr": float(b.cr), "sinks": b.sinks, "window": b.window,
                      "topk": b.topk, "family": args.family, "em": s["em"] / len(problems),
                      "token_acc": s["tok_c"] / max(1, s["tok_n"]),
                      "lookup_acc": s["lk_c"] / s["lk_n"] if s["lk_n"] else float("nan"), "n": len(problems),

@@ -51,6 +51,33 @@ def test_oracle_eviction_rejects_bad_knobs_before_loading(tmp_path):
         oracle_eviction.main(["--out", str(tmp_path), "--model", str(tmp_path), "--knob", "steps=4"])
 
 
+@pytest.mark.parametrize("gammas", ["0.1", "-0.1,x"])
+def test_oracle_eviction_rejects_bad_log_gammas_before_loading(tmp_path, gammas, capsys):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import oracle_eviction
+
+    with pytest.raises(SystemExit):
+        oracle_eviction.main(["--out", str(tmp_path / "o"), "--model", str(tmp_path), f"--log-gammas={gammas}"])
+    assert "--log-gammas" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
+
+
+def test_oracle_eviction_with_a_decay_adds_its_rows(tmp_path):
+    """One oracle table per problem serves the plain oracle and each decayed one; a decay that outweighs every
+    oracle score leaves the recency order of StreamingLLM, which keeps less of the answer than the oracle."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import csv
+
+    import oracle_eviction
+
+    root = Path(__file__).resolve().parents[1]
+    oracle_eviction.main(["--out", str(tmp_path), "--model", str(root / "checkpoints/teacher"), "--length", "512",
+                          "--n", "2", "--budgets", "0.75", "--log-gammas=-1000"])
+    rows = {r["policy"]: r for r in csv.DictReader(open(tmp_path / "results.csv"))}
+    assert set(rows) == {"oracle", "oracle_lg-1000"}
+    assert float(rows["oracle_lg-1000"]["lookup_acc"]) < float(rows["oracle"]["lookup_acc"])
+
+
 def test_variant_policies_resolve_their_checkpoint_folders(tmp_path):
     for name in ("kvpop_distill_cr88", "kvpop_mlp_mean_cr88", "kvpop_cr94", "kvpop_mlp_distill_cr94",
                  "kvpop_mean_distill_cr88", "kvpop_mlp_mean_distill_cr94"):
