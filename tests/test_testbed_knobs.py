@@ -90,3 +90,17 @@ def test_variant_policies_resolve_their_checkpoint_folders(tmp_path):
     assert POLICIES["kvpop_mean_distill"].own_model and POLICIES["kvpop_mlp_mean_distill"].own_model
     assert POLICIES["kvpop_distill"].own_model and POLICIES["kvpop_mlp_distill"].own_model
     assert not POLICIES["kvpop_mean"].own_model
+
+
+def test_retrofit_help_lists_every_training_flag(capsys):
+    """``training/retrofit.py --help`` shows the script's and KVpopTrainingArguments' flags, not only the two that
+    the bf16 check parses first."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "training"))
+    import retrofit
+
+    with pytest.raises(SystemExit) as exit_info:
+        retrofit.main(["--help"])
+    assert exit_info.value.code == 0
+    text = capsys.readouterr().out
+    for flag in ("--log_gamma", "--topk", "--dataset", "--max_train_seconds", "--learning_rate"):
+        assert flag in text

@@ -74,7 +74,7 @@ class _PrecisionFlags:
 def check_bf16_device(argv) -> None:
     """``--bf16`` without a GPU that has bf16 (training on the CPU): a ValueError naming the fix, before the
     arguments are parsed (where the Trainer's own check stops with "Your setup doesn't support bf16/gpu")."""
-    flags, _ = HfArgumentParser(_PrecisionFlags).parse_known_args(args=argv)
+    flags, _ = HfArgumentParser(_PrecisionFlags, add_help=False).parse_known_args(args=argv)  # --help: the full parser
     if flags.bf16 and not flags.use_cpu and not is_torch_bf16_gpu_available() and not is_torch_xla_available():
         raise ValueError("--bf16 needs a GPU with bfloat16 support, and this machine has none: drop --bf16 on CPU "
                          "(training then runs in float32), or add --use_cpu True to train under CPU bf16 autocast.")
