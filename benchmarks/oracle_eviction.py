@@ -29,6 +29,7 @@ from kvpop_hf.testbed.evaluate import DEFAULT_SEED_BASE, parse_knobs, token_accu
 from kvpop_hf.testbed.oracle import OracleScorer, oracle_kind_arg, oracle_table, target_queries
 from kvpop_hf.testbed.policies import parse_budgets
 from kvpop_hf.testbed.report import quality_table, write_results_csv
+from kvpop_hf.testbed.static_policies import parse_log_gammas
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -59,12 +60,7 @@ def main(argv=None) -> None:
                          "priority of token t becomes oracle_t - floor(t / 64) * log_gamma, the paper's Eq. 5 decay "
                          "(rows <policy>_lg<log_gamma>)")
     args = ap.parse_args(argv)
-    try:
-        gammas = [float(x) for x in args.log_gammas.split(",") if x]
-    except ValueError:
-        ap.error(f"--log-gammas takes negative floats like -0.1,-0.5, got {args.log_gammas!r}")
-    if any(not g < 0 for g in gammas):
-        ap.error(f"--log-gammas must be negative (log of a decay factor in (0, 1)), got {args.log_gammas!r}")
+    gammas = parse_log_gammas(ap, args.log_gammas)
     policy = ("oracle" if args.kind == "mean" else f"oracle_{args.kind}") + ("_target" if args.queries == "target" else "")
     budgets = parse_budgets(args.budgets, args.length, args.sinks, args.window)  # bad budgets fail here
     knobs = parse_knobs(args.knob, [args.family]).get(args.family, {})  # bad knobs fail here
@@ -105,8 +101,8 @@ def main(argv=None) -> None:
     rows = []
     for b, g in runs:
         s = stats[b.B, g]
-        rows.append({"policy": policy + ("" if g is None else f"_lg{g:g}"), "budget": str(b.B), "cr": float(b.cr), "sinks": b.sinks, "window": b.window,
-                     "topk": b.topk, "family": args.family, "em": s["em"] / len(problems),
+        rows.append({"policy": policy + ("" if g is None else f"_lg{g:g}"), "budget": str(b.B), "cr": float(b.cr),
+                     "sinks": b.sinks, "window": b.window, "topk": b.topk, "family": args.family, "em": s["em"] / len(problems),
                      "token_acc": s["tok_c"] / max(1, s["tok_n"]),
                      "lookup_acc": s["lk_c"] / s["lk_n"] if s["lk_n"] else float("nan"), "n": len(problems),
                      "n_target_tokens": s["tok_n"]})

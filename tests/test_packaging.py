@@ -44,36 +44,34 @@ def test_gpu_scripts_parse():
         assert result.returncode == 0, f"{script.name}: {result.stderr}"
 
 
+def _data_mix(tmp_path, arms: str) -> subprocess.CompletedProcess:
+    """retrofit_data_mix.sh with ``ARMS=arms`` and the test's python first on PATH (the script checks arm knobs with
+    it); OUT is ``tmp_path / "out"``, which a refused run must not create."""
+    env = dict(os.environ, OUT=str(tmp_path / "out"), ARMS=arms,
+               PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
+    return subprocess.run(["bash", str(ROOT / "benchmarks/gpu/retrofit_data_mix.sh")], capture_output=True,
+                          text=True, cwd=ROOT, env=env, timeout=120)
+
+
 @pytest.mark.parametrize("arms", ["a:reasoning:foo", "a:reasoning", ":reasoning:tok"])
 def test_retrofit_data_mix_rejects_a_bad_arm_before_any_work(tmp_path, arms):
-    out = tmp_path / "out"
-    env = dict(os.environ, OUT=str(out), ARMS=arms)
-    res = subprocess.run(["bash", str(ROOT / "benchmarks/gpu/retrofit_data_mix.sh")], capture_output=True,
-                         text=True, cwd=ROOT, env=env, timeout=60)
+    res = _data_mix(tmp_path, arms)
     assert res.returncode == 2
     assert f"ARMS entry '{arms}'" in res.stderr and "tok or plain" in res.stderr
-    assert not out.exists()  # nothing was started
+    assert not (tmp_path / "out").exists()  # nothing was started
 
 
 @pytest.mark.parametrize("knobs", ["reasoning.distractor_density", "nofamily.x=1", "reasoning.n_facts=20+junk"])
 def test_retrofit_data_mix_rejects_bad_arm_knobs_before_any_work(tmp_path, knobs):
-    out = tmp_path / "out"
-    arms = f"ok:reasoning:tok bad:reasoning:tok:{knobs}"
-    env = dict(os.environ, OUT=str(out), ARMS=arms, PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
-    res = subprocess.run(["bash", str(ROOT / "benchmarks/gpu/retrofit_data_mix.sh")], capture_output=True,
-                         text=True, cwd=ROOT, env=env, timeout=120)
+    res = _data_mix(tmp_path, f"ok:reasoning:tok bad:reasoning:tok:{knobs}")
     assert res.returncode == 2
     assert f"ARMS entry 'bad:reasoning:tok:{knobs}'" in res.stderr and "FAMILY.KEY=VALUE" in res.stderr
-    assert not out.exists()
+    assert not (tmp_path / "out").exists()
 
 
 def test_retrofit_data_mix_accepts_good_arm_knobs(tmp_path):
     """Valid knobs pass the check: the run stops at the next arm's bad scorer, not at the knobs."""
-    out = tmp_path / "out"
-    arms = "a:reasoning:tok:reasoning.distractor_density=0+reasoning.n_facts=20 b:reasoning:foo"
-    env = dict(os.environ, OUT=str(out), ARMS=arms, PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
-    res = subprocess.run(["bash", str(ROOT / "benchmarks/gpu/retrofit_data_mix.sh")], capture_output=True,
-                         text=True, cwd=ROOT, env=env, timeout=120)
+    res = _data_mix(tmp_path, "a:reasoning:tok:reasoning.distractor_density=0+reasoning.n_facts=20 b:reasoning:foo")
     assert res.returncode == 2
     assert "ARMS entry 'b:reasoning:foo'" in res.stderr and "ARMS entry 'a:" not in res.stderr
 

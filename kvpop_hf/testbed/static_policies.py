@@ -49,12 +49,18 @@ def check_policy_args(ap: argparse.ArgumentParser, args: argparse.Namespace) -> 
             ap.error(f"--student/--scorer take NAME=DIR, got {spec!r}")
         if not Path(spec.split("=", 1)[1]).is_dir():
             ap.error(f"{spec!r}: no such checkpoint folder")
+    args.log_gammas = parse_log_gammas(ap, args.log_gammas)
+
+
+def parse_log_gammas(ap: argparse.ArgumentParser, text: str) -> list[float]:
+    """``"-0.02,-0.1"`` -> ``[-0.02, -0.1]``; anything but negative floats is refused through ``ap.error``."""
     try:
-        args.log_gammas = [float(x) for x in args.log_gammas.split(",") if x]
+        gammas = [float(x) for x in text.split(",") if x]
     except ValueError:
-        ap.error(f"--log-gammas takes negative floats like -0.02,-0.1, got {args.log_gammas!r}")
-    if any(not x < 0 for x in args.log_gammas):
+        ap.error(f"--log-gammas takes negative floats like -0.02,-0.1, got {text!r}")
+    if any(not x < 0 for x in gammas):
         ap.error("--log-gammas must be negative (the log of a decay factor in (0, 1))")
+    return gammas
 
 
 def static_policies(args: argparse.Namespace, model, budgets, sinks: int, window: int, device) -> list[tuple]:
