@@ -111,5 +111,44 @@ def test_unsupported_combinations(tmp_path):
                                       "--n", "1", "--families", "reasoning", "--sinks", str(SINKS), "--window", "16",
                                       "--budgets", str(B), "--policies", "streaming_plus",
                                       "--checkpoints-dir", str(tmp_path / "ckpts")])
-    with pytest.raises(ValueError, match="merge_lora"):
+    with pytest.raises(ValueError, match="no LoRA adapter"):
         plan_from_args(args)
+
+
+def test_lora_adapter_folder_evaluates_as_its_merged_model(tmp_path):
+    """A student saved as a PEFT adapter (no --merge_lora) is an own-model checkpoint of kvpop-eval: its config
+    comes from the adapter's base model, it loads with the adapter applied, and it evaluates as the same adapter
+    merged into the weights by peft and saved as a plain model directory (float32)."""
+    import shutil
+
+    from peft import PeftModel
+
+    from kvpop_hf.testbed.models import holds_model, load_model, model_config
+
+    teacher = _teacher(tmp_path)
+    adapter = tmp_path / "adapter" / f"streaming_plus_b{B}"
+    merged = tmp_path / "merged" / f"streaming_plus_b{B}"
+    retrofit.main(["--model", str(teacher), "--dataset", "testbed:reasoning", "--seq_len", str(LENGTH), "--sinks",
+                   str(SINKS), "--window", str(B - SINKS), "--topk", "0", "--scorer", "streaming", "--lora_rank",
+                   "4", "--max_steps", "2", "--per_device_train_batch_size", "2", "--learning_rate", "1e-2",
+                   "--report_to", "none", "--save_strategy", "no", "--use_cpu", "True", "--disable_tqdm", "True",
+                   "--output_dir", str(adapter)])
+    assert (adapter / "adapter_config.json").is_file() and not (adapter / "config.json").exists()
+    base = AutoModelForCausalLM.from_pretrained(teacher)
+    PeftModel.from_pretrained(base, adapter).merge_and_unload().save_pretrained(merged)
+    for name in ("kvpop_config.json", "kvpop_scorer.safetensors"):
+        if (adapter / name).is_file():
+            shutil.copy(adapter / name, merged / name)
+    assert holds_model(adapter) and holds_model(merged) and not holds_model(tmp_path)
+    assert model_config(adapter).to_dict() == model_config(teacher).to_dict()
+    ids = torch.arange(3, 40)[None]
+    with torch.no_grad():
+        a = load_model(str(adapter), torch.float32, "cpu")(ids).logits
+        m = load_model(str(merged), torch.float32, "cpu")(ids).logits
+        t = load_model(str(teacher), torch.float32, "cpu")(ids).logits
+    assert not torch.allclose(a, t, atol=1e-4)  # the adapter is applied
+    torch.testing.assert_close(a, m, atol=1e-4, rtol=1e-4)
+    rows_a, out_a = _eval(teacher, tmp_path / "adapter", tmp_path / "out_a")
+    rows_m, out_m = _eval(teacher, tmp_path / "merged", tmp_path / "out_m")
+    assert [(o["policy"], o["generated"]) for o in out_a] == [(o["policy"], o["generated"]) for o in out_m]
+    assert rows_a["streaming_plus"]["token_acc"] == rows_m["streaming_plus"]["token_acc"]

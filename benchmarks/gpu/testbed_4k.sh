@@ -39,6 +39,7 @@
 # WINDOW=32 gives the window-32 rows of results/testbed_4k), VARIANTS (the retrofits to run, default
 # the eight above, e.g. "kvpop_cr88 kvpop_distill_cr88"; a policy is evaluated when its _cr88 or _cr94 run exists; one with a _cr94 run alone needs EVAL_BUDGETS=0.94),
 # ORACLE=0 (skip the answer-query oracles), EVAL=0 (retrofit only: no evaluation), BASE_POLICIES (the untrained rows of the evaluation, dense,streaming), EVAL_N (problems per evaluation, 40),
+# MERGE_LORA=0 (the distilled students saved as LoRA adapters + scorer instead of merged weights; kvpop-eval loads either),
 # DEADLINE (seconds after start by which the last evaluations are cut, 540), THREADS (torch threads per process, 2),
 # EVAL_FAMILIES (families evaluated, "reasoning"; e.g. "reasoning vt"), SEED_BASE (problem i of an evaluation has seed
 # SEED_BASE + i, 2^48), EVAL_BUDGETS (the learned policies' budgets, 0.75,0.88,0.94), ANALYSIS_N (problems of the
@@ -146,7 +147,8 @@ stage_retrofit() {
     grep -o "{'loss'[^}]*}" "$OUT/retrofit_${name}${folder##*/ckpt}.log" | sed -n '$p' | cut -c1-240
   }
   local ONLY="--train_backbone False --learning_rate 1e-4"
-  local LORA="--train_backbone True --lora_rank 8 --merge_lora True --distill_weight 1.0 --learning_rate 1e-3"
+  local LORA="--train_backbone True --lora_rank 8 --merge_lora $([ "${MERGE_LORA:-1}" = 1 ] && echo True || echo False)"
+  LORA+=" --distill_weight 1.0 --learning_rate 1e-3"
   local DECAY=""; [ "${LR_DECAY:-1}" = 1 ] && DECAY="--lr_decay_by_time True"
   # a variant's name says what it trains: kvpop (mLSTM) or kvpop_mlp, _mean (the mean target, else the max one),
   # _distill (distillation + boundary loss with a LoRA backbone, else scorer only), _cr<NN> (its budget);

@@ -49,7 +49,8 @@ import torch
 from ..compat import with_cache
 from . import analysis, report
 from . import policies as pol
-from .models import LastModel, load_model
+from .models import LastModel, holds_model, load_model
+from .models import model_config as checkpoint_model_config
 from .oracle import oracle_kind_arg
 from .tasks import ALL_FAMILIES, FAMILIES, Problem, make_problem, training_example
 
@@ -216,9 +217,10 @@ def plan_from_args(args: argparse.Namespace) -> EvalPlan:
             proto = None
             b = pol.policy_budget(name, b)
             if path is not None:
-                if spec.own_model and not (Path(path) / "config.json").is_file():
+                if spec.own_model and not holds_model(path):
                     raise ValueError(f"Policy {name!r} is evaluated with its own weights, but {path} holds no model "
-                                     "(config.json): save it with training/retrofit.py --merge_lora True.")
+                                     "(config.json) and no LoRA adapter (adapter_config.json): save it with "
+                                     "training/retrofit.py --lora_rank R (an adapter) or a full --train_backbone run.")
                 if path not in protos:
                     protos[path] = pol.load_prototype(name, path)
                 proto = protos[path]
@@ -353,10 +355,8 @@ def _load_tokenizer(args):
 def _check_shapes(plan: EvalPlan, model_config, tokenizer=None) -> None:
     """Build one cache per run from its model's config (and check the vocabulary): shape mismatches fail
     before the weights load."""
-    from transformers import AutoConfig
-
     for run in plan.runs:
-        cfg = AutoConfig.from_pretrained(run.checkpoint) if run.own_model else model_config
+        cfg = checkpoint_model_config(run.checkpoint) if run.own_model else model_config
         run.factory()(cfg)
         vocab = getattr(cfg.get_text_config(), "vocab_size", None)
         if tokenizer is not None and vocab is not None and len(tokenizer) > vocab:

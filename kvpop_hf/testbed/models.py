@@ -6,13 +6,36 @@ import gc
 
 import torch
 
-__all__ = ["load_model", "LastModel"]
+__all__ = ["load_model", "model_config", "holds_model", "LastModel"]
+
+ADAPTER_CONFIG = "adapter_config.json"  # a PEFT adapter folder (LoRA weights + the base model's path)
+
+
+def holds_model(path) -> bool:
+    """``path`` is a model directory (``config.json``) or a PEFT adapter folder over a base model."""
+    from pathlib import Path
+
+    return (Path(path) / "config.json").is_file() or (Path(path) / ADAPTER_CONFIG).is_file()
+
+
+def model_config(path):
+    """The model config of a model directory, or of the base model of a PEFT adapter folder."""
+    import json
+    from pathlib import Path
+
+    from transformers import AutoConfig
+
+    adapter = Path(path) / ADAPTER_CONFIG
+    if adapter.is_file() and not (Path(path) / "config.json").is_file():
+        path = json.loads(adapter.read_text())["base_model_name_or_path"]
+    return AutoConfig.from_pretrained(path)
 
 
 def load_model(path: str, dtype, device):
     """The causal LM at ``path`` in ``dtype`` on ``device``, in eval mode, with the ``kvpop`` attention (every
     query of a prompt chunk sees exactly its own fixed-budget set; stock attention would not). A folder stored as
-    a weight delta of its base model (:mod:`kvpop_hf.testbed.weight_delta`) is rebuilt from it."""
+    a weight delta of its base model (:mod:`kvpop_hf.testbed.weight_delta`) is rebuilt from it; a PEFT adapter
+    folder loads its base model with the adapter applied (transformers does this when ``peft`` is installed)."""
     from transformers import AutoModelForCausalLM
 
     from .weight_delta import is_weight_delta, load_weight_delta
