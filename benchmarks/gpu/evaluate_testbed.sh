@@ -2,7 +2,7 @@
 # kvpop-eval of every policy (dense, StreamingLLM, K-Norm, Random, KVpop_mlp, KVpop) at 75% and 88% compression on
 # all five testbed families (reasoning, vt, niah_multikey, cwe, fwe), EVAL_N problems of 1024 tokens each, on one
 # GPU: Table 1 (reasoning) and Table 2 (the other families), results.csv, outputs.jsonl, quality-vs-budget plot.
-# Writes $OUT/eval/ and $OUT/eval.log (results/eval_testbed_gpu/, where the log is eval_stdout.log).
+# Writes $OUT/eval/ and $OUT/eval.log.
 # Usage: OUT=dir bash benchmarks/gpu/evaluate_testbed.sh            (~2 min on one H200)
 #        OUT=dir TEACHER=dir/final/teacher SCORERS=dir/ckpt bash benchmarks/gpu/evaluate_testbed.sh
 # Knobs: TEACHER (default checkpoints/teacher), SCORERS (a folder of scorer checkpoints, default

@@ -2,12 +2,11 @@
 # Decode through model.generate as a user calls it, on one H200 (Qwen3-8B shape, random bf16 weights):
 # StaticCache and KVpopCache (knorm, mlp, mlstm) at 4k and 128k, batch 1, in two fresh processes sharing a
 # compile cache (kvpop_hf.compile_cache), so the second process's first decode step shows what the cache saves.
-# Batch rows at 32k (as in results/generation_speed/h200_qwen3-8b_generate.md): STATIC_INPUT_LOG=0 COMPILE_REUSE=0
+# Batch rows at 32k (as in results/speed_generate_h200.csv): STATIC_INPUT_LOG=0 COMPILE_REUSE=0
 #   CONTEXTS=32768 BATCHES="16 32 64 128 1" SCORERS=knorm STATIC_MAX_BATCH=32 STATIC_BATCHES="16 32"
 #   KVPOP_BATCHES="1 32 64 128" SYNTHETIC_FROM=8 (add 8 to both batch lists for batch 8). PROFILE=1: decode-step
 #   profiles (the profiler may slow the rows that follow it in the process: measure speed without it).
-# The op25 case (a KVpop graph compiled after a StaticCache graph in one process; results/generation_speed/
-#   h200_qwen3-8b_generate.md, run 7): CONTEXTS=32768 BATCHES="8 32" CACHES="static kvpop" SCORERS=knorm
+# The op25 case (a KVpop graph compiled after a StaticCache graph in one process): CONTEXTS=32768 BATCHES="8 32" CACHES="static kvpop" SCORERS=knorm
 #   STATIC_BATCHES="8 32" KVPOP_BATCHES=32 SYNTHETIC_FROM=8 STATIC_MAX_BATCH=32 NO_RETRY=1 (a failure is not retried).
 # LOOPS="stock run_ahead": every row with generate's own loop and with custom_generate=kvpop_hf.run_ahead_sample
 #   (rows of the latter in $OUT/h200_qwen3-8b_generate_run_ahead.csv).

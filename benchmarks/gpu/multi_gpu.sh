@@ -3,7 +3,7 @@
 # with the same data / seed / global batch on 1 GPU, with DDP (accelerate launch, training/accelerate_ddp.yaml)
 # and with FSDP2 (training/accelerate_fsdp.yaml); loss curves, tokens/s per GPU, peak memory per GPU.
 # Usage (repo root):  OUT=/some/empty/dir bash benchmarks/gpu/multi_gpu.sh      (~4 minutes)
-# The committed run (results/multi_gpu/) used the defaults below; longer stage limits give more steps, e.g.
+# The recorded run (study multi_gpu in results/studies.csv) used the defaults below; longer stage limits give more steps, e.g.
 # SINGLE_S=150 DDP_S=120 FSDP_S=120 BUDGET=420 OUTER_S=430.
 # Results: $OUT/multi_gpu.md, multi_gpu.json, multi_gpu_loss.png, logs.tgz (stage logs + raw per-rank files).
 set -u

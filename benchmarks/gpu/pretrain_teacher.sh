@@ -9,18 +9,18 @@
 #              Q: as P with head_dim 32 x 8 heads
 #              R: as P with every family: reasoning 0.3 + drill 0.5 + the four RULER families 0.2, 256-1024 tokens
 #              S: as P with lr 1e-3
-#            -> $OUT/recipes_side_by_side/ (results/teacher/recipes_side_by_side/; TB=390, ~8.5 min)
+#            -> $OUT/recipes_side_by_side/ (TB=390, ~8.5 min)
 #   STAGE=2  continue INIT (default: stage 1's Q, the recipe whose fact copy formed) twice side by side at
 #            256-1024 tokens, lr 1e-3 (fresh warmup + cosine):
 #              A: reasoning 0.5 + lookup drill 0.5;  B: reasoning 0.4 + drill 0.3 + the four RULER families 0.3
 #            dense kvpop-eval of both on 30 reasoning problems of 1024 tokens; the higher EM is written to
 #            picked.txt (ties: B, every family)
-#            -> $OUT/continued_256_1024/ (results/teacher/continued_256_1024/; TB=300, ~7 min)
+#            -> $OUT/continued_256_1024/ (TB=300, ~7 min)
 #   STAGE=3  continue INIT (default: stage 2's pick) at 256-1152 tokens (uniform over multiples of 128), every
 #            family: reasoning 0.4, drill 0.2, the four RULER families 0.1 each; lr 7e-4; then dense kvpop-eval on
 #            30 reasoning problems of 1024 tokens
-#            -> $OUT/final/teacher (= checkpoints/teacher), teacher.log, eval_dense/ (results/teacher/final/;
-#               TB=210, ~5 min)
+#            -> $OUT/final/teacher (= checkpoints/teacher), teacher.log, eval_dense/ (TB=210,
+#               ~5 min)
 #   STAGE=all (default) runs 1, 2 and 3 in turn (~21 min).
 #
 # Usage: OUT=dir bash benchmarks/gpu/pretrain_teacher.sh
@@ -28,7 +28,7 @@
 # Knobs: STAGE, INIT, TB (training seconds per run; the per-stage defaults above are those of the committed teacher,
 # so leave TB unset with STAGE=all).
 # The committed teacher's exact commands are also in checkpoints/teacher/lineage/stage{1,2}_manifest.json and
-# checkpoints/teacher/manifest.json; results/README.md gives the commit of each stage.
+# checkpoints/teacher/manifest.json; results/studies.csv (study teacher) gives the commit.
 set -u
 : "${OUT:?set OUT to an output directory}"
 export PYTHONUNBUFFERED=1 PYTHONPATH=. TOKENIZERS_PARALLELISM=false

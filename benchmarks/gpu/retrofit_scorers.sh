@@ -4,7 +4,7 @@
 # reasoning family, all four side by side on one GPU, RS seconds of training each.
 # Writes $OUT/ckpt/<name>/ (kvpop_config.json + kvpop_scorer.safetensors and the card; the unchanged backbone copy
 # and training_args.bin are removed, as in checkpoints/scorers/) and $OUT/retrofit_<name>.log
-# (results/retrofit_gpu/).
+# (study retrofit_gpu in results/studies.csv).
 # Usage: OUT=dir bash benchmarks/gpu/retrofit_scorers.sh            (~2.5 min on one H200)
 #        OUT=dir TEACHER=dir/final/teacher bash benchmarks/gpu/retrofit_scorers.sh
 # Knobs: TEACHER (default checkpoints/teacher), RS (training seconds per scorer, default 70 as committed).

@@ -36,7 +36,7 @@
 # Usage: OUT=dir bash benchmarks/gpu/testbed_4k.sh                                   (STAGE=teacher, ~9 min)
 #        OUT=dir STAGE=retrofit TEACHER=checkpoints/teacher_4k bash benchmarks/gpu/testbed_4k.sh   (~9 min)
 # Knobs: TB (teacher training seconds, 240), RS (retrofit seconds, 200), WINDOW (the protected window, 64;
-# WINDOW=32 gives the window-32 rows of results/testbed_4k), VARIANTS (the retrofits to run, default
+# WINDOW=32 gives the window-32 runs, study 'testbed_4k (window 32)' in results/studies.csv), VARIANTS (the retrofits to run, default
 # the eight above, e.g. "kvpop_cr88 kvpop_distill_cr88"; a policy is evaluated when its _cr88 or _cr94 run exists; one with a _cr94 run alone needs EVAL_BUDGETS=0.94),
 # ORACLE=0 (skip the answer-query oracles), EVAL=0 (retrofit only: no evaluation), BASE_POLICIES (the untrained rows of the evaluation, dense,streaming), EVAL_N (problems per evaluation, 40),
 # MERGE_LORA=0 (the distilled students saved as LoRA adapters + scorer instead of merged weights; kvpop-eval loads either),

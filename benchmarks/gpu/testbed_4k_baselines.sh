@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The baseline rows of the 4k-token testbed (results/testbed_4k) on one GPU, everything side by side:
+# The baseline rows of the 4k-token testbed (results/quality_4k_baselines.csv) on one GPU, everything side by side:
 #   * StreamingLLM+ at 75/88/94%: sinks + a window of B - 4 tokens (k = 0, scorer "streaming"), TEACHER's rank-8
 #     LoRA distilled at the budget for RS seconds and merged -> $OUT/ckpt/streaming_plus_cr<NN>;
 #   * DMS at 75/88/94%: eviction gates + rank-8 LoRA distilled for RS seconds (the compression target ramps up over

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The runs behind the 4k testbed's table of record (results/testbed_4k/record/), on one GPU, in two phases of under
+# The runs behind the 4k testbed's table of record (results/quality_4k_record.csv), on one GPU, in two phases of under
 # ten minutes each (the checkpoints stay in WORK between them; the second phase must run on the same machine):
 #
 #   PHASE=train     side by side, RS seconds each, window 64, all distilled with a rank-8 LoRA merged afterwards,
