@@ -33,6 +33,15 @@ def _is_saved_dataset(folder: Path) -> bool:
     return (folder / "state.json").is_file() or (folder / "dataset_dict.json").is_file()
 
 
+def _check_saved_not_empty(folder: Path) -> None:
+    """A saved Dataset of zero rows has no data file, which ``load_from_disk`` cannot read: say so."""
+    import json
+
+    state = folder / "state.json"
+    if state.is_file() and not json.loads(state.read_text()).get("_data_files"):
+        raise ValueError(f"--dataset {str(folder)!r} is a saved dataset with no rows: the split is empty.")
+
+
 def _pick_split(data, split: str, source: str):
     if hasattr(data, "keys"):  # a DatasetDict
         if split not in data:
@@ -47,6 +56,7 @@ def load_source(source: str, config: str | None = None, split: str = "train", st
     datasets = require_datasets()
     path = Path(source)
     if path.is_dir() and _is_saved_dataset(path):
+        _check_saved_not_empty(path)
         if config:
             raise ValueError(f"--dataset_config {config!r} names a Hub configuration; {source!r} is a saved dataset "
                              "folder, which has none: drop --dataset_config.")
@@ -57,6 +67,8 @@ def load_source(source: str, config: str | None = None, split: str = "train", st
         if builder is None:
             raise ValueError(f"--dataset {source!r}: unknown data file type {path.suffix!r}; use one of "
                              f"{sorted(FILE_BUILDERS)} or a dataset folder.")
+        if path.stat().st_size == 0:
+            raise ValueError(f"--dataset {source!r} is an empty file: the split is empty.")
         return datasets.load_dataset(builder, data_files={split: str(path)}, split=split, streaming=streaming)
     if path.is_dir():
         return datasets.load_dataset(str(path), config, split=split, streaming=streaming)
