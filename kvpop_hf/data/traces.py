@@ -61,6 +61,10 @@ def done_prompt_ids(out_dir: Path) -> set:
     return done
 
 
+def _as_list(ids) -> list:
+    return [] if ids is None else list(ids) if isinstance(ids, (list, tuple)) else [ids]
+
+
 def generate_traces(model, tokenizer, prompts, out_dir, prompt_ids=None, batch_size: int = 8,
                     max_new_tokens: int = 16384, do_sample: bool = True, temperature: float = 0.6,
                     top_p: float = 0.95, top_k: int | None = 20, seed: int = 0, template_kwargs: dict | None = None,
@@ -88,9 +92,8 @@ def generate_traces(model, tokenizer, prompts, out_dir, prompt_ids=None, batch_s
     tokenizer.padding_side = "left"  # generate continues every row from its last real token
     if pad_id is None:
         tokenizer.pad_token = tokenizer.eos_token
-    eos = tokenizer.eos_token_id
-    eos_ids = set(eos if isinstance(eos, list) else [eos]) | set(
-        getattr(getattr(model, "generation_config", None), "eos_token_id", None) or [])
+    eos_ids = set(_as_list(tokenizer.eos_token_id)) | set(
+        _as_list(getattr(getattr(model, "generation_config", None), "eos_token_id", None)))
     gen = dict(max_new_tokens=max_new_tokens, do_sample=do_sample, pad_token_id=tokenizer.pad_token_id)
     if do_sample:
         gen.update(temperature=temperature, top_p=top_p, top_k=top_k)
