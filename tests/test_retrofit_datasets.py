@@ -112,6 +112,9 @@ def test_data_files_and_folders_of_files_load(tmp_path):
     for src in ("d.jsonl", "d.parquet", "d.csv", "files"):
         rows = prepare_dataset(load_source(str(tmp_path / src)), tok, args)
         assert rows["input_ids"] == expect, src
+    two = prepare_dataset(load_source(str(tmp_path / "d.jsonl")), tok,
+                          KVpopDataArguments(text_field="body", seq_len=64, preprocessing_num_workers=2))
+    assert two["input_ids"] == expect
     streamed = prepare_dataset(load_source(str(tmp_path / "d.jsonl"), streaming=True), tok, args)
     assert [r["input_ids"] for r in streamed] == expect
     short = prepare_dataset(load_source(str(tmp_path / "d.jsonl")), tok,

@@ -47,6 +47,8 @@ class KVpopDataArguments:
     min_length: int = field(default=0, metadata={"help": "Drop rows with fewer tokens than this."})
     max_length: int | None = field(default=None, metadata={
         "help": "Drop rows with more tokens than this (applied before the --seq_len check)."})
+    preprocessing_num_workers: int | None = field(default=None, metadata={
+        "help": "Processes that tokenize the split (datasets.map num_proc; not with --streaming)."})
     streaming: bool = field(default=False, metadata={
         "help": "Stream the split (datasets IterableDataset): nothing is downloaded or tokenized ahead; needs "
                 "--max_steps."})
@@ -167,8 +169,9 @@ def prepare_dataset(data, tokenizer, args: KVpopDataArguments, num_examples: int
             raise ValueError(f"no row of the first ones read passes the length filter (--min_length "
                              f"{args.min_length}, --max_length {args.max_length}).")
         return rows.remove_columns(["length"])
-    rows = data.map(encode, remove_columns=columns, desc="Tokenizing")
-    kept = rows.filter(LengthFilter(args), desc="Length filter")
+    workers = args.preprocessing_num_workers
+    rows = data.map(encode, remove_columns=columns, desc="Tokenizing", num_proc=workers)
+    kept = rows.filter(LengthFilter(args), desc="Length filter", num_proc=workers)
     if len(kept) == 0:
         raise ValueError(f"no row passes the length filter (--min_length {args.min_length}, --max_length "
                          f"{args.max_length}); the rows have {min(rows['length'])} to {max(rows['length'])} tokens.")
