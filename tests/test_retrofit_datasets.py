@@ -99,6 +99,19 @@ def test_assistant_only_labels_cover_exactly_the_assistant_turns():
         convo[2]["content"] + "<|im_end|>\nBecause.<|im_end|>\n"
 
 
+def test_assistant_only_refuses_a_template_that_rewrites_earlier_turns():
+    """A template that drops earlier assistant turns' reasoning (as Qwen3's does) cannot locate them by prefixes."""
+    rewrites = CHATML.replace("{{ m['content'] }}", "{{ m['content'] if loop.last or m['role'] != 'assistant' "
+                                                    "else m['content'].split('</think>')[-1] }}")
+    tok = chat_tokenizer(rewrites)
+    convo = conversations(1)[0] + [{"role": "user", "content": "Why?"}, {"role": "assistant", "content": "So."}]
+    with pytest.raises(ValueError, match="renders the conversation before an assistant turn differently"):
+        conversation_ids(tok, convo, assistant_only=True)
+    assert conversation_ids(tok, convo)[1]  # the whole conversation (the default) renders fine
+    with pytest.raises(ValueError, match="no assistant turn"):
+        conversation_ids(tok, convo[:2], assistant_only=True)
+
+
 def test_data_files_and_folders_of_files_load(tmp_path):
     tok = chat_tokenizer()
     texts = ["one two three", "four five", "six"]
