@@ -83,6 +83,8 @@ def test_a_datasets_split_handed_to_the_trainer_is_prepared_as_the_cli_prepares_
     assert trainer.train_dataset["labels"] == cli["labels"]
     trainer.train()
     assert trainer.state.global_step == 1
+    with pytest.raises(ValueError, match="pass processing_class=tokenizer"):
+        KVpopTrainer(model=AutoModelForCausalLM.from_pretrained(chat_model), args=args, train_dataset=raw)
 
 
 def test_assistant_only_labels_cover_exactly_the_assistant_turns():
