@@ -33,6 +33,8 @@ def test_traces_end_to_end_resume_and_retrofit(tmp_path):
     assert main(common + ["--num_prompts", "3"]) == {"written": 3, "skipped": 0}
     assert main(common) == {"written": 2, "skipped": 3}  # resumed: only the two new prompts sampled
     assert main(common) == {"written": 0, "skipped": 5}
+    with pytest.raises(ValueError, match="other settings .*'system_prompt'"):  # another prompt source: refused
+        main(common + ["--system_prompt", "Be brief."])
     ds = load_source(str(out))
     assert (out / META_NAME).is_file() and len(ds) == 5 and sorted(ds["prompt_id"]) == list(range(5))
     tok = AutoTokenizer.from_pretrained(model)
@@ -93,5 +95,7 @@ def test_bad_trace_inputs_fail_before_the_model_loads(tmp_path):
     chat_tokenizer(chat_template=None).save_pretrained(plain)
     with pytest.raises(ValueError, match="chat template"):
         main(["--model", str(plain), "--prompts", str(prompts), "--output_dir", str(tmp_path / "o")])
+    with pytest.raises(ValueError, match="set --num_prompts"):
+        main(base + ["--prompts", str(prompts), "--streaming"])
     with pytest.raises(ValueError, match="--shard_index"):
         main(base + ["--prompts", str(prompts), "--num_shards", "2", "--shard_index", "2"])

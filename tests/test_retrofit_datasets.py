@@ -181,6 +181,10 @@ def test_bad_inputs_fail_before_the_model_loads(tokenizer_only, convo_folder, tm
         dd = tmp_path / "dd"
         datasets.DatasetDict({"train": datasets.Dataset.from_dict({"text": ["x"]})}).save_to_disk(str(dd))
         _bad(tokenizer_only, dd, tmp_path, "--split", "test")
+    with pytest.raises(ValueError, match="drop --dataset_config"):
+        _bad(tokenizer_only, texts, tmp_path, "--dataset_config", "main")
+    with pytest.raises(ValueError, match="drop --dataset_config"):
+        _bad(tokenizer_only, convo_folder, tmp_path, "--dataset_config", "main")
     with pytest.raises(ValueError, match="not both"):
         _bad(tokenizer_only, texts, tmp_path, "--text_field", "text", "--messages_field", "messages")
     # a tokenizer without a chat template, asked for conversations

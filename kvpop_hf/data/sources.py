@@ -67,6 +67,9 @@ def load_source(source: str, config: str | None = None, split: str = "train", st
         if builder is None:
             raise ValueError(f"--dataset {source!r}: unknown data file type {path.suffix!r}; use one of "
                              f"{sorted(FILE_BUILDERS)} or a dataset folder.")
+        if config:
+            raise ValueError(f"--dataset_config {config!r} names a Hub configuration; {source!r} is a data file, which "
+                             "has none: drop --dataset_config.")
         if path.stat().st_size == 0:
             raise ValueError(f"--dataset {source!r} is an empty file: the split is empty.")
         return datasets.load_dataset(builder, data_files={split: str(path)}, split=split, streaming=streaming)

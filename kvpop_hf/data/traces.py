@@ -191,10 +191,30 @@ def load_prompts(args):
     return prompts, ids
 
 
+# what a prompt_id means: resuming into a folder written from another source would skip the wrong prompts
+SOURCE_KEYS = ("model", "prompts", "dataset_config", "split", "messages_field", "prompt_field", "system_prompt",
+               "chat_template_kwargs")
+
+
+def check_same_source(out_dir: Path, args) -> None:
+    """A ValueError when ``out_dir`` holds traces of another model or prompt source than ``args``."""
+    meta_path = out_dir / META_NAME
+    if not meta_path.is_file():
+        return
+    old = json.loads(meta_path.read_text())
+    diff = {k: (old.get(k), getattr(args, k)) for k in SOURCE_KEYS if old.get(k) != getattr(args, k)}
+    if diff and trace_files(out_dir):
+        raise ValueError(f"--output_dir {str(out_dir)!r} holds traces written with other settings "
+                         f"{ {k: v[0] for k, v in diff.items()} } (now { {k: v[1] for k, v in diff.items()} }): "
+                         "resuming would skip the wrong prompts; use a new --output_dir.")
+
+
 def main(argv=None) -> dict:
     args = build_parser().parse_args(argv)
     if not 0 <= args.shard_index < args.num_shards:
         raise ValueError(f"--shard_index must be in [0, --num_shards={args.num_shards}), got {args.shard_index}.")
+    if args.streaming and args.num_prompts is None:
+        raise ValueError("--streaming reads prompts from a stream: set --num_prompts (how many to take).")
     if args.batch_size < 1 or args.max_new_tokens < 1:
         raise ValueError("--batch_size and --max_new_tokens must be >= 1.")
     try:
@@ -205,6 +225,7 @@ def main(argv=None) -> dict:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    check_same_source(Path(args.output_dir), args)
     tokenizer = AutoTokenizer.from_pretrained(args.model)
     check_chat_template(tokenizer)
     prompts, ids = load_prompts(args)  # prompt errors before the model loads
