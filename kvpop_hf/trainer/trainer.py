@@ -236,8 +236,8 @@ class KVpopTrainer(Trainer):
         self.max_seq_len_seen = max(getattr(self, "max_seq_len_seen", 0), ids.shape[1])
         real = right_padding_mask(inputs.get("attention_mask"))  # [B, S] bool or None (no padding)
         labels = inputs.get("labels")
-        if real is not None and labels is None:
-            labels = ids.masked_fill(~real, -100)
+        if real is not None:  # padded positions are never supervised, whatever the batch's labels hold there
+            labels = (ids if labels is None else labels).masked_fill(~real, -100)
         args = self.args
         # Student first, teacher second: a LoRA teacher pass disables the adapters, and PEFT turns their
         # requires_grad off meanwhile. Under FSDP2 the first forward of the run fixes each shard group's
