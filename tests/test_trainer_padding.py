@@ -50,11 +50,13 @@ def test_padded_rows_give_each_real_position_what_the_row_alone_gives(backend):
             torch.testing.assert_close(out.logits[b, :len(r)], alone.logits[0], atol=2e-5, rtol=0)
 
 
-def test_a_padded_row_trains_as_the_row_alone(tmp_path):
+@pytest.mark.parametrize("backends", [dict(), dict(attention_backend="flex", target_backend="flex")])
+def test_a_padded_row_trains_as_the_row_alone(tmp_path, backends):
     """compute_loss (boundary loss + distillation, targets over the real queries only) on a row padded to a
-    longer batch equals compute_loss on the row alone."""
+    longer batch equals compute_loss on the row alone: CPU defaults (reference sparse attention, chunked target
+    pass) and the FlexAttention sparse attention and transposed target pass (the CUDA defaults)."""
     model = tiny_model("qwen3", attn="sdpa")
-    trainer = KVpopTrainer(model=model, args=_args(tmp_path, log_gamma=-0.2, decay_step=4),
+    trainer = KVpopTrainer(model=model, args=_args(tmp_path, log_gamma=-0.2, decay_step=4, **backends),
                            train_dataset=[{"input_ids": distinct_ids(1, 30)[0]}])
     row = distinct_ids(1, 30, seed=3)[0]
     alone = KVpopDataCollator(0)([{"input_ids": row}])
