@@ -129,7 +129,7 @@ def test_bad_arguments(tmp_path):
     model = tiny_model("qwen3", attn="sdpa")
     t = KVpopTrainer(model=model, args=args(tmp_path), train_dataset=dataset())
     batch = {"input_ids": distinct_ids(2, 10), "attention_mask": torch.tensor([[1] * 10, [0] + [1] * 9])}
-    with pytest.raises(ValueError, match="unpadded"):
+    with pytest.raises(ValueError, match="right-padded"):  # left padding
         t.compute_loss(t.model, batch)
 
 

@@ -11,26 +11,31 @@ Examples::
         --sinks 4 --window 252 --topk 0 --scorer streaming --lora_rank 8 --merge_lora True \
         --output_dir checkpoints/streaming_plus_cr75 --max_steps 120
 
-    # your own model and a JSONL file with a "text" field per line, on several GPUs
+    # your own model on conversations from the Hub, rendered by its chat template, on several GPUs
     accelerate launch --config_file training/accelerate_ddp.yaml training/retrofit.py \
-        --model Qwen/Qwen3-4B --dataset data.jsonl --seq_len 16384 --topk 1788 --output_dir out/q4b
+        --model Qwen/Qwen3-8B --dataset nvidia/Nemotron-Math-v2 --split high_part00 --messages_field messages \
+        --seq_len 16384 --max_length 16384 --topk 1788 --output_dir out/q8b --max_steps 2000 --bf16
 
-All `KVpopTrainingArguments` / `TrainingArguments` flags are accepted (``--help`` lists them).
+    # a local dataset folder (save_to_disk or data files) or a .jsonl/.parquet/.arrow/.csv file with a "text" column
+    python training/retrofit.py --model my-model --dataset data.jsonl --text_field text --seq_len 4096 ...
+
+Dataset rows are prepared by kvpop_hf.data (docs/retrofit_your_model.md): one document per training row, padded on
+the right to the longest of its batch. All `KVpopDataArguments`, `KVpopTrainingArguments` and `TrainingArguments`
+flags are accepted (``--help`` lists them).
 """
 
 from __future__ import annotations
 
-import json
 import random
 import sys
 import types
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, HfArgumentParser
 from transformers.utils import is_torch_bf16_gpu_available, is_torch_xla_available
 
+from kvpop_hf.data import KVpopDataArguments, load_source, prepare_dataset
 from kvpop_hf.trainer import KVpopTrainer, KVpopTrainingArguments
 from kvpop_hf.trainer.merged_save import check_merged_dtype, merged_dtype
 from kvpop_hf.trainer.time_budget import TimeBudget, time_decay_schedule
@@ -39,10 +44,9 @@ from kvpop_hf.trainer.time_budget import TimeBudget, time_decay_schedule
 @dataclass
 class ScriptArguments:
     model: str = field(metadata={"help": "Model directory or Hub id (loaded with AutoModelForCausalLM)."})
-    dataset: str = field(default="testbed:reasoning", metadata={
-        "help": "testbed:<family>[,<family>...] (generated) or a .jsonl file with a 'text' field."})
-    seq_len: int = field(default=2048, metadata={"help": "Training sequence length (all sequences equal)."})
-    num_examples: int | None = field(default=None, metadata={"help": "Examples to build (default: enough for max_steps)."})
+    num_examples: int | None = field(default=None, metadata={
+        "help": "testbed: examples to build (default: enough for max_steps); datasets: use the first this many "
+                "rows of the split (default: all)."})
     problem_seed: int = field(default=1234, metadata={"help": "Seed of the generated testbed problems."})
     knob: list[str] = field(default_factory=list, metadata={
         "help": "Generator knobs of the testbed problems, FAMILY.KEY=VALUE (several after one --knob), "
@@ -125,24 +129,6 @@ def lora_student(model, rank: int):
                                                       target_modules=["q_proj", "k_proj", "v_proj", "o_proj"]))
 
 
-def jsonl_examples(path, tokenizer, seq_len, n):
-    """Concatenate documents (separated by EOS) and cut them into blocks of `seq_len` tokens."""
-    buf, out = [], []
-    with open(path) as fh:
-        for line in fh:
-            text = json.loads(line)["text"]
-            buf.extend(tokenizer(text, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id])
-            while len(buf) >= seq_len and len(out) < n:
-                block = torch.tensor(buf[:seq_len])
-                out.append({"input_ids": block, "labels": block.clone()})
-                buf = buf[seq_len:]
-            if len(out) >= n:
-                break
-    if not out:
-        raise ValueError(f"{path} holds fewer than seq_len={seq_len} tokens; lower --seq_len.")
-    return out
-
-
 def examples_needed(num_examples, args) -> int:
     """``num_examples`` if given, else one example per sample that ``max_steps`` steps draw."""
     return num_examples or max(1, args.max_steps) * args.per_device_train_batch_size * \
@@ -174,36 +160,43 @@ def train_and_save(trainer_cls, model, args, data, tokenizer, script, callbacks=
     return trainer
 
 
+def build_data(data_args, script, args, tokenizer):
+    """The training rows: generated testbed problems, or a ``datasets`` source prepared by
+    :func:`kvpop_hf.data.prepare_dataset` (every data error raised here, before the model loads)."""
+    if data_args.dataset.startswith("testbed:"):
+        from kvpop_hf.testbed.evaluate import parse_knobs
+
+        families = data_args.dataset.split(":", 1)[1].split(",")
+        knobs = parse_knobs(script.knob, families)
+        return testbed_examples(families, tokenizer, data_args.seq_len, examples_needed(script.num_examples, args),
+                                script.problem_seed, knobs)
+    if data_args.streaming and args.max_steps <= 0:
+        raise ValueError("--streaming reads the split as a stream of unknown length: set --max_steps.")
+    raw = load_source(data_args.dataset, data_args.dataset_config, data_args.split, data_args.streaming)
+    return prepare_dataset(raw, tokenizer, data_args, num_examples=script.num_examples)
+
+
 def main(argv=None, callbacks=None):
     """Parses `argv`, builds the data, trains and saves; `callbacks`: extra `TrainerCallback`s. Returns the trainer."""
     check_bf16_device(argv)
-    parser = HfArgumentParser((ScriptArguments, KVpopTrainingArguments))
-    script, args = parser.parse_args_into_dataclasses(args=argv)
+    parser = HfArgumentParser((ScriptArguments, KVpopDataArguments, KVpopTrainingArguments))
+    script, data_args, args = parser.parse_args_into_dataclasses(args=argv)
     check_time_arguments(script)  # before any work
-    if script.knob and not script.dataset.startswith("testbed:"):
-        raise ValueError(f"--knob sets testbed generator knobs; --dataset {script.dataset!r} is not testbed:<families>.")
+    if script.knob and not data_args.dataset.startswith("testbed:"):
+        raise ValueError(f"--knob sets testbed generator knobs; --dataset {data_args.dataset!r} is not "
+                         "testbed:<families>.")
     if script.lora_rank > 0:
         require_peft()  # before loading anything
-    tokenizer = AutoTokenizer.from_pretrained(script.model)
     if script.dtype not in ("float32", "bfloat16"):
         raise ValueError(f"--dtype must be float32 or bfloat16, got {script.dtype!r}.")
     check_merged_dtype(script.merged_dtype)  # before any work
+    tokenizer = AutoTokenizer.from_pretrained(script.model)
+    data = build_data(data_args, script, args, tokenizer)  # data errors before the model loads
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[script.dtype]
     model = AutoModelForCausalLM.from_pretrained(script.model, dtype=dtype)
-    n = examples_needed(script.num_examples, args)
-    if script.dataset.startswith("testbed:"):
-        from kvpop_hf.testbed.evaluate import parse_knobs
-
-        families = script.dataset.split(":", 1)[1].split(",")
-        knobs = parse_knobs(script.knob, families)
-        data = testbed_examples(families, tokenizer, script.seq_len, n, script.problem_seed, knobs)
-    elif Path(script.dataset).is_file():
-        data = jsonl_examples(script.dataset, tokenizer, script.seq_len, n)
-    else:
-        raise ValueError(f"--dataset {script.dataset!r} is neither testbed:<families> nor an existing .jsonl file.")
     trainer = train_and_save(KVpopTrainer, lora_student(model, script.lora_rank), args, data, tokenizer, script,
                              callbacks)
-    trainer.create_model_card(dataset=script.dataset, reference_length=script.seq_len)
+    trainer.create_model_card(dataset=data_args.dataset, reference_length=data_args.seq_len)
     if args.push_to_hub:
         trainer.push_to_hub()
     return trainer

@@ -96,23 +96,26 @@ class StudentCall:
     (FSDP's mixed-precision cast of forward inputs) pass it on as is, so the layers fill this call's record.
     """
 
-    __slots__ = ("scorer", "log_gamma", "settings", "record", "query_mask")
+    __slots__ = ("scorer", "log_gamma", "settings", "record", "query_mask", "valid_queries")
 
-    def __init__(self, scorer, log_gamma, settings: StudentSettings, record: StudentRecord, query_mask=None):
+    def __init__(self, scorer, log_gamma, settings: StudentSettings, record: StudentRecord, query_mask=None,
+                 valid_queries=None):
         self.scorer, self.log_gamma, self.settings, self.record = scorer, log_gamma, settings, record
-        self.query_mask = query_mask
+        self.query_mask, self.valid_queries = query_mask, valid_queries
 
 
 def student_forward(model, scorer, settings: StudentSettings, log_gamma: torch.Tensor | None = None,
-                    query_mask: torch.Tensor | None = None, return_hidden: bool = False, **inputs):
+                    query_mask: torch.Tensor | None = None, valid_queries: torch.Tensor | None = None,
+                    return_hidden: bool = False, **inputs):
     """``model(**inputs)`` as the sparse student -> (model outputs, :class:`StudentRecord`).
 
     ``query_mask [B, S]`` (bool): the future queries the target counts (``targets.future_attention_target``);
-    None: all of them. ``return_hidden=True``: no logits are computed (``outputs.logits`` is empty) and the
-    final hidden states ``[B, S, H]`` come third, for :mod:`.chunked_distillation`. The model must run the
+    None: all of them. ``valid_queries [B, S]`` (bool): the real positions of a right-padded batch; padded queries
+    get no boundary-loss term and no recall; None: all real. ``return_hidden=True``: no logits are computed
+    (``outputs.logits`` is empty) and the final hidden states ``[B, S, H]`` come third, for :mod:`.chunked_distillation`. The model must run the
     ``"kvpop_train"`` attention (``model.set_attn_implementation("kvpop_train")``)."""
     record = StudentRecord()
-    call = StudentCall(scorer, log_gamma, settings, record, query_mask)
+    call = StudentCall(scorer, log_gamma, settings, record, query_mask, valid_queries)
     hidden = None
     if return_hidden:
         outputs, hidden = final_hidden_states(model, **inputs, **{STUDENT_KWARG: call})
@@ -125,11 +128,23 @@ def student_forward(model, scorer, settings: StudentSettings, log_gamma: torch.T
     return (outputs, record, hidden) if return_hidden else (outputs, record)
 
 
-def teacher_topk_recall(student, teacher, sinks: int, window: int, n_queries: int) -> torch.Tensor:
+def teacher_topk_recall(student, teacher, sinks: int, window: int, n_queries: int,
+                        valid_queries: torch.Tensor | None = None) -> torch.Tensor:
     """Teacher top-k recall: mean over ``n_queries`` evenly spaced queries (from ``sinks + window`` on) of
     ``|kept_student(q) & kept_teacher(q)| / |kept_teacher(q)|``, with ``kept_x(q)`` the long-range tokens that
     the running top-k ``x`` (a :class:`~kvpop_hf.topk.RunningTopK`) keeps at query ``q``.
+    ``valid_queries [b, S]`` (bool, the real positions of a right-padded batch): each row's queries are spaced
+    over its own real tokens, so a padded row gives the recall of the row alone.
     A cheap training signal on the batch; the evaluation metric is the testbed's oracle top-k recall."""
+    if valid_queries is not None:
+        rows = []
+        for b, n in enumerate(valid_queries.sum(-1).tolist()):
+            sub = [RunningTopK(rank=x.rank[b:b + 1, ..., :n], cutoff=x.cutoff[b:b + 1, ..., :n], boundary=None,
+                               keep_new=None) for x in (student, teacher)]
+            rows.append(teacher_topk_recall(*sub, sinks, window, n_queries))
+        rows = torch.stack([r.to(student.rank.device) for r in rows])
+        finite = rows[~rows.isnan()]
+        return finite.mean() if finite.numel() else torch.tensor(float("nan"))
     S = student.rank.shape[-1]
     first = sinks + window  # first query with an eligible token
     if S <= first:
@@ -213,15 +228,18 @@ def kvpop_train_attention(module, query, key, value, attention_mask, scaling=Non
             teacher = running_topk(p_tgt, st.sinks, st.window, st.topk, backend=st.topk_backend)
         omega = None
         valid = teacher.boundary >= 0
+        if call.valid_queries is not None:  # padded queries of a right-padded batch: no decision, no loss
+            valid = valid & call.valid_queries.to(valid.device)[:, None, :]
         if "margin" in st.omega:
             omega = margin_weights(p_tgt, t_new, teacher.boundary, valid=valid)
         if "balance" in st.omega:
             bal = balance_weights(teacher.keep_new, valid)
             omega = bal if omega is None else omega * bal
         record.teacher_recall[li] = teacher_topk_recall(student, teacher, st.sinks, st.window,
-                                                        st.teacher_recall_queries)
+                                                        st.teacher_recall_queries, call.valid_queries)
         record.keep_rate[li] = teacher.keep_new[valid].float().mean() if valid.any() else torch.tensor(float("nan"))
-        record.decisions[li] = LayerDecisions(student, teacher.boundary.to(torch.int32), teacher.keep_new, omega,
+        record.decisions[li] = LayerDecisions(student, teacher.boundary.masked_fill(~valid, -1).to(torch.int32),
+                                              teacher.keep_new, omega,
                                               block_mask, prio.detach())
     with record_function("kvpop.boundary_loss"):
         record.boundary[li] = boundary_loss(prio, t_new, teacher.boundary, teacher.keep_new, tau=st.tau,

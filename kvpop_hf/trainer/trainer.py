@@ -158,13 +158,28 @@ class KVpopTrainer(Trainer):
         teacher_model: the frozen dense teacher. Default: the same model with adapters disabled for
             PEFT models, else a frozen deep copy (not needed when ``train_backbone=False``).
         scorer: an existing `Scorer` to continue training (default: a fresh one from ``args``).
+        data_args: `kvpop_hf.data.KVpopDataArguments` for a raw `datasets` split given as ``train_dataset`` /
+            ``eval_dataset`` (no ``input_ids`` column): prepared as ``training/retrofit.py --dataset`` prepares it,
+            one document per row, with ``processing_class`` as the tokenizer.
+
+    Rows of different lengths are padded on the right by `kvpop_hf.data.KVpopDataCollator` (the default
+    ``data_collator``); padded positions take no part in the targets, the boundary loss or the distillation.
     """
 
     loss_is_scaled_for_ga = False  # we return the mean loss of one micro-batch
 
-    def __init__(self, model=None, args: KVpopTrainingArguments = None, teacher_model=None, scorer=None, **kwargs):
+    def __init__(self, model=None, args: KVpopTrainingArguments = None, teacher_model=None, scorer=None,
+                 data_args=None, **kwargs):
         if not isinstance(args, KVpopTrainingArguments):
             raise ValueError("KVpopTrainer needs `args=KVpopTrainingArguments(...)`.")
+        from ..data import KVpopDataCollator
+        from ..data.prepare import ensure_prepared
+
+        tokenizer = kwargs.get("processing_class")
+        for key in ("train_dataset", "eval_dataset"):
+            kwargs[key] = ensure_prepared(kwargs.get(key), tokenizer, data_args)
+        if kwargs.get("data_collator") is None:
+            kwargs["data_collator"] = KVpopDataCollator(getattr(tokenizer, "pad_token_id", None) or 0)
         base = unwrap_model(model)
         self.kvpop_config = args.kvpop_config(base.config)
         cfg = self.kvpop_config
@@ -219,25 +234,26 @@ class KVpopTrainer(Trainer):
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         ids = inputs["input_ids"]
         self.max_seq_len_seen = max(getattr(self, "max_seq_len_seen", 0), ids.shape[1])
-        mask = inputs.get("attention_mask")
-        if mask is not None and not bool(mask.all()):
-            raise ValueError("KVpopTrainer needs unpadded batches (the eviction contract is defined on real "
-                             "token positions): use equal-length sequences per batch or batch size 1.")
+        real = right_padding_mask(inputs.get("attention_mask"))  # [B, S] bool or None (no padding)
+        labels = inputs.get("labels")
+        if real is not None:  # padded positions are never supervised, whatever the batch's labels hold there
+            labels = (ids if labels is None else labels).masked_fill(~real, -100)
         args = self.args
         # Student first, teacher second: a LoRA teacher pass disables the adapters, and PEFT turns their
         # requires_grad off meanwhile. Under FSDP2 the first forward of the run fixes each shard group's
         # gradient dtype from the parameters that require grad at that moment; if that first forward were
         # the teacher's, groups would get none and the bf16 gradients would later fail to land on the fp32
         # shards (pytorch/pytorch#186998).
-        labels = inputs.get("labels")
         token_mask = supervised_positions(labels)
         if args.target_queries == "labels" and token_mask is None:
             raise ValueError("target_queries='labels' needs labels in the batch (the supervised positions).")
-        query_mask = token_mask if args.target_queries == "labels" and self.settings.targets else None
+        query_mask = token_mask if args.target_queries == "labels" else real
+        query_mask = query_mask if self.settings.targets else None
         # No full-vocabulary logits: the student returns its final hidden states and the LM head is applied
         # chunk by chunk inside the losses (chunked_distillation.py).
         outputs, record, hidden = student_forward(model, self.scorer, self.settings, self._log_gamma(model),
-                                                  query_mask=query_mask, return_hidden=True, input_ids=ids)
+                                                  query_mask=query_mask, valid_queries=real, return_hidden=True,
+                                                  input_ids=ids)
         distil = args.distill_weight > 0 and args.train_backbone
         with record_function("kvpop.teacher_forward"):
             teacher_hidden = teacher_hidden_states(model, self.teacher_model, ids) if distil else None
@@ -363,6 +379,23 @@ class KVpopTrainer(Trainer):
     def push_to_hub(self, commit_message="End of KVpop retrofit", blocking=True, **kwargs):
         """Saves the model, the scorer and a model card, then uploads them (see `Trainer.push_to_hub`)."""
         return super().push_to_hub(commit_message=commit_message, blocking=blocking, **kwargs)
+
+
+def right_padding_mask(attention_mask: torch.Tensor | None) -> torch.Tensor | None:
+    """``attention_mask [B, S]`` -> the real positions ``[B, S]`` bool, or None when nothing is padded. Only right
+    padding (each row's real tokens first) is accepted: left padding would move the sinks and every token off its
+    position (``t`` counts real tokens of one document), so it is refused with the fix named."""
+    if attention_mask is None or bool(attention_mask.all()):
+        return None
+    real = attention_mask.bool()
+    lengths = real.sum(-1, keepdim=True)
+    if not bool((real == (torch.arange(real.shape[1], device=real.device) < lengths)).all()):
+        raise ValueError("KVpopTrainer takes right-padded batches (each row's tokens first, padding after them): "
+                         "this batch is left-padded or has holes. Use the default collator "
+                         "(kvpop_hf.data.KVpopDataCollator) or pad on the right (tokenizer.padding_side='right').")
+    if bool((lengths == 0).any()):
+        raise ValueError("a row of the batch has no tokens (all padding): drop empty rows from the dataset.")
+    return real
 
 
 def two_group_optimizer(trainer: Trainer, names: tuple[str, ...], lr: float):
