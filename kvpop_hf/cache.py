@@ -9,6 +9,7 @@ import torch
 from transformers.cache_utils import Cache
 
 from . import hub
+from .allocation import longest_sequence
 from .backends import Backends
 from .config import KVpopConfig, model_config_of, model_shape
 from .baselines.attention_policies.layer import DynamicScoreLayer
@@ -112,6 +113,7 @@ class KVpopCache(Cache):
             log_gamma = torch.full((cfg.num_layers, scorer.num_kv_heads), float(cfg.log_gamma))
         # what every layer reads (config, scorer and its device copies, decay); the layers hold no cache reference
         self.shared = KVpopShared(cfg, scorer, log_gamma, self.tp_kv_heads, self.backends)
+        self.shared.max_positions = longest_sequence(model_config)  # bounds the slots each layer allocates
         # attention-based policies (TOVA, H2O, SnapKV) re-score entries every step: their own storage class
         layer_cls = DynamicScoreLayer if self.scorer.dynamic else KVpopLayer
         if layer_cls is DynamicScoreLayer and cfg.log_gamma is not None:
