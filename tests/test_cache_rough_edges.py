@@ -2,6 +2,8 @@
 topk bounded by the longest sequence (and refused clearly when it cannot fit), right-padded prompts under the kvpop
 attention equal to DynamicCache."""
 
+import warnings
+
 import pytest
 import torch
 from transformers import DynamicCache
@@ -11,6 +13,8 @@ from kvpop_hf.allocation import slots_for_topk
 from kvpop_hf.compat import with_cache
 
 from helpers import distinct_ids, tiny_model
+
+warnings.filterwarnings("ignore", message=".*flex_attention called without torch.compile.*")
 
 
 def _prefill(model, cache, ids, mask=None):
@@ -101,8 +105,8 @@ def test_impossible_topk_is_refused_clearly():
         _prefill(model, cache, distinct_ids(1, 8))
 
 
-@pytest.mark.parametrize("arch", ["qwen3", "llama"])
-def test_right_padded_batch_generates_as_dynamic_cache(arch):
+@pytest.mark.parametrize("arch,chunk", [("qwen3", "dense"), ("llama", "dense"), ("qwen3", "flex")])
+def test_right_padded_batch_generates_as_dynamic_cache(arch, chunk):
     """generate reads a right-padded row's last (padding) position for the first new token: that query sees what it
     sees under a DynamicCache (every real token before it), with a budget covering the sequence."""
     model = tiny_model(arch)
@@ -113,7 +117,7 @@ def test_right_padded_batch_generates_as_dynamic_cache(arch):
     kw = dict(attention_mask=mask, max_new_tokens=8, do_sample=False)
     ref = model.generate(ids, **with_cache(model, DynamicCache(config=model.config), **kw), output_logits=True,
                          return_dict_in_generate=True)
-    cache = KVpopCache(model.config, sinks=2, window=8, topk=64)
+    cache = KVpopCache(model.config, sinks=2, window=8, topk=64, backends={"chunk_attention": chunk})
     out = model.generate(ids, **with_cache(model, cache, **kw), output_logits=True, return_dict_in_generate=True)
     torch.testing.assert_close(out.logits[0], ref.logits[0], atol=1e-4, rtol=1e-4)
     assert torch.equal(out.sequences, ref.sequences)
