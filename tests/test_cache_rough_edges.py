@@ -105,8 +105,9 @@ def test_impossible_topk_is_refused_clearly():
         _prefill(model, cache, distinct_ids(1, 8))
 
 
-@pytest.mark.parametrize("arch,chunk", [("qwen3", "dense"), ("llama", "dense"), ("qwen3", "flex")])
-def test_right_padded_batch_generates_as_dynamic_cache(arch, chunk):
+@pytest.mark.parametrize("arch,chunk,scorer", [("qwen3", "dense", "knorm"), ("llama", "dense", "mlstm"),
+                                               ("qwen3", "flex", "knorm"), ("qwen3", "dense", "tova")])
+def test_right_padded_batch_generates_as_dynamic_cache(arch, chunk, scorer):
     """generate reads a right-padded row's last (padding) position for the first new token: that query sees what it
     sees under a DynamicCache (every real token before it), with a budget covering the sequence."""
     model = tiny_model(arch)
@@ -117,7 +118,7 @@ def test_right_padded_batch_generates_as_dynamic_cache(arch, chunk):
     kw = dict(attention_mask=mask, max_new_tokens=8, do_sample=False)
     ref = model.generate(ids, **with_cache(model, DynamicCache(config=model.config), **kw), output_logits=True,
                          return_dict_in_generate=True)
-    cache = KVpopCache(model.config, sinks=2, window=8, topk=64, backends={"chunk_attention": chunk})
+    cache = KVpopCache(model.config, sinks=2, window=8, topk=64, scorer=scorer, backends={"chunk_attention": chunk})
     out = model.generate(ids, **with_cache(model, cache, **kw), output_logits=True, return_dict_in_generate=True)
     torch.testing.assert_close(out.logits[0], ref.logits[0], atol=1e-4, rtol=1e-4)
     assert torch.equal(out.sequences, ref.sequences)
