@@ -52,7 +52,8 @@ class KVpopCache(Cache):
             with the model shape is given. Under tensor parallelism (``tp_plan="auto"``) the model or its config
             tells the cache which KV heads this rank holds; the cache keeps only those and slices the scorer to them
             (``kvpop_hf/tensor_parallel.py``).
-        sinks, window, topk: the budget. scorer: a name from `kvpop_hf.scorers.SCORERS` or a `Scorer`;
+        sinks, window, topk: the budget (long-range slots beyond what the model's ``max_position_embeddings``
+            can fill are not allocated; a budget that cannot fit in the device's free memory is refused). scorer: a name from `kvpop_hf.scorers.SCORERS` or a `Scorer`;
             "tova", "h2o" and "snapkv" take their scores from the attention (docs/design.md §7) and need
             ``attn_implementation="kvpop"``.
         log_gamma, decay_step: optional recency decay shared by all heads.
