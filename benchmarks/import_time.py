@@ -3,8 +3,9 @@
 Statements timed (median of ``--repeats`` fresh interpreters, ``python -c STATEMENT``):
 
 * ``import kvpop_hf``;
-* ``import transformers`` and ``import transformers.modeling_utils`` (transformers' model stack, which
-  ``from_pretrained`` imports; it holds the attention registry);
+* ``import transformers``, ``import transformers.modeling_utils`` (transformers' model stack, which
+  ``from_pretrained`` imports; it holds the attention registry) and that plus ``transformers.masking_utils`` (the
+  mask registry, which every model file imports);
 * ``import kvpop_hf; import transformers.modeling_utils`` (what a user pays before building a model with
   ``attn_implementation="kvpop"``; the name is registered once modeling_utils is imported);
 * ``from kvpop_hf import KVpopCache``.
@@ -34,6 +35,8 @@ STATEMENTS = {
     "import kvpop_hf": "import kvpop_hf",
     "import transformers": "import transformers",
     "import transformers.modeling_utils": "import transformers.modeling_utils",
+    "import transformers.modeling_utils + masking_utils": "import transformers.modeling_utils, "
+    "transformers.masking_utils",
     "import kvpop_hf + transformers.modeling_utils": "import kvpop_hf; import transformers.modeling_utils; "
     "from transformers import AttentionInterface as A; assert 'kvpop' in A._global_mapping",
     "from kvpop_hf import KVpopCache": "from kvpop_hf import KVpopCache",
@@ -64,7 +67,7 @@ def main(argv=None) -> int:
     for name, statement in STATEMENTS.items():
         times = time_statement(statement, args.root.resolve(), args.repeats)
         rows[name] = {"median_s": round(statistics.median(times), 3), "runs_s": [round(t, 3) for t in times]}
-        print(f"{name:48s} median {rows[name]['median_s']:.2f} s  runs {rows[name]['runs_s']}")
+        print(f"{name:52s} median {rows[name]['median_s']:.2f} s  runs {rows[name]['runs_s']}")
     result = {
         "command": "python " + " ".join([os.path.relpath(__file__, ROOT)] + (argv if argv is not None else sys.argv[1:])),
         "commit": git_commit(ROOT), "root": str(args.root), "date": datetime.now(timezone.utc).isoformat(),
