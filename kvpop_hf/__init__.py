@@ -1,31 +1,49 @@
 """kvpop-hf: learned fixed-budget KV-cache eviction (KVpop, arXiv:2607.05061) for Hugging Face transformers.
 
-Importing the package registers the ``"kvpop"`` attention implementation.
+Importing the package registers the ``"kvpop"`` attention implementation with transformers (at once where
+transformers' model code is already imported, else as soon as it is: ``kvpop_hf/registration.py``). The names
+below are imported on first use, so ``import kvpop_hf`` loads neither transformers' model stack nor the trainer,
+the testbed, Triton or matplotlib.
 """
 
-from .attention import register as _register_attention
-from .backends import Backends
-from .cache import KVpopCache
-from .config import KVpopConfig
-from .fused_projections import fuse_projection_storage, fused_compile_config
-from .prefill import prefill_in_chunks
-from .run_ahead import run_ahead_sample
-from .scorers import SCORERS, Scorer, build_scorer
+from importlib import import_module
 
-_register_attention()
+from .registration import register_attention, register_when_transformers_loads
+
+register_when_transformers_loads()
+
+# public name -> the module that defines it (imported on first access)
+_LAZY = {
+    "Backends": ".backends",
+    "KVpopCache": ".cache",
+    "KVpopConfig": ".config",
+    "fuse_projection_storage": ".fused_projections",
+    "fused_compile_config": ".fused_projections",
+    "prefill_in_chunks": ".prefill",
+    "run_ahead_sample": ".run_ahead",
+    "SCORERS": ".scorers",
+    "Scorer": ".scorers",
+    "build_scorer": ".scorers",
+    "KVpopTrainer": ".trainer",
+    "KVpopTrainingArguments": ".trainer",
+    "DMSCache": ".baselines.dms",  # the DMS baseline
+}
 
 
-def __getattr__(name):  # the training stack is imported on first use
-    if name in ("KVpopTrainer", "KVpopTrainingArguments"):
-        from . import trainer
-
-        return getattr(trainer, name)
-    if name == "DMSCache":  # the DMS baseline (kvpop_hf/baselines/dms)
-        from .baselines.dms import DMSCache
-
-        return DMSCache
-    raise AttributeError(f"module 'kvpop_hf' has no attribute {name!r}")
+def __getattr__(name):
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'kvpop_hf' has no attribute {name!r}")
+    value = getattr(import_module(module, __name__), name)
+    globals()[name] = value  # later lookups skip __getattr__
+    return value
 
 
-__all__ = ["Backends", "KVpopCache", "KVpopConfig", "fuse_projection_storage", "fused_compile_config", "prefill_in_chunks", "run_ahead_sample", "Scorer", "SCORERS", "build_scorer", "KVpopTrainer", "KVpopTrainingArguments"]
+def __dir__():
+    return sorted(set(globals()) | set(_LAZY))
+
+
+__all__ = ["Backends", "KVpopCache", "KVpopConfig", "fuse_projection_storage", "fused_compile_config",
+           "prefill_in_chunks", "run_ahead_sample", "Scorer", "SCORERS", "build_scorer", "KVpopTrainer",
+           "KVpopTrainingArguments", "register_attention"]
 __version__ = "0.1.0"

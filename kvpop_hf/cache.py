@@ -9,6 +9,7 @@ import torch
 from transformers.cache_utils import Cache
 
 from . import hub
+from .allocation import longest_sequence
 from .backends import Backends
 from .config import KVpopConfig, model_config_of, model_shape
 from .baselines.attention_policies.layer import DynamicScoreLayer
@@ -51,7 +52,8 @@ class KVpopCache(Cache):
             with the model shape is given. Under tensor parallelism (``tp_plan="auto"``) the model or its config
             tells the cache which KV heads this rank holds; the cache keeps only those and slices the scorer to them
             (``kvpop_hf/tensor_parallel.py``).
-        sinks, window, topk: the budget. scorer: a name from `kvpop_hf.scorers.SCORERS` or a `Scorer`;
+        sinks, window, topk: the budget (long-range slots beyond what the model's ``max_position_embeddings``
+            can fill are not allocated; a budget that cannot fit in the device's free memory is refused). scorer: a name from `kvpop_hf.scorers.SCORERS` or a `Scorer`;
             "tova", "h2o" and "snapkv" take their scores from the attention (docs/design.md §7) and need
             ``attn_implementation="kvpop"``.
         log_gamma, decay_step: optional recency decay shared by all heads.
@@ -112,6 +114,7 @@ class KVpopCache(Cache):
             log_gamma = torch.full((cfg.num_layers, scorer.num_kv_heads), float(cfg.log_gamma))
         # what every layer reads (config, scorer and its device copies, decay); the layers hold no cache reference
         self.shared = KVpopShared(cfg, scorer, log_gamma, self.tp_kv_heads, self.backends)
+        self.shared.max_positions = longest_sequence(model_config)  # bounds the slots each layer allocates
         # attention-based policies (TOVA, H2O, SnapKV) re-score entries every step: their own storage class
         layer_cls = DynamicScoreLayer if self.scorer.dynamic else KVpopLayer
         if layer_cls is DynamicScoreLayer and cfg.log_gamma is not None:

@@ -6,6 +6,7 @@ hold both the (distilled) language model and its KVpop scorer.
 
 from __future__ import annotations
 
+import difflib
 import json
 import os
 import tempfile
@@ -44,9 +45,10 @@ def local_dir(repo_id_or_path) -> Path | None:
 
     Read as a local path: an ``os.PathLike``; anything that exists on disk; a string starting with ``/``, ``./``,
     ``../`` or ``~`` (or exactly ``.``/``..``), holding the platform's own separator where that is not ``/``, or
-    holding more than one ``/``; and a ``first/rest`` string whose ``first`` is a local directory
-    (``checkpoints/kvpop_mlp`` beside a ``checkpoints/`` folder is a mistyped path, not a Hub repo). Any other
-    string (``name`` or ``namespace/name``) is a Hub repo id, checked by huggingface_hub's own validator.
+    holding more than one ``/``; a string without ``/`` (its parent folder is the working directory, and a KVpop
+    checkpoint on the Hub always lives under a namespace); and a ``first/rest`` string whose ``first`` is a local
+    directory (``checkpoints/kvpop_mlp`` beside a ``checkpoints/`` folder is a mistyped path, not a Hub repo). Any
+    other string (``namespace/name``) is a Hub repo id, checked by huggingface_hub's own validator.
 
     Raises, before any network call: FileNotFoundError for a path that is not an existing directory,
     ValueError for a string that is neither a path nor a valid repo id."""
@@ -62,7 +64,15 @@ def local_dir(repo_id_or_path) -> Path | None:
     if path.exists() or path.is_absolute() or text in (".", "..") or text.startswith(("./", "../", "~")) \
             or (os.sep != "/" and os.sep in text) or text.count("/") > 1:
         return _existing_dir(path, text)
-    if "/" in text and Path(first).is_dir():
+    if "/" not in text:
+        try:
+            validate_repo_id(text)
+            note = (" (a Hub repo id names its namespace, 'namespace/name'; a string without '/' is read as a "
+                    "local directory)")
+        except HFValidationError:
+            note = ""
+        return _existing_dir(path, text, note=note)
+    if Path(first).is_dir():
         return _existing_dir(path, text, note=f" ({first}/ is a local directory, so {text!r} is read as a local "
                                               f"path, not as a Hub repo id)")
     try:
@@ -105,11 +115,23 @@ def _resolve(repo_id_or_path, directory: Path | None, filename, required, **kwar
         raise FileNotFoundError(
             f"{filename} of the Hub repo {repo_id_or_path} could not be downloaded and is not in the local Hugging "
             f"Face cache ({err}). Check the network connection and the repo id; a local checkpoint directory must "
-            "exist (a relative path is read from the working directory).") from err
+            f"exist (a relative path is read from the working directory).{_similar_local_dir(repo_id_or_path)}"
+        ) from err
     except EntryNotFoundError:
         if required:
             raise FileNotFoundError(f"{filename} not found in repo {repo_id_or_path}.") from None
         return None
+
+
+def _similar_local_dir(repo_id: str) -> str:
+    """A hint naming a local directory whose name is close to the repo id's namespace (a mistyped path), or ''."""
+    first, _, rest = str(repo_id).partition("/")
+    try:
+        local = [p.name for p in Path(".").iterdir() if p.is_dir()]
+    except OSError:
+        return ""
+    close = difflib.get_close_matches(first, local, n=1, cutoff=0.75)
+    return f" Did you mean the local path {close[0]}/{rest}?" if close else ""
 
 
 def _in_local_cache(repo_id, filename, kwargs) -> bool:

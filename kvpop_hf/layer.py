@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import torch
 from transformers.cache_utils import CacheLayerMixin
 
+from .allocation import check_fits, layer_bytes, slots_for_topk, too_large
 from .chunk_attention import attend_chunk
 from .decode_attention import decode_attention_for
 from .decode_eviction import eviction_for, read_entry, ring_slot
@@ -63,13 +64,23 @@ def _refuse_chunk_in_compiled_call() -> None:
     raise RuntimeError(CHUNK_IN_COMPILED_CALL)
 
 
+def attending_positions(qpos: torch.Tensor) -> torch.Tensor:
+    """qpos ``[b, L]`` real position of each query (-1: padding) -> the position each query attends as: a padding
+    query takes the last real position before it in its row (-1 where there is none). With a dense cache the padding
+    mask hides only padding keys, so a padding query after real tokens sees all of them, as that real query does;
+    ``generate`` reads such a query's logits for the first new token of a right-padded row."""
+    return qpos.cummax(dim=-1).values
+
+
 @dataclass
 class ChunkPlan:
     """What a multi-token update leaves for the ``kvpop`` attention function (see attention.py).
 
     Candidates are the ``n_old`` stored slots followed by the ``L`` new tokens.
     pos ``[b,h,C]`` real positions (-1: none), order ``[b,h,C]`` candidate indices sorted best
-    first, query_pos ``[b,L]`` real position of each query (-1: padding).
+    first, query_pos ``[b,L]`` the position each query attends as (:func:`attending_positions`: a padding query
+    after a real one attends as the last real query before it, as a dense cache's padding mask lets it; -1: a
+    padding query before any real one, which sees only itself).
     """
 
     keys: torch.Tensor
@@ -93,7 +104,7 @@ class ChunkPlan:
         keep = torch.zeros_like(keep_sorted).scatter_(-1, self.order[:, :, None, :].expand_as(keep_sorted), keep_sorted)
         recent = (pos >= 0) & (pos <= q) & ((pos < s) | (pos > q - w))
         vis = keep | recent
-        # a padding query sees only itself (its output is never used; this avoids empty rows)
+        # a padding query before any real one sees only itself (its output is never used; this avoids empty rows)
         L = self.query_pos.shape[1]
         n_old = self.pos.shape[-1] - L
         own = torch.zeros_like(vis)
@@ -178,8 +189,10 @@ class KVpopLayer(CacheLayerMixin):
         self.shared = shared
         self.layer_idx = layer_idx
         cfg = shared.config
-        self.sinks, self.window, self.topk = cfg.sinks, cfg.window, cfg.topk
-        self.budget = cfg.budget
+        self.sinks, self.window = cfg.sinks, cfg.window
+        # no more long-range slots than the longest sequence can fill (kvpop_hf/allocation.py)
+        self.topk = slots_for_topk(cfg.sinks, cfg.window, cfg.topk, getattr(shared, "max_positions", None))
+        self.budget = self.sinks + self.window + self.topk
         self.tokens = torch.zeros((), dtype=torch.long)
         self.pending: PendingChunk | None = None
         self._full_on_host = False  # True once the host knows that all B slots are in use (no sync needed then)
@@ -197,10 +210,19 @@ class KVpopLayer(CacheLayerMixin):
         self.shared.check_shape(self.layer_idx, h, d)
         self.dtype, self.device = key_states.dtype, key_states.device
         B = self.budget
-        self.keys = torch.zeros(b, h, B, d, dtype=key_states.dtype, device=self.device)
-        self.values = torch.zeros(b, h, B, value_states.shape[-1], dtype=value_states.dtype, device=self.device)
-        self.pos = torch.full((b, h, B), -1, dtype=torch.long, device=self.device)
-        self.prio = torch.full((b, h, B), NEG_INF, dtype=torch.float32, device=self.device)
+        cfg, max_positions = self.shared.config, getattr(self.shared, "max_positions", None)
+        need = layer_bytes(b, h, B, d, value_states.shape[-1], key_states.dtype)
+        check_fits(self.layer_idx, need, self.device, B, cfg.topk, max_positions, cfg.num_layers)
+        try:
+            self.keys = torch.zeros(b, h, B, d, dtype=key_states.dtype, device=self.device)
+            self.values = torch.zeros(b, h, B, value_states.shape[-1], dtype=value_states.dtype, device=self.device)
+            self.pos = torch.full((b, h, B), -1, dtype=torch.long, device=self.device)
+            self.prio = torch.full((b, h, B), NEG_INF, dtype=torch.float32, device=self.device)
+        except (torch.OutOfMemoryError, RuntimeError) as err:
+            if isinstance(err, torch.OutOfMemoryError) or "alloc" in str(err).lower():
+                raise ValueError(too_large(self.layer_idx, need, None, B, cfg.topk, max_positions,
+                                           cfg.num_layers)) from err
+            raise
         self.seen = torch.zeros(b, dtype=torch.long, device=self.device)
         self.tokens = self.tokens.to(self.device)
         self.scorer = scorer = self.shared.scorers.on(self.device)  # this layer's device: nothing moves per step
@@ -232,9 +254,13 @@ class KVpopLayer(CacheLayerMixin):
                 for dim in range(1, t.dim()):
                     torch._dynamo.mark_static(t, dim)
 
-    def get_seq_length(self) -> torch.Tensor | int:
-        """Tokens seen, padding included (a 0-d tensor once initialised, as in `StaticLayer`)."""
-        return self.tokens if self.is_initialized else 0
+    def get_seq_length(self) -> int:
+        """Tokens seen, padding included, as an int (as `DynamicLayer`). Inside a compiled call it is the 0-d
+        counter tensor itself (as `StaticLayer` returns it), so a traced forward neither breaks its graph nor
+        waits for the device."""
+        if not self.is_initialized:
+            return 0
+        return self.tokens if torch.compiler.is_compiling() else int(self.tokens)
 
     def get_max_length(self) -> int:
         return -1  # any sequence length fits: memory is fixed at B entries
@@ -273,7 +299,7 @@ class KVpopLayer(CacheLayerMixin):
             self.lazy_initialization(key_states, value_states)
         if key_states.shape[2] == 1:
             return self._decode_update(key_states, value_states)
-        self._check_batch(key_states)
+        self._check_batch(key_states, value_states)
         self.flush()
         self.updates += 1
         # newer transformers hand the attention's kwargs (position_ids among them) to `update`
@@ -281,18 +307,25 @@ class KVpopLayer(CacheLayerMixin):
         return self.begin_chunk(key_states, value_states, position_ids)
 
     def _decode_update(self, key_states, value_states):
-        self._check_batch(key_states)
+        self._check_batch(key_states, value_states)
         self.flush()
         if not torch.compiler.is_compiling():
             self.updates += 1
         return self.decode_step(key_states, value_states)
 
-    def _check_batch(self, key_states) -> None:
+    def _check_batch(self, key_states, value_states) -> None:
+        if key_states.shape[0] != self.keys.shape[0] and self.updates == 0:
+            self._reallocate(key_states, value_states)
         if key_states.shape[0] != self.keys.shape[0]:
             raise ValueError(
                 f"KVpopCache was filled with batch size {self.keys.shape[0]} but got {key_states.shape[0]}; "
                 "call `cache.reset()` (or use a new cache) for a different batch."
             )
+
+    @torch.compiler.disable
+    def _reallocate(self, key_states, value_states) -> None:
+        """New buffers for another batch size (a cache fresh from ``reset()``), outside any compiled graph."""
+        self.lazy_initialization(key_states, value_states)
 
     def flush(self) -> None:
         """Commit a chunk that no ``kvpop`` attention committed (a stock attention ran): as unpadded. It warns (once)
@@ -350,7 +383,8 @@ class KVpopLayer(CacheLayerMixin):
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
         self._select_batch(beam_idx)
 
-    def batch_select_indices(self, indices: torch.Tensor) -> None:
+    def batch_select_indices(self, indices) -> None:
+        """Keep the batch rows ``indices``: a tensor, list or tuple of row indices, or a bool mask (as `DynamicLayer`)."""
         self._select_batch(indices)
 
     def batch_repeat_interleave(self, repeats: int) -> None:
@@ -361,7 +395,8 @@ class KVpopLayer(CacheLayerMixin):
     def _select_batch(self, idx: torch.Tensor) -> None:
         if self.is_initialized:
             self.flush()
-            idx = idx.to(self.device)
+            idx = torch.as_tensor(idx, device=self.device)
+            idx = idx.nonzero().flatten() if idx.dtype == torch.bool else idx.long().flatten()
             self._replace_rows(lambda x: x.index_select(0, idx))
 
     def _replace_rows(self, fn) -> None:
@@ -500,7 +535,7 @@ class KVpopLayer(CacheLayerMixin):
         q_end = (self.seen + n_real - 1)[:, None, None]  # [b,1,1]
         order = self.keep_selection(cand_k, cand_v, cand_pos, cand_prio, q_end)
         self.seen.add_(n_real)
-        return ChunkPlan(cand_k, cand_v, cand_pos, order, qpos, s, w, k)
+        return ChunkPlan(cand_k, cand_v, cand_pos, order, attending_positions(qpos), s, w, k)
 
     def keep_selection(self, cand_k, cand_v, cand_pos, cand_prio, q_end) -> torch.Tensor:
         """Write what stays at a chunk's end into the buffers: sinks, the window ending at ``q_end [b,1,1]`` and

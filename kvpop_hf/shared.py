@@ -57,6 +57,7 @@ class KVpopShared:
         self.config = config
         self.backends = backends  # the cache's Backends (unresolved); each layer resolves it for its device
         self.tp_kv_heads = tp_kv_heads  # (start, stop) of this rank's KV heads under tensor parallelism, else None
+        self.max_positions: int | None = None  # the model's max_position_embeddings: bounds the allocated slots
         self.scorers = DeviceCopies(scorer)
         self.log_gamma = log_gamma
         self._log_gamma_copies: dict = {}

@@ -149,7 +149,7 @@ def no_hub_calls(monkeypatch):
 
 
 @pytest.mark.parametrize("name", ["checkpoints/kvpop_mlp", "./nope", "../nope-kvpop-missing", "a/b/c", "~/nope-kvpop",
-                                  ".", "checkpoints/sub/kvpop"])
+                                  ".", "checkpoints/sub/kvpop", "kvpop_mlp", "kvpop mlp"])
 def test_a_missing_local_path_fails_at_once(tmp_path, monkeypatch, no_hub_calls, name):
     (tmp_path / "work" / "checkpoints").mkdir(parents=True)
     monkeypatch.chdir(tmp_path / "work")
@@ -162,6 +162,8 @@ def test_a_missing_local_path_fails_at_once(tmp_path, monkeypatch, no_hub_calls,
         assert f"no such directory: {name}" in str(err.value)
     if name == "checkpoints/kvpop_mlp":
         assert "checkpoints/ is a local directory" in str(err.value)
+    if name == "kvpop_mlp":
+        assert "a Hub repo id names its namespace" in str(err.value)
 
 
 def test_absolute_path_file_and_bad_repo_id_fail_at_once(tmp_path, monkeypatch, no_hub_calls):
@@ -207,3 +209,21 @@ def test_repo_id_goes_to_the_hub_and_a_failed_download_is_not_called_offline(tmp
         KVpopCache.from_pretrained("kvpop-test-org/somewhere", tiny_config(), cache_dir=str(tmp_path / "hub"))
     assert seen == ["kvpop-test-org/somewhere"]
     assert "could not be downloaded" in str(err.value) and "downloads are off" not in str(err.value)
+
+
+def test_a_failed_download_names_a_close_local_folder(tmp_path, monkeypatch):
+    """``chekpoints/kvpop_mlp`` is a valid repo id; where the Hub cannot be reached, the error points at the local
+    ``checkpoints/`` folder the user probably meant."""
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    import kvpop_hf.hub
+
+    def unreachable(repo_id, filename, **kwargs):
+        raise LocalEntryNotFoundError("Cannot reach the Hub (connection error)")
+
+    (tmp_path / "checkpoints").mkdir()
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(kvpop_hf.hub, "hf_hub_download", unreachable)
+    monkeypatch.setattr(kvpop_hf.hub.constants, "HF_HUB_OFFLINE", False)
+    with pytest.raises(FileNotFoundError, match="Did you mean the local path checkpoints/kvpop_mlp"):
+        KVpopCache.from_pretrained("chekpoints/kvpop_mlp", tiny_config(), cache_dir=str(tmp_path / "hub"))

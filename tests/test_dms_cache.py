@@ -166,3 +166,18 @@ def test_save_and_load(tmp_path):
     loaded = DMSCache.from_pretrained(tmp_path, model.config)
     assert (loaded.dms_config.sinks, loaded.dms_config.window) == (SINKS, WINDOW)
     torch.testing.assert_close(loaded.gate.weight, gate.weight)
+
+
+def test_right_padded_batch_with_a_gate_that_never_evicts_generates_as_dynamic_cache():
+    """generate reads a right-padded row's last (padding) position: that query sees what a DynamicCache shows it."""
+    model = tiny_model(layers=2)
+    ids = distinct_ids(2, 12, seed=5)
+    mask = torch.ones_like(ids)
+    mask[0, 8:] = 0
+    kw = dict(attention_mask=mask, max_new_tokens=6, do_sample=False, output_logits=True, return_dict_in_generate=True)
+    ref = model.generate(ids, **with_cache(model, DynamicCache(config=model.config)), **kw)
+    cache = DMSCache(model.config, sinks=SINKS, window=WINDOW)  # fresh gate: never evicts
+    out = model.generate(ids, **with_cache(model, cache), **kw)
+    torch.testing.assert_close(out.logits[0], ref.logits[0], atol=1e-4, rtol=1e-4)
+    assert torch.equal(out.sequences, ref.sequences)
+    assert type(cache.get_seq_length()) is int

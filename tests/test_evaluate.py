@@ -408,3 +408,17 @@ def test_oracle_decay_ranks_the_oracle_with_each_policys_own_decay(run):
     with pytest.raises(ValueError, match="oracle_decay"):
         analysis.oracle_recall_rows(model, tok, problems, [("p", budget, steep)], progress=False, mass=True,
                                     oracle_decay=True)
+
+
+def test_without_matplotlib_the_tables_are_written_and_figures_skipped(run, tmp_path, monkeypatch, capsys):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # `import matplotlib` raises ImportError
+    model_dir, out = run[0].parent / "model", tmp_path / "out"
+    argv = ["--model", str(model_dir), "--out", str(out), "--n", "1", "--length", str(LENGTH), "--sinks", str(SINKS),
+            "--window", str(WINDOW), "--budgets", "0.5", "--policies", "dense,knorm", "--no-progress"]
+    assert main(argv) == 0
+    for name in ("results.csv", "table1.md", "table2.md", "meta.json"):
+        assert (out / name).is_file(), name
+    assert not (out / "quality_vs_budget.png").exists()
+    assert "matplotlib is not installed, so the figure" in capsys.readouterr().err

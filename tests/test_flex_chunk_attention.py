@@ -13,7 +13,7 @@ from kvpop_hf import KVpopCache
 from kvpop_hf.chunk_attention import flex_chunk_attention as _flex_chunk_attention
 from kvpop_hf.compat import with_cache
 from kvpop_hf.flex_mask import chunk_cutoff, chunk_cutoff_reference, dense_from_compact
-from kvpop_hf.layer import ChunkPlan
+from kvpop_hf.layer import ChunkPlan, attending_positions
 
 S, W, K = 2, 5, 6
 
@@ -22,7 +22,9 @@ warnings.filterwarnings("ignore", message=".*flex_attention called without torch
 
 # ---------------------------------------------------------------- compact mask == visibility()
 def random_plan(gen: random.Random, b=2, h=3, d=8, max_len=16, holes=False):
-    """A chunk plan with random stored positions, left padding (or, with ``holes``, padding anywhere)."""
+    """A chunk plan with random stored positions, left padding (or, with ``holes``, padding anywhere; with
+    ``holes="attend"`` also the query positions the layer hands over, where padding after a real query attends
+    as that query: :func:`kvpop_hf.layer.attending_positions`)."""
     s, w, k = gen.randint(0, 3), gen.randint(1, 6), gen.choice([0, 1, 2, 5, 9])
     n_old, L = gen.randint(0, 20), gen.randint(1, max_len)
     C = n_old + L
@@ -42,13 +44,14 @@ def random_plan(gen: random.Random, b=2, h=3, d=8, max_len=16, holes=False):
     g = torch.Generator().manual_seed(gen.randint(0, 10**6))
     order = torch.stack([torch.randperm(C, generator=g) for _ in range(b * h)]).view(b, h, C)
     kv = torch.randn(b, h, C, d, generator=g)
-    return ChunkPlan(kv, kv.clone(), pos, order, qpos, s, w, k)
+    return ChunkPlan(kv, kv.clone(), pos, order, attending_positions(qpos) if holes == "attend" else qpos, s, w, k)
 
 
-def test_compact_cutoff_equals_visibility():
+@pytest.mark.parametrize("holes", [False, "attend"])
+def test_compact_cutoff_equals_visibility(holes):
     gen = random.Random(0)
     for _ in range(120):
-        plan = random_plan(gen)
+        plan = random_plan(gen, holes=holes)
         args = (plan.pos, plan.order, plan.query_pos, plan.sinks, plan.window, plan.topk)
         ref = chunk_cutoff_reference(*args)
         assert torch.equal(chunk_cutoff(*args), ref)
@@ -62,13 +65,13 @@ def test_compact_cutoff_equals_visibility():
         assert torch.equal(dense_from_compact(cm, groups=2), vis.repeat_interleave(2, dim=1))
 
 
-@pytest.mark.parametrize("holes", [False, True])
+@pytest.mark.parametrize("holes", [False, True, "attend"])
 def test_blocked_cutoff_equals_reference_and_running_topk(holes):
     """The parallel blocked cutoff == the O(L*C) count == the sequential running top-k, for block sizes
     smaller and larger than the chunk and any tiling."""
     from kvpop_hf.flex_mask import blocked_chunk_cutoff
 
-    gen = random.Random(5 + holes)
+    gen = random.Random(5 + bool(holes))
     for trial in range(60):
         plan = random_plan(gen, max_len=gen.choice([16, 70]), holes=holes)
         args = (plan.pos, plan.order, plan.query_pos, plan.sinks, plan.window, plan.topk)
@@ -103,11 +106,12 @@ def test_cutoff_special_values():
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_flex_chunk_attention_matches_dense_mask(dtype):
+@pytest.mark.parametrize("holes", [False, "attend"])
+def test_flex_chunk_attention_matches_dense_mask(dtype, holes):
     gen = random.Random(1)
     g = torch.Generator().manual_seed(1)
     for _ in range(6):
-        plan = random_plan(gen, b=2, h=2, d=16)
+        plan = random_plan(gen, b=2, h=2, d=16, holes=holes)
         b, h, C, d = plan.keys.shape
         L = plan.query_pos.shape[1]
         groups = 3
@@ -184,12 +188,12 @@ def test_chunk_block_mask_equals_create_block_mask():
                 assert torch.equal(a.long(), b.long())
 
 
-@pytest.mark.parametrize("holes", [False, True])
+@pytest.mark.parametrize("holes", [False, True, "attend"])
 def test_chunk_block_flags_equal_the_dense_mask_blocks(holes):
     """Analytic per-block flags == the blocks of the evaluated mask (tile-by-tile builder), any tiling."""
     from kvpop_hf.flex_mask import chunk_block_flags, tiled_block_mask
 
-    gen = random.Random(11 + holes)
+    gen = random.Random(11 + bool(holes))
     for trial in range(40):
         plan = random_plan(gen, b=2, h=2, max_len=gen.choice([16, 70]), holes=holes)
         cm = plan.compact(reference=True)

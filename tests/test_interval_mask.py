@@ -16,9 +16,9 @@ from test_flex_chunk_attention import random_plan
 warnings.filterwarnings("ignore", message=".*flex_attention called without torch.compile.*")
 
 
-@pytest.mark.parametrize("holes", [False, True])
+@pytest.mark.parametrize("holes", [False, True, "attend"])
 def test_intervals_equal_visibility_in_plan_order_and_in_the_layout(holes):
-    gen = random.Random(21 + holes)
+    gen = random.Random(21 + bool(holes))
     for trial in range(150):
         plan = random_plan(gen, max_len=gen.choice([16, 70]), holes=holes)
         vis = plan.visibility()
@@ -31,9 +31,9 @@ def test_intervals_equal_visibility_in_plan_order_and_in_the_layout(holes):
             assert torch.equal(interval_visibility(lay), moved), (trial, segment)
 
 
-@pytest.mark.parametrize("holes", [False, True])
+@pytest.mark.parametrize("holes", [False, True, "attend"])
 def test_interval_block_flags_cover_the_mask_and_full_blocks_are_whole(holes):
-    gen = random.Random(31 + holes)
+    gen = random.Random(31 + bool(holes))
     for trial in range(60):
         plan = random_plan(gen, b=2, h=2, max_len=gen.choice([16, 70]), holes=holes)
         lay = interval_layout(interval_chunk_mask(plan.compact()), segment=gen.choice([2, 8, 64]))

@@ -158,3 +158,48 @@ print(sorted(set(importers)), bound, [n for n in sys.modules if n.endswith("fenw
     res = _run(code)
     assert res.returncode == 0, res.stderr[-3000:]
     assert res.stdout.strip() == "[] [] []", res.stdout
+
+
+HEAVY = ("triton", "matplotlib", "peft", "torch._dynamo", "torch._inductor", "transformers.modeling_utils",
+         "kvpop_hf.trainer", "kvpop_hf.testbed", "kvpop_hf.baselines.dms")
+
+
+def test_import_kvpop_hf_is_light():
+    """``import kvpop_hf`` imports none of the heavy optional parts (triton, matplotlib, peft, torch's compiler,
+    transformers' model stack, the trainer, the testbed): its public names load on first use."""
+    code = f"import sys, kvpop_hf; print(sorted(m for m in {HEAVY!r} if m in sys.modules))"
+    res = _run(code)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert res.stdout.strip() == "[]", res.stdout
+    res = _run("import sys; from kvpop_hf import KVpopCache, KVpopConfig, build_scorer; "
+               "print(sorted(m for m in sys.modules if m.startswith(('matplotlib', 'peft', 'kvpop_hf.trainer', "
+               "'kvpop_hf.testbed'))))")
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert res.stdout.strip() == "[]", res.stdout
+
+
+@pytest.mark.parametrize("order", ["kvpop_hf first", "transformers first", "masking_utils first",
+                                   "modeling_utils only"])
+def test_the_kvpop_attention_is_registered_whichever_imports_first(order):
+    """The name is registered once transformers' model code is imported, before or after ``import kvpop_hf``; a
+    model built with ``attn_implementation="kvpop"`` then runs the kvpop attention."""
+    first = {"kvpop_hf first": "import kvpop_hf",
+             "transformers first": "import transformers.modeling_utils, transformers.masking_utils; import kvpop_hf",
+             "masking_utils first": "import transformers.masking_utils; import kvpop_hf",
+             "modeling_utils only": "import kvpop_hf; import transformers.modeling_utils"}[order]
+    code = first + """
+from transformers import AttentionInterface, AttentionMaskInterface
+assert "kvpop" in AttentionInterface._global_mapping and "kvpop" in AttentionMaskInterface._global_mapping
+from helpers import tiny_model
+import torch
+from kvpop_hf import KVpopCache
+from kvpop_hf.compat import with_cache
+model = tiny_model("qwen3", attn="kvpop")
+cache = KVpopCache(model.config, sinks=1, window=2, topk=2)
+out = model.generate(torch.arange(1, 9)[None], **with_cache(model, cache, max_new_tokens=3, do_sample=False))
+print(model.config._attn_implementation, out.shape[1], cache.get_seq_length())
+"""
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT / "tests",
+                         env=dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "tests")])))
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert res.stdout.split()[-3:] == ["kvpop", "11", "10"], res.stdout

@@ -35,6 +35,7 @@ from ..topk import running_topk
 from ..trainer.priorities import sequence_priorities
 from .models import load_model
 from .policies import POLICIES
+from .plotting import pyplot
 from .report import averages
 from .tasks import Problem, training_example
 
@@ -209,10 +210,9 @@ def write_oracle_recall(rows: Sequence[dict], csv_path: Path, png_path: Path) ->
         w = csv.DictWriter(fh, fieldnames=fields)
         w.writeheader()
         w.writerows(rows)
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot(png_path)
+    if plt is None:
+        return
 
     lines: dict[tuple, dict[int, list[float]]] = {}
     for r in rows:
@@ -265,10 +265,9 @@ def retention_map(cache, n_tokens: int) -> torch.Tensor:
 def plot_retention(mat: torch.Tensor, kv_heads: int, path: Path, title: str, marks: dict | None = None) -> None:
     """Image of :func:`retention_map` (rows = (layer, head), columns = positions); ``marks``:
     ``{label: [positions]}`` drawn as ticks above the image (e.g. fact lines of a reasoning problem)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot(path)
+    if plt is None:
+        return
     from matplotlib.colors import ListedColormap
     from matplotlib.patches import Patch
 
@@ -333,10 +332,9 @@ def ablation_delay(rows: Sequence[dict], oracle_recall: Sequence[dict] | None = 
 
 
 def plot_ablation(rows: Sequence[dict], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot(path)
+    if plt is None:
+        return
 
     fams = sorted({r["family"] for r in rows})
     av = averages(rows, fams)

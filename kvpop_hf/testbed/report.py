@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Sequence
 
 from ..utils.provenance import git_commit, versions
+from .plotting import pyplot
 
 __all__ = ["write_results_csv", "quality_table", "plot_quality", "build_meta", "md_header", "git_commit",
            "averages"]
@@ -97,10 +98,9 @@ def quality_table(rows: Sequence[dict], families: Sequence[str], title: str) -> 
 def plot_quality(rows: Sequence[dict], path: Path) -> None:
     """Average EM, token accuracy and fact-lookup accuracy (over the families in ``rows``) vs compression
     ratio, per policy."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot(path)
+    if plt is None:
+        return
 
     fams = sorted({r["family"] for r in rows})
     av = averages(rows, fams)

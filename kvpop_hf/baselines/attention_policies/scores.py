@@ -34,6 +34,8 @@ def attend_and_score(handoff, query: torch.Tensor, key: torch.Tensor, value: tor
     hkv, C = key.shape[1], key.shape[2]
     groups = hq // hkv
     cand_pos, query_pos, weights = handoff.begin(valid, key, value)
+    # a padding query after real ones attends as the last real query before it (kvpop_hf.layer.attending_positions)
+    attend_pos = query_pos.cummax(dim=-1).values
     scale = d ** -0.5 if scaling is None else scaling
     k32, v32 = key.float(), value.float()
     q = query.float().reshape(b, hkv, groups, L, d)
@@ -42,9 +44,9 @@ def attend_and_score(handoff, query: torch.Tensor, key: torch.Tensor, value: tor
     for j0 in range(0, L, block):
         j1 = min(L, j0 + block)
         logits = torch.einsum("bhgld,bhcd->bhglc", q[:, :, :, j0:j1], k32) * scale  # [b, Hkv, G, l, C]
-        qp = query_pos[:, None, None, j0:j1, None]
+        qp = attend_pos[:, None, None, j0:j1, None]
         visible = (cand_pos[:, :, None, None, :] >= 0) & (cand_pos[:, :, None, None, :] <= qp)
-        # a padding query (position -1) sees only its own candidate: no empty rows, output unused
+        # a padding query before any real one sees only its own candidate: no empty rows, output unused
         rows = C - L + torch.arange(j0, j1, device=key.device)
         own = torch.arange(C, device=key.device) == rows[:, None]
         visible = torch.where(qp < 0, own, visible)

@@ -70,10 +70,12 @@ class DMSChunk(_Handoff):
         query_pos = torch.where(valid, layer.seen[:, None] + valid.long().cumsum(-1) - 1, -1)  # [b, L]
         cand_pos = torch.cat([layer.pos, query_pos[:, None, :].expand(b, h, L)], dim=2)
         cand_evict = torch.cat([layer.evict, self.evict_new & (query_pos >= layer.sinks)[:, None, :]], dim=2)
-        visible = hard_visibility(query_pos, cand_pos, cand_evict, layer.sinks, layer.window)
-        own = torch.zeros_like(visible)  # a padding query sees only itself (its output is never used)
+        # a padding query after real ones attends as the last real query before it (as with a DynamicCache)
+        attend_pos = query_pos.cummax(dim=-1).values
+        visible = hard_visibility(attend_pos, cand_pos, cand_evict, layer.sinks, layer.window)
+        own = torch.zeros_like(visible)  # a padding query before any real one sees only itself (output never used)
         own[..., torch.arange(L), self.n_old + torch.arange(L)] = True
-        visible = torch.where((query_pos < 0)[:, None, :, None], own, visible)
+        visible = torch.where((attend_pos < 0)[:, None, :, None], own, visible)
         out = masked_attention(query, key, value, visible, scaling)
         layer.commit(key, value, cand_pos, cand_evict, valid)
         self.finished()

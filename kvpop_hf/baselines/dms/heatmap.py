@@ -32,10 +32,11 @@ def load_maps(path) -> list[tuple[int, list[list[float]], float]]:
 
 
 def plot(path, out_png) -> None:
-    import matplotlib
+    from ...testbed.plotting import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot(out_png)
+    if plt is None:
+        return
 
     maps = load_maps(path)
     fig, axes = plt.subplots(len(maps), 2, figsize=(8, 3.2 * len(maps)), squeeze=False, layout="constrained")

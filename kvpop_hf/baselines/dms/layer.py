@@ -62,8 +62,11 @@ class DMSLayer(CacheLayerMixin):
         self.gate = self.gates.on(self.device)
         self.is_initialized = True
 
-    def get_seq_length(self):
-        return self.tokens if self.is_initialized else 0
+    def get_seq_length(self) -> int:
+        """Tokens seen, padding included, as an int (the counter tensor inside a compiled call)."""
+        if not self.is_initialized:
+            return 0
+        return self.tokens if torch.compiler.is_compiling() else int(self.tokens)
 
     def get_max_length(self) -> int:
         return -1

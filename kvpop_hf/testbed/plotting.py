@@ -1,0 +1,23 @@
+"""Figures are optional: without matplotlib (``pip install "kvpop-hf[plots]"``) a command writes its tables and
+results files and prints a note for each figure it skips."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+
+def pyplot(path: Path | str):
+    """``matplotlib.pyplot`` (on the non-interactive Agg backend), or None after a printed note that ``path`` is
+    skipped because matplotlib is not installed."""
+    try:
+        import matplotlib
+    except ImportError:
+        print(f"note: matplotlib is not installed, so the figure {path} is skipped (tables and results files are "
+              "written); install it with `pip install \"kvpop-hf[plots]\"` (or `pip install matplotlib`) for figures.",
+              file=sys.stderr)
+        return None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
