@@ -11,7 +11,7 @@ from transformers.cache_utils import Cache
 from . import hub
 from .backends import Backends
 from .config import KVpopConfig, model_config_of, model_shape
-from .layer_types import layer_plan
+from .layer_types import config_layer_fields, layer_plan
 from .baselines.attention_policies.layer import DynamicScoreLayer
 from .layer import KVpopLayer
 from .layer_types import default_layers
@@ -312,9 +312,7 @@ def _check_model_shape(config: KVpopConfig, model_config, what: str) -> dict:
         if stored is not None and stored != value:
             raise ValueError(f"{what} was made for {field}={stored}, but the model has {field}={value}. Use a KVpop "
                              "checkpoint trained for this model (or a heuristic scorer).")
-    full = all(t == "full_attention" for t in plan.types)
-    shape["layers"] = None if full else plan.kvpop_layers
-    shape["layer_types"] = None if full else list(plan.types)
+    shape.update(config_layer_fields(plan))
     shape["windows"] = [plan.windows[i] for i in plan.kvpop_layers]
     return shape
 

@@ -102,6 +102,14 @@ def layer_plan(model_config, sliding_layers: str = "window") -> LayerPlan:
     return LayerPlan(tuple(types), tuple(windows), kvpop)
 
 
+def config_layer_fields(plan: LayerPlan) -> dict:
+    """``{layers, layer_types}`` of a :class:`~kvpop_hf.config.KVpopConfig` for this plan: both None when every
+    layer is a full-attention KVpop layer (the form of checkpoints for full-attention models)."""
+    if all(plan.kvpop) and all(t in FULL_TYPES for t in plan.types):
+        return {"layers": None, "layer_types": None}
+    return {"layers": plan.kvpop_layers, "layer_types": list(plan.types)}
+
+
 def default_layers(model_config) -> list:
     """The cache layers of the model's default ``DynamicCache(config=...)``, one per decoder layer (the
     non-KVpop layers are taken from it, so they behave exactly as in the default cache)."""
