@@ -176,7 +176,7 @@ class KVpopCache(Cache):
         if len(counts) > 1:
             done = sum(layer.updates == kvpop[0].updates for layer in kvpop)
             raise ValueError(
-                f"The last forward updated {done} of this KVpopCache's {len(kvpop)} KVpop layers: the cache was built "
+                f"The last forward updated {done} of this KVpopCache's {len(kvpop)} layers: the cache was built "
                 "for a deeper model (build it from this model's config), or that forward failed part-way (call "
                 "cache.reset() before reusing the cache)."
             )

@@ -94,6 +94,11 @@ def layer_plan(model_config, sliding_layers: str = "window") -> LayerPlan:
             f"KVpopCache does not support the layer types {bad} of this {type(cfg).__name__} (it handles "
             f"{list(known)}): their cache is not a per-token key/value store that KVpop can evict from. Use the "
             "model's default cache (DynamicCache) for this model.")
+    unsized = [i for i, (t, w) in enumerate(zip(types, windows)) if t in SLIDING_TYPES and w is None]
+    if unsized:
+        raise ValueError(f"This {type(cfg).__name__} has sliding-window layers {unsized} but no window size "
+                         "(`sliding_window` is None): set `sliding_window` (or `use_sliding_window`) in the config, or "
+                         "make those layers 'full_attention' in `layer_types`.")
     kvpop = tuple(t in FULL_TYPES or (t in SLIDING_TYPES and sliding_layers == "kvpop") for t in types)
     if not any(kvpop):
         hint = (" Its sliding-window layers already hold at most their window; pass sliding_layers='kvpop' to put a "
