@@ -120,8 +120,15 @@ def default_layers(model_config) -> list:
     non-KVpop layers are taken from it, so they behave exactly as in the default cache)."""
     from transformers import DynamicCache
 
+    from transformers.cache_utils import DynamicSlidingWindowLayer, StaticSlidingWindowLayer
+
     layers = DynamicCache(config=model_config).layers
     if len(layers) != text_config(model_config).num_hidden_layers:
         raise ValueError("The installed transformers builds no cache layer per decoder layer from this config "
                          "(DynamicCache(config=...)); upgrade transformers to use KVpopCache with a hybrid model.")
-    return layers
+    # transformers' fixed-size sliding-window layer (StaticCache's) in place of the growing one: the same tokens
+    # attended (the last W), W slots allocated once, and compileable, so the whole cache stays compileable as a
+    # KVpopCache of a full-attention model is (generate then builds the 4D masks the KVpop layers' fixed slots need
+    # under a stock attention, and may compile decode steps on a GPU)
+    return [StaticSlidingWindowLayer(max_cache_len=layer.sliding_window, sliding_window=layer.sliding_window)
+            if isinstance(layer, DynamicSlidingWindowLayer) else layer for layer in layers]

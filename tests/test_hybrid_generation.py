@@ -6,7 +6,7 @@ sliding layers their window; chunked prefill equals token-by-token decoding."""
 import pytest
 import torch
 from transformers import DynamicCache
-from transformers.cache_utils import DynamicSlidingWindowLayer
+from transformers.cache_utils import DynamicSlidingWindowLayer, StaticSlidingWindowLayer
 
 from hybrid_helpers import HYBRIDS, VOCAB, WINDOW, hybrid_model, sliding_choice
 from helpers import left_padded
@@ -80,10 +80,11 @@ def test_small_budget_holds_b_entries_and_the_window(name):
             assert isinstance(layer, KVpopLayer)
             held = (cache.stored_positions(i) >= 0).sum(-1)
             assert bool((held == 10).all()), (i, held)
-        else:  # transformers' own layer, holding what the default cache holds
+        elif isinstance(ref.layers[i], DynamicSlidingWindowLayer):  # transformers' fixed-size sliding layer
+            assert isinstance(layer, StaticSlidingWindowLayer) and layer.keys.shape[2] == WINDOW
+            assert ref.layers[i].keys.shape[2] == min(seen, WINDOW - 1)
+        else:  # linear-attention state: the default cache's own layer
             assert type(layer) is type(ref.layers[i])
-            if isinstance(layer, DynamicSlidingWindowLayer):
-                assert layer.keys.shape[2] == min(seen, WINDOW - 1) == ref.layers[i].keys.shape[2]
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -146,3 +147,15 @@ def test_unsupported_layer_type_is_refused():
     cfg.layer_types = ["full_attention", "indexed_attention"]
     with pytest.raises(ValueError, match="indexed_attention"):
         KVpopCache(cfg, sinks=2, window=4, topk=8)
+
+
+@pytest.mark.parametrize("name", ["gemma3", "qwen2", "qwen3_next", "olmo3"])
+def test_stock_sdpa_attention_equals_default_cache(name):
+    """Under sdpa the KVpop layers' unfilled slots need generate's prepared 4D masks: the hybrid cache is
+    compileable (fixed-size sliding layers), as a full-attention KVpopCache is."""
+    model = hybrid_model(name, attn="sdpa")
+    ids = _ids()
+    ref = _generate(model, "sdpa", DynamicCache(config=model.config), ids)
+    cache = _cache(model, name)
+    assert cache.is_compileable
+    _assert_same(_generate(model, "sdpa", cache, ids), ref)
