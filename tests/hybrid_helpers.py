@@ -31,6 +31,8 @@ HYBRIDS = {
                                            moe_intermediate_size=32, shared_expert_intermediate_size=32,
                                            linear_num_value_heads=4, linear_num_key_heads=2, linear_key_head_dim=16,
                                            linear_value_head_dim=16), "window"),
+    "qwen3_5": ("Qwen3_5TextConfig", dict(num_hidden_layers=4, linear_num_value_heads=4, linear_num_key_heads=2,
+                                         linear_key_head_dim=16, linear_value_head_dim=16), "window"),
     "olmo3": ("Olmo3Config", dict(num_hidden_layers=4, sliding_window=WINDOW), "window"),
 }
 

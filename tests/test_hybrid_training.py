@@ -24,7 +24,7 @@ def _ids(batch=2, length=24, seed=0):
     return torch.randint(3, VOCAB, (batch, length), generator=g)
 
 
-@pytest.mark.parametrize("name", ["gemma2", "gemma3", "gpt_oss", "qwen2", "qwen3_next", "olmo3"])
+@pytest.mark.parametrize("name", ["gemma2", "gemma3", "gpt_oss", "qwen2", "qwen3_next", "qwen3_5", "olmo3"])
 def test_student_forward_matches_the_cache_and_the_teacher_matches_eager(name):
     model = hybrid_model(name)
     ids = _ids()
