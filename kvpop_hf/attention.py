@@ -79,7 +79,7 @@ def kvpop_attention(module, query, key, value, attention_mask, scaling=None, dro
     applies it (:mod:`kvpop_hf.attention_variants`); the fused kernels compute a plain softmax, so a call with a
     variant takes the torch reference. Sliding windows come in the mask transformers builds (layers that keep their
     sliding-window cache) or from the layer itself (:mod:`kvpop_hf.sliding_layer`)."""
-    variant = AttentionVariant.of(kwargs)
+    variant = AttentionVariant.of(kwargs, module)
     if query.shape[2] == 1 and handoff_of(key) is None:
         slots = decode_slots_of(key)
         if slots is not None:

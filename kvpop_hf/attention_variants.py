@@ -34,10 +34,14 @@ class AttentionVariant:
     sinks: torch.Tensor | None = None
 
     @classmethod
-    def of(cls, kwargs: dict) -> "AttentionVariant":
+    def of(cls, kwargs: dict, module=None) -> "AttentionVariant":
         """From the keyword arguments transformers' attention modules pass to an attention function
-        (``softcap=`` in Gemma2, ``s_aux=`` in GPT-OSS)."""
-        return cls(kwargs.get("softcap") or None, kwargs.get("s_aux"))
+        (``softcap=`` in Gemma2, ``s_aux=`` in GPT-OSS), else the module's learned ``sinks`` parameter (the
+        attribute GPT-OSS's eager attention reads)."""
+        sinks = kwargs.get("s_aux")
+        if sinks is None and isinstance(getattr(module, "sinks", None), torch.nn.Parameter):
+            sinks = module.sinks
+        return cls(kwargs.get("softcap") or None, sinks)
 
     @property
     def plain(self) -> bool:

@@ -11,10 +11,9 @@ from transformers.cache_utils import Cache
 from . import hub
 from .backends import Backends
 from .config import KVpopConfig, model_config_of, model_shape
-from .layer_types import config_layer_fields, layer_plan
+from .layer_types import config_layer_fields, default_layers, layer_plan
 from .baselines.attention_policies.layer import DynamicScoreLayer
 from .layer import KVpopLayer
-from .layer_types import default_layers
 from .scorers import Scorer, build_scorer, scorer_name
 from .tensor_parallel import local_kv_heads, slice_heads, slice_scorer, split_model_or_config
 from .shared import KVpopShared

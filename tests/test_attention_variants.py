@@ -63,6 +63,9 @@ def test_sinks_match_gpt_oss_eager(window):
     torch.testing.assert_close(got, expect, atol=1e-5, rtol=1e-5)
     got = kvpop_attention(_module(), q, k, v, mask, scaling=0.25, s_aux=sinks)[0]
     torch.testing.assert_close(got, expect, atol=1e-5, rtol=1e-5)
+    # a module that holds its sinks as a parameter, without the keyword
+    got = kvpop_attention(_module(sinks=torch.nn.Parameter(sinks)), q, k, v, mask, scaling=0.25)[0]
+    torch.testing.assert_close(got, expect, atol=1e-5, rtol=1e-5)
 
 
 def test_plain_variant_equals_sdpa_and_lse_includes_the_sink():

@@ -160,7 +160,7 @@ def teacher_topk_recall(student, teacher, sinks: int, window: int, n_queries: in
 def kvpop_train_attention(module, query, key, value, attention_mask, scaling=None, dropout: float = 0.0, **kwargs):
     """query ``[b, Hq, S, d]``, key/value ``[b, Hkv, S, d]`` (whole sequences) -> (``[b, S, Hq, d]``, None)."""
     call = kwargs.get(STUDENT_KWARG)
-    variant = AttentionVariant.of(kwargs)
+    variant = AttentionVariant.of(kwargs, module)
     si = None if call is None else call.scorer_layer(module.layer_idx)
     if si is None:  # the dense teacher, or a layer that is not a KVpop layer: the model's own attention
         dropout = dropout if module.training else 0.0
