@@ -87,14 +87,15 @@ def test_small_budget_holds_b_entries_and_the_window(name):
             assert type(layer) is type(ref.layers[i])
 
 
-@pytest.mark.parametrize("name", NAMES)
-def test_chunked_prefill_equals_token_by_token(name):
+@pytest.mark.parametrize("name,sliding", [(n, None) for n in NAMES] + [("gemma3", "kvpop"), ("gpt_oss", "kvpop")])
+def test_chunked_prefill_equals_token_by_token(name, sliding):
+    """With a budget that evicts (B = 10 > the KVpop window 4, and on sliding KVpop layers a model window of 8)."""
     model = hybrid_model(name)
     model.set_attn_implementation("kvpop")
     ids = _ids(1, 24)
     logits = []
     for sizes in ([24], [5, 1, 7, 11], [1] * 24):
-        cache = _cache(model, name, budget=10)
+        cache = _cache(model, name, budget=10, **({"sliding_layers": sliding} if sliding else {}))
         out, start = [], 0
         with torch.no_grad():
             for n in sizes:
@@ -159,3 +160,45 @@ def test_stock_sdpa_attention_equals_default_cache(name):
     cache = _cache(model, name)
     assert cache.is_compileable
     _assert_same(_generate(model, "sdpa", cache, ids), ref)
+
+
+class _HybridReference:
+    """Whole-sequence attention with the brute-force contract mask (tests/helpers.py) on the KVpop layers, cut to the
+    model's window on sliding ones, causal (and windowed) elsewhere; the model's softcap and sinks applied."""
+
+    def __init__(self, cache):
+        self.cache, self.cfg = cache, cache.kvpop_config
+        self.scorer_layer = {i: j for j, i in enumerate(cache.kvpop_layer_indices)}
+
+    def __call__(self, module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+        from helpers import contract_mask, reference_priorities
+        from kvpop_hf.attention_variants import AttentionVariant, causal_visible, variant_attention
+
+        S, window = key.shape[2], kwargs.get("sliding_window")
+        vis = causal_visible(S, S, window, key.device).expand(key.shape[0], key.shape[1], S, S)
+        j = self.scorer_layer.get(module.layer_idx)
+        if j is not None:
+            prio = reference_priorities(self.cache.scorer, j, key, value, self.cfg.window)
+            vis = vis & contract_mask(prio, self.cfg.sinks, self.cfg.window, self.cfg.topk)
+        return variant_attention(query, key, value, vis, scaling, AttentionVariant.of(kwargs, module)), None
+
+
+@pytest.mark.parametrize("name,sliding", [("gemma2", "window"), ("gpt_oss", "kvpop"), ("gemma3", "kvpop"),
+                                          ("qwen3_next", "window")])
+def test_evicting_prefill_equals_the_brute_force_contract(name, sliding):
+    """Budget 2 + 4 + 4 on a 24-token prompt: each KVpop layer's queries see exactly R(q) (inside the model's window on a
+    sliding KVpop layer), with the model's softcap / sinks."""
+    from transformers import AttentionInterface, AttentionMaskInterface
+
+    model = hybrid_model(name)
+    ids = _ids(1, 24)
+    cache = KVpopCache(model.config, sinks=2, window=4, topk=4, scorer="mlp", sliding_layers=sliding)
+    model.set_attn_implementation("kvpop")
+    with torch.no_grad():
+        got = model(ids, **with_cache(model, cache)).logits
+    AttentionInterface.register("kvpop_hybrid_ref", _HybridReference(cache))
+    AttentionMaskInterface.register("kvpop_hybrid_ref", lambda *a, **k: None)
+    model.set_attn_implementation("kvpop_hybrid_ref")
+    with torch.no_grad():
+        expect = model(ids, use_cache=False).logits
+    torch.testing.assert_close(got, expect, atol=1e-4, rtol=1e-4)
