@@ -106,3 +106,34 @@ def test_checkpoint_onto_another_layer_pattern_is_refused(tmp_path):
     with pytest.raises(ValueError, match="all full attention"):
         KVpopCache.from_pretrained(tmp_path / "full", hybrid_model("gpt_oss").config)
     assert KVpopCache.from_pretrained(tmp_path / "c", gemma.config).kvpop_layer_indices == [3]
+
+
+@pytest.mark.parametrize("chunk", [3, 1000])
+def test_distillation_through_the_final_logit_softcap(chunk):
+    """Gemma2's logits are ``c tanh(z / c)``: the chunked KL (value and hand-written gradients) and the logged LM loss
+    see those, as the model's own logits."""
+    from torch.nn import functional as F
+
+    from kvpop_hf.trainer.chunked_distillation import chunked_distillation_loss, chunked_lm_loss
+    from kvpop_hf.trainer.losses import distillation_loss
+    from kvpop_hf.trainer.teacher_distillation import final_logit_softcap
+
+    g = torch.Generator().manual_seed(0)
+    h_s = torch.randn(2, 9, 16, generator=g).requires_grad_(True)
+    h_t = torch.randn(2, 9, 16, generator=g)
+    w = (torch.randn(37, 16, generator=g) * 2).requires_grad_(True)
+    b = torch.randn(37, generator=g).requires_grad_(True)
+    c = 3.0
+
+    def capped(h):
+        return torch.tanh(F.linear(h, w, b) / c) * c
+
+    ref = distillation_loss(capped(h_s), capped(h_t), 1.5)
+    got = chunked_distillation_loss(h_s, h_t, w, b, temperature=1.5, chunk_size=chunk, softcap=c)
+    torch.testing.assert_close(got, ref)
+    for a, r in zip(torch.autograd.grad(got, [h_s, w, b]), torch.autograd.grad(ref, [h_s, w, b])):
+        torch.testing.assert_close(a, r, atol=1e-6, rtol=1e-5)
+    labels = torch.randint(0, 37, (2, 9), generator=g)
+    expect = F.cross_entropy(capped(h_s)[:, :-1].reshape(-1, 37), labels[:, 1:].reshape(-1))
+    torch.testing.assert_close(chunked_lm_loss(h_s, w, b, labels, chunk_size=chunk, softcap=c), expect)
+    assert final_logit_softcap(hybrid_model("gemma2")) == 30.0 and final_logit_softcap(hybrid_model("gpt_oss")) is None

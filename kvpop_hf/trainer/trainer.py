@@ -40,7 +40,8 @@ from .hidden_states import head_weights, lm_head_of, unwrap_model
 from .merged_save import save_weights_as
 from .student import TRAIN_ATTN_NAME, StudentSettings, student_forward
 from .targets import reduce_power
-from .teacher_distillation import distillation_from_hidden, supervised_positions, teacher_hidden_states
+from .teacher_distillation import (distillation_from_hidden, final_logit_softcap, supervised_positions,
+                                   teacher_hidden_states)
 
 SCORER_ATTR = "kvpop_scorer"
 LEARNED_SCORERS = ("mlp", "mlstm")
@@ -261,7 +262,8 @@ class KVpopTrainer(Trainer):
             logs["distill_loss"] = d_loss
         elif not args.train_backbone and labels is not None:
             with torch.no_grad():
-                logs["student_lm_loss"] = chunked_lm_loss(hidden, *head_weights(lm_head_of(model)), labels)
+                logs["student_lm_loss"] = chunked_lm_loss(hidden, *head_weights(lm_head_of(model)), labels,
+                                                          softcap=final_logit_softcap(model))
         if self.settings.targets:
             logs["teacher_topk_recall"] = torch.stack(list(record.teacher_recall.values())).nanmean()
             for li, r in record.teacher_recall.items():
