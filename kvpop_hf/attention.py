@@ -26,6 +26,7 @@ import torch
 from transformers import AttentionInterface, AttentionMaskInterface
 from transformers.masking_utils import sdpa_mask
 
+from .attention_variants import AttentionVariant, causal_visible, variant_attention
 from .dense_attention import causal_attention
 from .handoff import decode_slots_of, handoff_of
 
@@ -72,23 +73,46 @@ def kvpop_attention(module, query, key, value, attention_mask, scaling=None, dro
     """query ``[b, Hq, L, d]``, key/value ``[b, Hkv, C, d]`` -> (out ``[b, L, Hq, d]``, None).
 
     A static-priority decode step is traced by ``torch.compile`` (fixed shapes); every other call runs
-    eagerly, as the cache's chunk updates do (see ``KVpopLayer.update``)."""
+    eagerly, as the cache's chunk updates do (see ``KVpopLayer.update``).
+
+    The model's attention variant comes in ``kwargs`` (``softcap=`` Gemma2, ``s_aux=`` GPT-OSS sinks): every path
+    applies it (:mod:`kvpop_hf.attention_variants`); the fused kernels compute a plain softmax, so a call with a
+    variant takes the torch reference. Sliding windows come in the mask transformers builds (layers that keep their
+    sliding-window cache) or from the layer itself (:mod:`kvpop_hf.sliding_layer`)."""
+    variant = AttentionVariant.of(kwargs, module)
     if query.shape[2] == 1 and handoff_of(key) is None:
         slots = decode_slots_of(key)
         if slots is not None:
-            return slots.attend(query, key, value, scaling), None
-    return _attention_eagerly(module, query, key, value, attention_mask, scaling, dropout), None
+            return slots.attend(query, key, value, scaling, variant), None
+    return _attention_eagerly(module, query, key, value, attention_mask, scaling, dropout, variant,
+                              kwargs.get("sliding_window")), None
 
 
 @torch.compiler.disable
-def _attention_eagerly(module, query, key, value, attention_mask, scaling, dropout):
+def _attention_eagerly(module, query, key, value, attention_mask, scaling, dropout, variant=None,
+                       sliding_window=None):
+    variant = variant or AttentionVariant()
     handoff = handoff_of(key)
     if handoff is not None:  # a KVpopCache chunk, an attention-based policy, DMS (kvpop_hf/handoff.py)
         valid = attention_mask.valid if isinstance(attention_mask, KVpopMaskInfo) else None
-        return handoff.attend(query, key, value, valid, scaling)
-    # keys from another cache or none: plain causal attention with padding
+        if variant.plain:
+            return handoff.attend(query, key, value, valid, scaling)
+        if handoff.kind != "chunk":
+            raise ValueError(f"The {handoff.kind!r} attention of this cache computes a plain softmax, but the model's "
+                             f"attention has {variant.describe()}: use KVpopCache with a static-priority scorer "
+                             "(e.g. 'knorm' or a trained one) for this model.")
+        return handoff.attend(query, key, value, valid, scaling, variant=variant)
+    # keys from another cache (e.g. a sliding-window layer) or none: causal attention with padding and the
+    # model's mask (sliding window included)
     mask = attention_mask.dense() if isinstance(attention_mask, KVpopMaskInfo) else attention_mask
-    return causal_attention(query, key, value, mask, scaling, dropout if module.training else 0.0)
+    dropout = dropout if module.training else 0.0
+    if variant.plain:
+        if mask is None and sliding_window is not None and query.shape[2] > 1:
+            mask = causal_visible(query.shape[2], key.shape[2], sliding_window, query.device)
+        return causal_attention(query, key, value, mask, scaling, dropout)
+    if mask is None:
+        mask = causal_visible(query.shape[2], key.shape[2], sliding_window, query.device)
+    return variant_attention(query, key, value, mask, scaling, variant, dropout)
 
 
 def register() -> None:

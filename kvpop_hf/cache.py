@@ -12,6 +12,7 @@ from . import hub
 from .allocation import longest_sequence
 from .backends import Backends
 from .config import KVpopConfig, model_config_of, model_shape
+from .layer_types import config_layer_fields, default_layers, layer_plan
 from .baselines.attention_policies.layer import DynamicScoreLayer
 from .layer import KVpopLayer
 from .scorers import Scorer, build_scorer, scorer_name
@@ -71,7 +72,7 @@ class KVpopCache(Cache):
     def __init__(self, model_config=None, sinks: int = 4, window: int = 256, topk: int = 1788,
                  scorer: str | Scorer = "knorm", log_gamma: float | None = None, decay_step: int = 64,
                  scorer_kwargs: dict | None = None, kvpop_config: KVpopConfig | None = None,
-                 offloading: bool = False, backends: Backends | dict | None = None):
+                 offloading: bool = False, backends: Backends | dict | None = None, sliding_layers: str = "window"):
         if offloading:
             raise ValueError(OFFLOADING_UNSUPPORTED)
         self.backends = Backends.coerce(backends)
@@ -83,13 +84,16 @@ class KVpopCache(Cache):
                 scorer_kwargs = scorer.config_dict()
             kvpop_config = KVpopConfig(sinks=sinks, window=window, topk=topk, scorer=name,
                                        scorer_kwargs=dict(scorer_kwargs or {}), log_gamma=log_gamma,
-                                       decay_step=decay_step)
+                                       decay_step=decay_step, sliding_layers=sliding_layers)
         else:
             kvpop_config.validate()
         # tensor parallelism: (start, stop) of the KV heads this rank computes, None when it holds them all
         self.tp_kv_heads = local_kv_heads(model_config, model) if model_config is not None else None
+        self._windows = None  # the sliding window of each KVpop layer (None: full attention), from the model config
         if model_config is not None:
-            for field, value in _check_model_shape(kvpop_config, model_config, "This KVpop checkpoint").items():
+            shape = _check_model_shape(kvpop_config, model_config, "This KVpop checkpoint")
+            self._windows = shape.pop("windows")
+            for field, value in shape.items():
                 setattr(kvpop_config, field, value)
             kvpop_config.base_model = kvpop_config.base_model or getattr(model_config, "_name_or_path", None) or None
         if kvpop_config.num_layers is None:
@@ -120,7 +124,33 @@ class KVpopCache(Cache):
         if layer_cls is DynamicScoreLayer and cfg.log_gamma is not None:
             raise ValueError(f"`log_gamma` (recency decay of static priorities) does not apply to the attention-based "
                              f"policy {cfg.scorer!r}, whose scores change every step; leave it None.")
-        super().__init__(layers=[layer_cls(self.shared, i) for i in range(cfg.num_layers)])
+        super().__init__(layers=self._build_layers(model_config, layer_cls))
+
+    def _build_layers(self, model_config, layer_cls) -> list:
+        """One cache layer per decoder layer: a KVpop layer (scorer layer ``j``) at each of ``config.layers``, the
+        model's default ``DynamicCache`` layer elsewhere (sliding-window, linear-attention, ...)."""
+        cfg = self.kvpop_config
+        if cfg.layer_types is None:  # every layer is a full-attention KVpop layer
+            return [layer_cls(self.shared, i) for i in range(cfg.num_layers)]
+        if model_config is None:
+            raise ValueError("This KVpop config covers a model with several layer types: pass the model's config "
+                             "(KVpopCache(model.config, kvpop_config=...)) so the other layers get their own cache.")
+        layers = default_layers(model_config)
+        windows = dict(zip(cfg.layers, self._windows))
+        for j, i in enumerate(cfg.layers):
+            if windows[i] is None:
+                layers[i] = layer_cls(self.shared, j)
+            else:
+                from .sliding_layer import sliding_kvpop_layer
+
+                layers[i] = sliding_kvpop_layer(layer_cls, self.shared, j, windows[i])
+        return layers
+
+    @property
+    def kvpop_layer_indices(self) -> list[int]:
+        """The decoder layers that hold a KVpop layer (the others keep the model's default cache layer)."""
+        cfg = self.kvpop_config
+        return list(range(cfg.num_layers)) if cfg.layers is None else list(cfg.layers)
 
     def __repr__(self) -> str:
         cfg = self.kvpop_config
@@ -134,23 +164,38 @@ class KVpopCache(Cache):
                 f"The model updates layer {layer_idx}, but this KVpopCache has {len(self.layers)} layers: it was "
                 "built for another model. Build it from this model's config: KVpopCache(model.config, ...)."
             )
-        if layer_idx == 0 and not torch.compiler.is_compiling():
+        if layer_idx == self._first_attention_layer() and not torch.compiler.is_compiling():
             self._check_every_layer_updated()
-        if layer_idx > 0 and self.layers[layer_idx - 1].flush_at_next_layer:
+        if layer_idx > 0 and getattr(self.layers[layer_idx - 1], "flush_at_next_layer", False):
             self.layers[layer_idx - 1].flush()  # the layer below attended just before: a stock attention raises now
         return super().update(key_states, value_states, layer_idx, *args, **kwargs)
 
     def _check_every_layer_updated(self) -> None:
         """At a forward's first layer: the previous forward must have updated every layer (eager calls only;
         compiled steps repeat an eager-checked pattern)."""
-        counts = {layer.updates for layer in self.layers}
+        kvpop = self.kvpop_layers()
+        counts = {layer.updates for layer in kvpop}
         if len(counts) > 1:
-            done = sum(layer.updates == self.layers[0].updates for layer in self.layers)
+            done = sum(layer.updates == kvpop[0].updates for layer in kvpop)
             raise ValueError(
-                f"The last forward updated {done} of this KVpopCache's {len(self.layers)} layers: the cache was built "
+                f"The last forward updated {done} of this KVpopCache's {len(kvpop)} layers: the cache was built "
                 "for a deeper model (build it from this model's config), or that forward failed part-way (call "
                 "cache.reset() before reusing the cache)."
             )
+
+    def kvpop_layers(self) -> list:
+        """The KVpop layers (in model order); the cache's other layers are transformers' own."""
+        return [self.layers[i] for i in self.kvpop_layer_indices]
+
+    def _first_attention_layer(self) -> int:
+        """The first layer that the model updates through ``update`` (linear-attention layers never do)."""
+        first = getattr(self, "_first_update_layer", None)
+        if first is None:
+            from transformers.cache_utils import CacheLayerMixin
+
+            first = self._first_update_layer = next(
+                (i for i, layer in enumerate(self.layers) if isinstance(layer, CacheLayerMixin)), 0)
+        return first
 
     # -- settings (shared with the layers, see kvpop_hf/shared.py) ------------------------------
     @property
@@ -193,6 +238,9 @@ class KVpopCache(Cache):
     # -- introspection ---------------------------------------------------------------------------
     def stored_positions(self, layer_idx: int) -> torch.Tensor:
         """Real positions held per slot, ``[batch, kv_heads, B]`` (-1: empty)."""
+        if layer_idx not in self.kvpop_layer_indices:
+            raise ValueError(f"Layer {layer_idx} is not a KVpop layer (it keeps the model's own cache layer, "
+                             f"{type(self.layers[layer_idx]).__name__}); KVpop layers: {self.kvpop_layer_indices}.")
         layer = self.layers[layer_idx]
         layer.flush()
         return layer.pos
@@ -200,11 +248,12 @@ class KVpopCache(Cache):
     def memory_bytes(self) -> int:
         """Bytes of all tensors the cache holds (keys, values, positions, priorities, scorer state)."""
         total = 0
-        for layer in self.layers:
+        for layer in self.kvpop_layers():
             if not layer.is_initialized:
                 continue
             total += sum(t.numel() * t.element_size() for t in layer._buffers())
-        return total
+        others = [layer for i, layer in enumerate(self.layers) if i not in set(self.kvpop_layer_indices)]
+        return total + _state_bytes(others)
 
     # -- Hub I/O -----------------------------------------------------------------------------
     def save_pretrained(self, save_directory: str | os.PathLike) -> None:
@@ -245,14 +294,40 @@ class KVpopCache(Cache):
 
 
 def _check_model_shape(config: KVpopConfig, model_config, what: str) -> dict:
-    """The model's ``{num_layers, num_kv_heads, head_dim}``; a ValueError if ``config`` names other values."""
-    shape = dict(zip(("num_layers", "num_kv_heads", "head_dim"), model_shape(model_config)))
+    """The model's ``{num_layers, num_kv_heads, head_dim, layers, layer_types, windows}``; a ValueError if ``config``
+    names other values (another shape or another layer pattern)."""
+    plan = layer_plan(model_config, config.sliding_layers)
+    if config.layers is None and config.num_layers is not None and not all(plan.kvpop):
+        raise ValueError(f"{what} was made for a model whose {config.num_layers} layers are all full attention, but "
+                         f"this model has layer types {sorted(set(plan.types))} (KVpop layers {plan.kvpop_layers}). "
+                         "Use a KVpop checkpoint trained for this model (or a heuristic scorer).")
+    for field, stored, value in (("layers", config.layers, plan.kvpop_layers),
+                                 ("layer_types", config.layer_types, list(plan.types))):
+        if stored is not None and list(stored) != value:
+            raise ValueError(f"{what} covers KVpop layers {config.layers} of a model with layer types "
+                             f"{config.layer_types} (sliding_layers={config.sliding_layers!r}), but this model's "
+                             f"{field} are {value} (KVpop layers {plan.kvpop_layers}). Use a KVpop checkpoint "
+                             "trained for this model's layer pattern (or a heuristic scorer).")
+    shape = dict(zip(("num_layers", "num_kv_heads", "head_dim"), model_shape(model_config, config.sliding_layers)))
     for field, value in shape.items():
         stored = getattr(config, field)
         if stored is not None and stored != value:
             raise ValueError(f"{what} was made for {field}={stored}, but the model has {field}={value}. Use a KVpop "
                              "checkpoint trained for this model (or a heuristic scorer).")
+    shape.update(config_layer_fields(plan))
+    shape["windows"] = [plan.windows[i] for i in plan.kvpop_layers]
     return shape
+
+
+def _state_bytes(layers) -> int:
+    """Bytes of the tensors of transformers' own cache layers (keys/values, conv and recurrent states)."""
+    total = 0
+    for layer in layers:
+        tensors = [getattr(layer, "keys", None), getattr(layer, "values", None)]
+        for name in ("conv_states", "recurrent_states"):
+            tensors += list((getattr(layer, name, None) or {}).values())
+        total += sum(t.numel() * t.element_size() for t in tensors if isinstance(t, torch.Tensor))
+    return total
 
 
 def user_stacklevel() -> int:

@@ -57,10 +57,18 @@ def flex_chunk_attention(plan, query, key, value, scaling, backends: Backends | 
     return out.transpose(1, 2).contiguous()
 
 
-def attend_chunk(plan, query, key, value, scaling, backends: Backends):
+def attend_chunk(plan, query, key, value, scaling, backends: Backends, variant=None):
     """query ``[b, Hq, L, d]``, key/value ``[b, Hkv, C, d]`` (the plan's candidates) -> ``[b, L, Hq, dv]``, by
-    ``backends.chunk_attention`` (a resolved :class:`~kvpop_hf.backends.Backends`): ``flex`` or ``dense``."""
-    if backends.chunk_attention == "flex":
+    ``backends.chunk_attention`` (a resolved :class:`~kvpop_hf.backends.Backends`): ``flex`` or ``dense``.
+
+    A softcap or sinks (``variant``) take the torch reference over the plan's mask
+    (:func:`kvpop_hf.attention_variants.variant_attention`); a plan with a sliding window (a KVpop layer on a
+    sliding layer) the dense path: FlexAttention's block masks here express neither."""
+    if variant is not None and not variant.plain:
+        from .attention_variants import variant_attention
+
+        return variant_attention(query, key, value, plan.visibility(), scaling, variant)
+    if backends.chunk_attention == "flex" and getattr(plan, "attention_window", None) is None:
         return flex_chunk_attention(plan, query, key, value, scaling, backends)
     b, hq, L, d = query.shape
     hkv = key.shape[1]

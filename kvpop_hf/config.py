@@ -8,9 +8,6 @@ import operator
 from dataclasses import dataclass, field
 from typing import Any
 
-# Attention layer types that are a plain per-head softmax over the whole KV cache.
-FULL_ATTENTION_TYPES = ("full_attention",)
-
 
 def check_int(name: str, value: Any, minimum: int, hint: str = "") -> int:
     """``value`` as an int ``>= minimum`` (integer-like values such as numpy ints are accepted, booleans
@@ -67,10 +64,16 @@ class KVpopConfig(JsonConfig):
     # Recency decay: None disables it; a float sets log(gamma) for every head (must be < 0).
     log_gamma: float | None = None
     decay_step: int = 64
-    # Model shape (filled from the model config; checked against the model at first use).
+    # Layers: "window" keeps transformers' sliding-window cache on sliding layers, "kvpop" budgets them too.
+    sliding_layers: str = "window"
+    # Model shape (filled from the model config; checked against the model at first use). num_layers counts the
+    # KVpop layers (the scorer's layers); `layers` lists their indices among the model's decoder layers and
+    # `layer_types` the model's layer pattern (None: every layer is a full-attention KVpop layer).
     num_layers: int | None = None
     num_kv_heads: int | None = None
     head_dim: int | None = None
+    layers: list | None = None
+    layer_types: list | None = None
     base_model: str | None = None
 
     def __post_init__(self) -> None:
@@ -94,6 +97,14 @@ class KVpopConfig(JsonConfig):
             value = getattr(self, name)
             if value is not None:
                 check_int(name, value, 1, "It describes the model the cache serves.")
+        if self.sliding_layers not in ("window", "kvpop"):
+            raise ValueError(f"`sliding_layers` must be 'window' (transformers' sliding-window cache on sliding "
+                             f"layers) or 'kvpop' (a KVpop budget on them too), got {self.sliding_layers!r}.")
+        if self.layers is not None:
+            if self.num_layers is not None and len(self.layers) != self.num_layers:
+                raise ValueError(f"`layers` lists {len(self.layers)} KVpop layers but `num_layers` is "
+                                 f"{self.num_layers}.")
+            self.layers = [check_int("layers[i]", i, 0) for i in self.layers]
         if not isinstance(self.scorer, str):
             raise ValueError(f"`scorer` must be a scorer name, got {type(self.scorer).__name__}.")
 
@@ -116,35 +127,30 @@ def model_config_of(model_or_config, who: str = "KVpopCache"):
                     f"argument, got {type(model_or_config).__name__}: {who}(model.config, ...).")
 
 
-def model_shape(model_config) -> tuple[int, int, int]:
-    """(num_layers, num_kv_heads, head_dim) of a transformers decoder config.
+def model_shape(model_config, sliding_layers: str = "window") -> tuple[int, int, int]:
+    """(number of KVpop layers, num_kv_heads, head_dim) of a transformers decoder config.
 
-    Raises a ValueError if some attention layer is not a plain full softmax attention
-    (sliding-window or linear-attention layers), since KVpop's per-head budget is defined
-    for full attention only.
-    """
-    cfg = model_config.get_text_config() if hasattr(model_config, "get_text_config") else model_config
-    num_layers = cfg.num_hidden_layers
+    The KVpop layers are the full-attention layers (and the sliding-window ones with ``sliding_layers="kvpop"``),
+    see :mod:`kvpop_hf.layer_types`; a ValueError names layer types KVpop cannot serve."""
+    from .layer_types import layer_plan, text_config
+
+    cfg = text_config(model_config)
     heads = cfg.num_attention_heads
     kv_heads = getattr(cfg, "num_key_value_heads", None) or heads
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
+    return len(layer_plan(cfg, sliding_layers).kvpop_layers), kv_heads, head_dim
+
+
+def require_full_attention(model_config, who: str) -> None:
+    """ValueError unless every layer of the model is a plain full softmax attention (for methods that serve those
+    only: DMS, KVP); names the layer types and the variants found."""
+    from .layer_types import layer_types_and_windows, text_config
+
+    cfg = text_config(model_config)
+    bad = sorted({t for t in layer_types_and_windows(cfg)[0] if t != "full_attention"})
+    if bad:
+        raise ValueError(f"{who} supports models whose layers are all full attention; this {type(cfg).__name__} has "
+                         f"layer types {bad}. Use KVpopCache (docs/hybrid_models.md) or a full-attention model.")
     if getattr(cfg, "attn_logit_softcapping", None):
-        raise ValueError(
-            f"{type(cfg).__name__} caps attention logits (attn_logit_softcapping={cfg.attn_logit_softcapping}); "
-            "the kvpop attention implements a plain softmax, so it would silently change the model."
-        )
-    layer_types = getattr(cfg, "layer_types", None)
-    if layer_types is not None:
-        bad = sorted({t for t in layer_types if t not in FULL_ATTENTION_TYPES})
-        if bad:
-            raise ValueError(
-                f"KVpopCache supports models whose attention layers are all plain full attention; this "
-                f"{type(cfg).__name__} has layer types {bad}. Sliding-window and linear-attention layers are not "
-                "supported: use a model (or config) with full attention everywhere."
-            )
-    elif getattr(cfg, "sliding_window", None) and getattr(cfg, "use_sliding_window", True):
-        raise ValueError(
-            f"{type(cfg).__name__} uses sliding-window attention (sliding_window={cfg.sliding_window}); "
-            "KVpopCache needs full attention. Set `sliding_window=None` in the model config."
-        )
-    return num_layers, kv_heads, head_dim
+        raise ValueError(f"{who} implements a plain softmax; this {type(cfg).__name__} caps attention logits "
+                         f"(attn_logit_softcapping={cfg.attn_logit_softcapping}).")

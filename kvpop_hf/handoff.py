@@ -90,8 +90,15 @@ class DecodeSlots:
     seen: torch.Tensor
     attention: Callable
 
-    def attend(self, query, key, value, scaling):
-        return self.attention(query, key, value, self.seen, scaling)
+    def attend(self, query, key, value, scaling, variant=None):
+        """A plain softmax takes the layer's decode attention; a softcap or sinks (``variant``, an
+        :class:`~kvpop_hf.attention_variants.AttentionVariant`) the torch reference, which the Triton kernel is not."""
+        if variant is None or variant.plain:
+            return self.attention(query, key, value, self.seen, scaling)
+        from .attention_variants import variant_attention
+
+        mask = (torch.arange(key.shape[2], device=key.device) < self.seen[:, None]).view(key.shape[0], 1, 1, -1)
+        return variant_attention(query, key, value, mask, scaling, variant)
 
 
 def decode_slots_of(tensor: torch.Tensor) -> DecodeSlots | None:

@@ -160,11 +160,12 @@ class PendingChunk(Handoff):
         self.k_new = self.v_new = self.position_ids = None
         return plan
 
-    def attend(self, query, key, value, valid, scaling):
-        """Commit with this forward's padding, then attend each query to ``R(q)`` per head."""
+    def attend(self, query, key, value, valid, scaling, variant=None):
+        """Commit with this forward's padding, then attend each query to ``R(q)`` per head (``variant``: softcap /
+        sinks, :mod:`kvpop_hf.attention_variants`)."""
         layer = self._layer()
         backends = layer.backends if layer is not None else None  # commit raises when the layer is gone
-        return attend_chunk(self.commit(valid, key, value), query, key, value, scaling, backends)
+        return attend_chunk(self.commit(valid, key, value), query, key, value, scaling, backends, variant)
 
 
 class KVpopLayer(CacheLayerMixin):

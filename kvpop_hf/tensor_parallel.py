@@ -77,7 +77,7 @@ def local_kv_heads(model_config, model=None) -> tuple[int, int] | None:
         return None
     from transformers.distributed.tensor_parallel import get_kv_heads_per_rank
 
-    heads = model_shape(model_config)[1]
+    heads = model_shape(model_config, "kvpop")[1]  # KV heads only: any attention layer will do
     per_rank = get_kv_heads_per_rank(_tp_plan(model_config, model), heads, tp_size)
     if per_rank is None:
         raise ValueError(

@@ -27,20 +27,32 @@ def test_unknown_scorer_and_kwargs():
 
 
 def test_unsupported_attention_layers():
+    """Hybrid layer patterns are served (tests/test_hybrid_generation.py); what cannot be is named."""
     cfg = tiny_config(layer_types=["full_attention", "sliding_attention"], sliding_window=8)
-    with pytest.raises(ValueError, match="sliding_attention"):
-        KVpopCache(cfg)
+    if cfg.sliding_window is None:  # Qwen3 drops the window without use_sliding_window: no size for the sliding layer
+        with pytest.raises(ValueError, match="no window size"):
+            KVpopCache(cfg)
     cfg = tiny_config("mistral")
     cfg.sliding_window = 16
-    with pytest.raises(ValueError, match="sliding"):
+    with pytest.raises(ValueError, match="sliding_layers='kvpop'"):  # every layer slides: nothing for KVpop by default
+        KVpopCache(cfg)
+    assert KVpopCache(cfg, sliding_layers="kvpop").kvpop_layer_indices == [0, 1]
+    cfg = tiny_config(layer_types=["full_attention", "hybrid"])
+    with pytest.raises(ValueError, match="hybrid"):
         KVpopCache(cfg)
 
 
-def test_softcapped_attention_is_rejected():
+def test_methods_for_full_attention_refuse_hybrids():
+    from kvpop_hf.baselines.dms import DMSCache
+
     cfg = tiny_config()
     cfg.attn_logit_softcapping = 50.0
-    with pytest.raises(ValueError, match="softcapping"):
-        KVpopCache(cfg)
+    with pytest.raises(ValueError, match="caps attention logits"):
+        DMSCache(cfg)
+    cfg = tiny_config("mistral")
+    cfg.sliding_window = 16
+    with pytest.raises(ValueError, match="sliding_attention"):
+        DMSCache(cfg)
 
 
 def test_config_roundtrip_rejects_unknown_keys():

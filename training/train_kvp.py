@@ -155,8 +155,9 @@ def _load_traces(args):
 
 
 def train(args, traces, config, out: Path) -> KVpopCache:
-    from kvpop_hf.config import model_shape
+    from kvpop_hf.config import model_shape, require_full_attention
 
+    require_full_attention(config, "KVP training")
     L, H, D = model_shape(config)
     name = "kvp" if args.objective == "rl" else "kvp_supervised"
     scorer = build_scorer("kvp", L, H, D, proj_dim=args.proj_dim, pos_dim=args.pos_dim,
@@ -203,8 +204,9 @@ def train(args, traces, config, out: Path) -> KVpopCache:
 
 def evaluate(args, heldout, config, policies: dict, out: Path) -> dict:
     """Normalised AUC cost per head on the held-out traces, pure ranking and with the cache's protection."""
-    from kvpop_hf.config import model_shape
+    from kvpop_hf.config import model_shape, require_full_attention
 
+    require_full_attention(config, "KVP training")
     L, H, D = model_shape(config)
     for base in [b for b in args.baselines.split(",") if b]:
         kw = {"lag": args.window} if base == "lagkv" else {}

@@ -34,13 +34,15 @@ def default_chunk_size(vocab_size: int) -> int:
     return max(1, _CHUNK_ELEMENTS // max(1, vocab_size))
 
 
-def _logits(h, weight, bias):
-    return F.linear(h, weight.to(h.dtype), None if bias is None else bias.to(h.dtype)).float()
+def _logits(h, weight, bias, softcap: Optional[float] = None):
+    """float32 logits of ``h`` through the head; ``softcap``: the model's final logit cap ``c tanh(z / c)`` (Gemma2)."""
+    z = F.linear(h, weight.to(h.dtype), None if bias is None else bias.to(h.dtype)).float()
+    return z if not softcap else torch.tanh(z / softcap) * softcap
 
 
 class _ChunkedKL(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, h_s, h_t, w_s, b_s, w_t, b_t, weight, temperature, chunk_size):
+    def forward(ctx, h_s, h_t, w_s, b_s, w_t, b_t, weight, temperature, chunk_size, softcap=None):
         # h_s, h_t [N, H]; weight [N] float32 (mask / n_unmasked, 0 for masked tokens)
         T = float(temperature)
         need_h = ctx.needs_input_grad[0]
@@ -54,8 +56,9 @@ class _ChunkedKL(torch.autograd.Function):
         for start in range(0, rows.numel(), chunk_size):
             idx = rows[start:start + chunk_size]
             hs, ht, wc = h_s.index_select(0, idx), h_t.index_select(0, idx), weight.index_select(0, idx)
-            log_ps = torch.log_softmax(_logits(hs, w_s, b_s) / T, dim=-1)
-            log_pt = torch.log_softmax(_logits(ht, w_t, b_t) / T, dim=-1)
+            z_s = _logits(hs, w_s, b_s, softcap)
+            log_ps = torch.log_softmax(z_s / T, dim=-1)
+            log_pt = torch.log_softmax(_logits(ht, w_t, b_t, softcap) / T, dim=-1)
             p_t = log_pt.exp()
             # p_t * (log p_t - log p_s), with 0 where the teacher rules a token out (0 log 0 = 0)
             kl = torch.where(p_t > 0, p_t * (log_pt - log_ps), torch.zeros_like(p_t)).sum(-1)
@@ -63,7 +66,9 @@ class _ChunkedKL(torch.autograd.Function):
             if need_h or need_w or need_b:
                 # d/dz_s of T^2 * KL at z/T: T * (p_s - p_t), times the token weight
                 g = (log_ps.exp_() - p_t).mul_(wc[:, None] * T)
-                del log_pt, p_t
+                if softcap:  # through the cap: d(c tanh(u / c))/du = 1 - (z / c)^2
+                    g.mul_(1 - (z_s / softcap) ** 2)
+                del log_pt, p_t, z_s
                 if need_h:
                     grad_h.index_copy_(0, idx, (g.to(hs.dtype) @ w_s.to(hs.dtype)).to(h_s.dtype))
                 if need_w:
@@ -81,13 +86,14 @@ class _ChunkedKL(torch.autograd.Function):
         gh = None if grad_h is None else grad_h * scale.to(grad_h.dtype)
         gw = None if grad_w is None else (grad_w * scale).to(ctx.w_dtype)
         gb = None if grad_b is None else (grad_b * scale).to(ctx.b_dtype)
-        return gh, None, gw, gb, None, None, None, None, None
+        return gh, None, gw, gb, None, None, None, None, None, None
 
 
 def chunked_distillation_loss(student_hidden: torch.Tensor, teacher_hidden: torch.Tensor, head_weight: torch.Tensor,
                               head_bias: Optional[torch.Tensor] = None, teacher_head_weight: Optional[torch.Tensor] = None,
                               teacher_head_bias: Optional[torch.Tensor] = None, temperature: float = 1.0,
-                              mask: Optional[torch.Tensor] = None, chunk_size: Optional[int] = None) -> torch.Tensor:
+                              mask: Optional[torch.Tensor] = None, chunk_size: Optional[int] = None,
+                              softcap: Optional[float] = None) -> torch.Tensor:
     """``losses.distillation_loss(h_s W^T + b, h_t W_t^T + b_t, temperature, mask)`` without the logits.
 
     Args:
@@ -100,6 +106,8 @@ def chunked_distillation_loss(student_hidden: torch.Tensor, teacher_hidden: torc
         temperature: ``T > 0``.
         mask: optional bool ``[...]``; True = the token counts.
         chunk_size: tokens per chunk (default :func:`default_chunk_size`).
+        softcap: the model's final logit softcapping (``config.final_logit_softcapping``, Gemma2): both heads' logits
+            are ``c tanh(z / c)``, as the model's own logits.
 
     Returns a float32 scalar; 0 (attached to the student graph) if no token is unmasked.
     """
@@ -133,13 +141,15 @@ def chunked_distillation_loss(student_hidden: torch.Tensor, teacher_hidden: torc
         return student_hidden.sum().float() * 0.0
     weight = m.float() / n
     loss = _ChunkedKL.apply(h_s, h_t, head_weight, head_bias, t_weight.detach(),
-                            None if t_bias is None else t_bias.detach(), weight, float(temperature), int(chunk_size))
+                            None if t_bias is None else t_bias.detach(), weight, float(temperature), int(chunk_size),
+                            softcap or None)
     return loss
 
 
 @torch.no_grad()
 def chunked_lm_loss(hidden: torch.Tensor, head_weight: torch.Tensor, head_bias: Optional[torch.Tensor],
-                    labels: torch.Tensor, chunk_size: Optional[int] = None) -> torch.Tensor:
+                    labels: torch.Tensor, chunk_size: Optional[int] = None,
+                    softcap: Optional[float] = None) -> torch.Tensor:
     """The causal-LM loss (next-token cross entropy, labels ``-100`` ignored) of ``hidden [B, S, H]`` through the
     head ``[V, H]``, ``chunk_size`` tokens at a time; no gradient (a logged quantity)."""
     chunk_size = chunk_size or default_chunk_size(head_weight.shape[0])
@@ -149,6 +159,6 @@ def chunked_lm_loss(hidden: torch.Tensor, head_weight: torch.Tensor, head_bias: 
     total = torch.zeros((), dtype=torch.float32, device=h.device)
     for start in range(0, rows.numel(), chunk_size):
         idx = rows[start:start + chunk_size]
-        total += F.cross_entropy(_logits(h.index_select(0, idx), head_weight, head_bias), y.index_select(0, idx),
+        total += F.cross_entropy(_logits(h.index_select(0, idx), head_weight, head_bias, softcap), y.index_select(0, idx),
                                  reduction="sum")
     return total / max(1, rows.numel())

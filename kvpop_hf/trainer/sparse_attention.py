@@ -71,12 +71,13 @@ def sparse_attention_block_mask(topk: RunningTopK, sinks: int, window: int, grou
 
 
 def sparse_attention(query, key, value, topk: RunningTopK, sinks: int, window: int, scale: float | None = None,
-                     block_mask=None, kernel_options: dict | None = None):
+                     block_mask=None, kernel_options: dict | None = None, softcap: float | None = None):
     """query ``[b, Hq, S, d]``, key/value ``[b, Hkv, S, d]`` -> (out ``[b, Hq, S, d]``, lse ``[b, Hq, S]``).
 
     ``block_mask``: a prebuilt :func:`sparse_attention_block_mask` of the same ``topk`` (an ``IntervalLayout``,
     whose order the keys and values are gathered into first, or a ``BlockMask`` over position order); built
-    here (interval layout) if None. ``kernel_options``: passed to FlexAttention (e.g. ``BLOCK_M``/``BLOCK_N``)."""
+    here (interval layout) if None. ``kernel_options``: passed to FlexAttention (e.g. ``BLOCK_M``/``BLOCK_N``).
+    ``softcap``: the model's attention logit cap (Gemma2), a ``score_mod``; learned sinks: :func:`apply_sinks`."""
     b, hq, S, _ = query.shape
     groups = hq // key.shape[1]
     # FlexAttention needs one dtype; under autocast q/k (normed in float32) and v can differ
@@ -86,6 +87,11 @@ def sparse_attention(query, key, value, topk: RunningTopK, sinks: int, window: i
     if isinstance(block_mask, IntervalLayout):
         key, value, block_mask = block_mask.arrange(key), block_mask.arrange(value), block_mask.block_mask
     kw = dict(block_mask=block_mask, scale=scale)
+    if softcap:
+        def score_mod(score, b, h, q_idx, kv_idx):
+            return torch.tanh(score / softcap) * softcap
+
+        kw["score_mod"] = score_mod
     if kernel_options:
         kw["kernel_options"] = kernel_options
     if groups > 1:
@@ -97,14 +103,27 @@ def sparse_attention(query, key, value, topk: RunningTopK, sinks: int, window: i
     return out, lse.float()
 
 
-def sparse_attention_reference(query, key, value, topk: RunningTopK, sinks: int, window: int, scale=None):
+def sparse_attention_reference(query, key, value, topk: RunningTopK, sinks: int, window: int, scale=None,
+                               softcap: float | None = None):
     """Materialised-mask reference of :func:`sparse_attention` (small sizes only)."""
     groups = query.shape[1] // key.shape[1]
     mask = expand_kv(sparse_mask_reference(topk, sinks, window), groups)
     k, v = expand_kv(key, groups), expand_kv(value, groups)
     scale = query.shape[-1] ** -0.5 if scale is None else scale
     scores = (query.float() @ k.float().transpose(-1, -2)) * scale
+    if softcap:
+        scores = torch.tanh(scores / softcap) * softcap
     scores = scores.masked_fill(~mask, float("-inf"))
     lse = scores.logsumexp(-1)
     out = (scores - lse[..., None]).exp() @ v.float()
     return out.to(query.dtype), lse
+
+
+def apply_sinks(out: torch.Tensor, lse: torch.Tensor, sink_logits: torch.Tensor | None):
+    """Learned per-head sinks (GPT-OSS) applied to a softmax's result: one extra logit ``s_h`` per query head that
+    attends to nothing scales the output by ``exp(lse - lse')`` with ``lse' = logaddexp(lse, s_h)``.
+    out ``[b, Hq, S, d]``, lse ``[b, Hq, S]`` float32, sink_logits ``[Hq]`` or None -> (out, lse')."""
+    if sink_logits is None:
+        return out, lse
+    lse_all = torch.logaddexp(lse, sink_logits.float().to(lse.device).view(1, -1, 1))
+    return out * (lse - lse_all).exp()[..., None].to(out.dtype), lse_all

@@ -24,6 +24,7 @@ import torch
 from torch.profiler import record_function
 from transformers import AttentionInterface, AttentionMaskInterface
 
+from ..attention_variants import AttentionVariant, causal_visible, variant_attention
 from ..dense_attention import causal_attention
 from ..priority import decayed_priorities
 from ..topk import RunningTopK, running_topk
@@ -31,7 +32,7 @@ from .hidden_states import final_hidden_states
 from .losses import balance_weights, boundary_loss, margin_weights
 from .priorities import sequence_priorities
 from .scorer_checkpoint import checkpointed_priorities
-from .sparse_attention import sparse_attention, sparse_attention_block_mask, sparse_attention_reference
+from .sparse_attention import apply_sinks, sparse_attention, sparse_attention_block_mask, sparse_attention_reference
 from .targets import dense_causal_lse, future_attention_target
 
 TRAIN_ATTN_NAME = "kvpop_train"
@@ -96,26 +97,35 @@ class StudentCall:
     (FSDP's mixed-precision cast of forward inputs) pass it on as is, so the layers fill this call's record.
     """
 
-    __slots__ = ("scorer", "log_gamma", "settings", "record", "query_mask", "valid_queries")
+    __slots__ = ("scorer", "log_gamma", "settings", "record", "query_mask", "valid_queries", "layers")
 
     def __init__(self, scorer, log_gamma, settings: StudentSettings, record: StudentRecord, query_mask=None,
-                 valid_queries=None):
+                 valid_queries=None, layers=None):
         self.scorer, self.log_gamma, self.settings, self.record = scorer, log_gamma, settings, record
         self.query_mask, self.valid_queries = query_mask, valid_queries
+        # model layer index -> scorer layer of the KVpop layers (None: every layer, scorer layer = model layer)
+        self.layers = None if layers is None else {int(i): j for j, i in enumerate(layers)}
+
+    def scorer_layer(self, layer_idx: int) -> int | None:
+        """The scorer layer of decoder layer ``layer_idx``, None where the layer is not a KVpop layer."""
+        return layer_idx if self.layers is None else self.layers.get(layer_idx)
 
 
 def student_forward(model, scorer, settings: StudentSettings, log_gamma: torch.Tensor | None = None,
                     query_mask: torch.Tensor | None = None, valid_queries: torch.Tensor | None = None,
-                    return_hidden: bool = False, **inputs):
+                    return_hidden: bool = False, layers=None, **inputs):
     """``model(**inputs)`` as the sparse student -> (model outputs, :class:`StudentRecord`).
 
     ``query_mask [B, S]`` (bool): the future queries the target counts (``targets.future_attention_target``);
     None: all of them. ``valid_queries [B, S]`` (bool): the real positions of a right-padded batch; padded queries
     get no boundary-loss term and no recall; None: all real. ``return_hidden=True``: no logits are computed
-    (``outputs.logits`` is empty) and the final hidden states ``[B, S, H]`` come third, for :mod:`.chunked_distillation`. The model must run the
-    ``"kvpop_train"`` attention (``model.set_attn_implementation("kvpop_train")``)."""
+    (``outputs.logits`` is empty) and the final hidden states ``[B, S, H]`` come third, for
+    :mod:`.chunked_distillation`. The model must run the ``"kvpop_train"`` attention
+    (``model.set_attn_implementation("kvpop_train")``). ``layers``: the decoder layers that are KVpop layers
+    (``KVpopConfig.layers``; scorer layer ``j`` serves ``layers[j]``), None: all of them; the other layers attend
+    as the model does (sliding window, softcap, sinks)."""
     record = StudentRecord()
-    call = StudentCall(scorer, log_gamma, settings, record, query_mask, valid_queries)
+    call = StudentCall(scorer, log_gamma, settings, record, query_mask, valid_queries, layers)
     hidden = None
     if return_hidden:
         outputs, hidden = final_hidden_states(model, **inputs, **{STUDENT_KWARG: call})
@@ -165,17 +175,22 @@ def teacher_topk_recall(student, teacher, sinks: int, window: int, n_queries: in
 def kvpop_train_attention(module, query, key, value, attention_mask, scaling=None, dropout: float = 0.0, **kwargs):
     """query ``[b, Hq, S, d]``, key/value ``[b, Hkv, S, d]`` (whole sequences) -> (``[b, S, Hq, d]``, None)."""
     call = kwargs.get(STUDENT_KWARG)
-    if call is None:
-        mask = attention_mask if isinstance(attention_mask, torch.Tensor) else None
-        return causal_attention(query, key, value, mask, scaling), None
+    variant = AttentionVariant.of(kwargs, module)
+    si = None if call is None else call.scorer_layer(module.layer_idx)
+    if si is None:  # the dense teacher, or a layer that is not a KVpop layer: the model's own attention
+        dropout = dropout if module.training else 0.0
+        return model_attention(query, key, value, scaling, variant, kwargs.get("sliding_window"), dropout), None
+    if kwargs.get("sliding_window") is not None:
+        raise ValueError(f"Layer {module.layer_idx} is a sliding-window layer: KVpopTrainer retrofits KVpop on the "
+                         "full-attention layers and keeps the sliding layers as the model runs them "
+                         "(KVpopCache(..., sliding_layers='window')).")
     scorer, log_gamma, st, record = call.scorer, call.log_gamma, call.settings, call.record
-    li = module.layer_idx
-    lg = None if log_gamma is None else log_gamma[li]
+    li = module.layer_idx  # records are kept per decoder layer
+    lg = None if log_gamma is None else log_gamma[si]
     saved = record.decisions.get(li)  # set: this is the backward pass's recomputation of the layer
     with record_function("kvpop.scoring"):
         def score(k, v):
-            return sequence_priorities(scorer, li, k, v, st.window, None if log_gamma is None else log_gamma[li],
-                                       st.decay_step)
+            return sequence_priorities(scorer, si, k, v, st.window, lg, st.decay_step)
 
         params = list(scorer.parameters()) + ([log_gamma] if log_gamma is not None else [])
         prio = checkpointed_priorities(score, key.detach(), value.detach(), params,
@@ -197,10 +212,13 @@ def kvpop_train_attention(module, query, key, value, attention_mask, scaling=Non
             if block_mask is None:
                 block_mask = sparse_attention_block_mask(student, st.sinks, st.window, query.shape[1] // key.shape[1],
                                                          method=st.attention_layout)
-            out, lse = sparse_attention(query, key, value, student, st.sinks, st.window, scaling, block_mask=block_mask)
+            out, lse = sparse_attention(query, key, value, student, st.sinks, st.window, scaling, block_mask=block_mask,
+                                        softcap=variant.softcap)
         else:
             block_mask = None
-            out, lse = sparse_attention_reference(query, key, value, student, st.sinks, st.window, scaling)
+            out, lse = sparse_attention_reference(query, key, value, student, st.sinks, st.window, scaling,
+                                                  softcap=variant.softcap)
+        out, lse = apply_sinks(out, lse, variant.sinks)
     if not st.targets:
         record.boundary[li] = lse.new_zeros(())
         record.decisions.setdefault(li, LayerDecisions(student, block_mask=block_mask, priorities=prio.detach()))
@@ -214,13 +232,15 @@ def kvpop_train_attention(module, query, key, value, attention_mask, scaling=Non
         return out.transpose(1, 2).contiguous(), None
     with torch.no_grad(), record_function("kvpop.target_pass"):
         q_d, k_d = query.detach(), key.detach()
-        lse_used = lse.detach() if st.target_lse == "sparse" else dense_causal_lse(q_d, k_d, scaling)
+        lse_used = lse.detach() if st.target_lse == "sparse" else dense_causal_lse(
+            q_d, k_d, scaling, softcap=variant.softcap, sinks=variant.sinks)
         backend = st.target_backend
         if backend == "auto":
             backend = "flex" if query.is_cuda and st.target_reduce == "mean" else "chunked"
         qmask = None if call.query_mask is None else call.query_mask.to(q_d.device)
         r_tgt = future_attention_target(q_d, k_d, lse_used, st.window, eps=st.target_eps, agg=st.target_agg,
-                                        scale=scaling, backend=backend, reduce=st.target_reduce, query_mask=qmask)
+                                        scale=scaling, backend=backend, reduce=st.target_reduce, query_mask=qmask,
+                                        softcap=variant.softcap)
         S = r_tgt.shape[-1]
         p_tgt = r_tgt if lg is None else decayed_priorities(r_tgt, torch.arange(S, device=r_tgt.device),
                                                             lg.detach(), st.decay_step)
@@ -245,6 +265,19 @@ def kvpop_train_attention(module, query, key, value, attention_mask, scaling=Non
         record.boundary[li] = boundary_loss(prio, t_new, teacher.boundary, teacher.keep_new, tau=st.tau,
                                             omega=omega, valid=valid)
     return out.transpose(1, 2).contiguous(), None
+
+
+def model_attention(query, key, value, scaling, variant: AttentionVariant, sliding_window: int | None,
+                    dropout: float = 0.0):
+    """Causal attention over a whole unpadded sequence as the model computes it: its sliding window, softcap and
+    sinks. query ``[b, Hq, S, d]``, key/value ``[b, Hkv, S, d]`` -> ``[b, S, Hq, d]``. A plain full-attention layer
+    takes SDPA's causal kernel, anything else the torch reference (:mod:`kvpop_hf.attention_variants`)."""
+    if variant.plain and sliding_window is None:
+        return causal_attention(query, key, value, None, scaling, dropout)
+    mask = causal_visible(query.shape[2], key.shape[2], sliding_window, query.device)
+    if variant.plain:
+        return causal_attention(query, key, value, mask, scaling, dropout)
+    return variant_attention(query, key, value, mask, scaling, variant, dropout)
 
 
 def _train_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mask_function=None,

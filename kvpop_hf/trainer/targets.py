@@ -208,12 +208,14 @@ def _aggregate(log_sum: torch.Tensor, Hkv: int, window: int, eps: float, agg: st
 
 
 def dense_causal_lse(q: torch.Tensor, k: torch.Tensor, scale: Optional[float] = None,
-                     chunk: int = 1024) -> torch.Tensor:
+                     chunk: int = 1024, softcap: Optional[float] = None,
+                     sinks: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Exact dense causal LSE ``[B, Hq, S]`` (float32, natural log).
 
     ``LSE_d = logsumexp_{t <= d} scale * q_d . k_t``, computed over query chunks
     of size ``chunk`` so that at most a ``chunk x S`` slice of the score map
-    exists at a time.
+    exists at a time. ``softcap``: logits ``softcap * tanh(logit / softcap)`` (Gemma2); ``sinks [Hq]``: one
+    learned logit per head joins the sum (GPT-OSS), as the model's attention computes them.
     """
     B, Hq, Hkv, S, D = _check_qk(q, k)
     if not isinstance(chunk, int) or chunk < 1:
@@ -224,12 +226,19 @@ def dense_causal_lse(q: torch.Tensor, k: torch.Tensor, scale: Optional[float] = 
     out = torch.empty(B, Hq, S, dtype=torch.float32, device=q.device)
     for d0 in range(0, S, chunk):
         d1 = min(S, d0 + chunk)
-        s = torch.matmul(qf[:, :, d0:d1], kf[:, :, :d1].transpose(-1, -2)) * sc  # [B,Hq,c,d1]
+        s = _softcap(torch.matmul(qf[:, :, d0:d1], kf[:, :, :d1].transpose(-1, -2)) * sc, softcap)  # [B,Hq,c,d1]
         d_idx = torch.arange(d0, d1, device=q.device)[:, None]
         t_idx = torch.arange(d1, device=q.device)[None, :]
         s = s.masked_fill(t_idx > d_idx, -math.inf)
         out[:, :, d0:d1] = torch.logsumexp(s, dim=-1)
+    if sinks is not None:
+        out = torch.logaddexp(out, sinks.float().to(out.device).view(1, Hq, 1))
     return out
+
+
+def _softcap(scores: torch.Tensor, softcap: Optional[float]) -> torch.Tensor:
+    """Attention logit softcapping ``softcap * tanh(scores / softcap)`` (None or 0: unchanged)."""
+    return scores if not softcap else torch.tanh(scores / softcap) * softcap
 
 
 # ---------------------------------------------------------------------------
@@ -238,7 +247,8 @@ def dense_causal_lse(q: torch.Tensor, k: torch.Tensor, scale: Optional[float] = 
 
 
 def future_attention_target_reference(q, k, lse, window, eps=1e-6, agg="log_mean",
-                                      scale=None, reduce: str = "mean", query_mask=None) -> torch.Tensor:
+                                      scale=None, reduce: str = "mean", query_mask=None,
+                                      softcap: Optional[float] = None) -> torch.Tensor:
     """Obviously-correct oracle: materialises the full ``S x S`` map of
     ``A[d, t] = exp(scale q_d.k_t - LSE_d)``, sums it over ``d >= t + window`` (and marked by ``query_mask``),
     divides by ``N_t`` and aggregates per KV head.  Returns float32 ``[B, Hkv, S]``.
@@ -248,7 +258,7 @@ def future_attention_target_reference(q, k, lse, window, eps=1e-6, agg="log_mean
     sc = _scale(scale, D)
     qf = q.float()
     kf = _expand_kv(k.float(), Hq)
-    scores = torch.matmul(qf, kf.transpose(-1, -2)) * sc  # [B, Hq, S(d), S(t)]
+    scores = _softcap(torch.matmul(qf, kf.transpose(-1, -2)) * sc, softcap)  # [B, Hq, S(d), S(t)]
     P = torch.exp(scores - _prep_lse(lse)[..., :, None])
     d_idx = torch.arange(S, device=q.device)[:, None]
     t_idx = torch.arange(S, device=q.device)[None, :]
@@ -301,7 +311,7 @@ def future_block_mask_for(S: int, window: int, device):
 
 
 def _flex_log_sum(qf, kf_exp, lse_f, window: int, sc: float, block_mask=None, kernel_options=None,
-                  v_dim: int = 16) -> torch.Tensor:
+                  v_dim: int = 16, softcap: Optional[float] = None) -> torch.Tensor:
     """Transposed flex pass.  Returns ``log sum_{d >= t+w} A[d, t]`` [B, Hq, S].
 
     ``block_mask``: a prebuilt :func:`future_block_mask_for` (built here if None); ``kernel_options`` go to
@@ -313,6 +323,10 @@ def _flex_log_sum(qf, kf_exp, lse_f, window: int, sc: float, block_mask=None, ke
 
     def score_mod(score, b, h, q_idx, kv_idx):
         return score - lse_f[b, h, kv_idx]
+
+    if softcap:
+        def score_mod(score, b, h, q_idx, kv_idx):  # noqa: F811 - the softcapped logits of the model
+            return torch.tanh(score / softcap) * softcap - lse_f[b, h, kv_idx]
 
     if block_mask is None:
         block_mask = future_block_mask_for(S, window, device)
@@ -338,7 +352,8 @@ def _flex_log_sum(qf, kf_exp, lse_f, window: int, sc: float, block_mask=None, ke
     return log_sum
 
 
-def _chunked_log_sum(qf, kf_exp, lse_f, window: int, sc: float, chunk: int, reduce: str = "mean") -> torch.Tensor:
+def _chunked_log_sum(qf, kf_exp, lse_f, window: int, sc: float, chunk: int, reduce: str = "mean",
+                     softcap: Optional[float] = None) -> torch.Tensor:
     """Plain-torch transposed pass over key chunks: ``[B, Hq, chunk, S]`` at a time. Returns
     ``log sum_{d >= t+w} A[d, t]`` (``reduce="max"``: ``log max``; ``"p<x>"``: ``(1/x) log sum A^x``)
     ``[B, Hq, S]``."""
@@ -352,7 +367,7 @@ def _chunked_log_sum(qf, kf_exp, lse_f, window: int, sc: float, chunk: int, redu
     for t0 in range(0, last_t + 1, chunk):
         t1 = min(last_t + 1, t0 + chunk)
         d0 = t0 + window  # smallest query any key of the chunk can see
-        s = torch.matmul(kf_exp[:, :, t0:t1], qf[:, :, d0:].transpose(-1, -2)) * sc  # [B,Hq,c,S-d0]
+        s = _softcap(torch.matmul(kf_exp[:, :, t0:t1], qf[:, :, d0:].transpose(-1, -2)) * sc, softcap)  # [B,Hq,c,S-d0]
         s = s - lse_f[:, :, None, d0:]
         t_idx = torch.arange(t0, t1, device=device)[:, None]
         d_idx = torch.arange(d0, S, device=device)[None, :]
@@ -366,8 +381,12 @@ def _chunked_log_sum(qf, kf_exp, lse_f, window: int, sc: float, chunk: int, redu
 
 def future_attention_target(q, k, lse, window, eps=1e-6, agg="log_mean", scale=None,
                             backend="flex", chunk: int = 512, reduce: str = "mean",
-                            query_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+                            query_mask: Optional[torch.Tensor] = None,
+                            softcap: Optional[float] = None) -> torch.Tensor:
     """Future-attention target ``r`` ``[B, Hkv, S]`` (float32) via a transposed pass.
+
+    ``softcap``: the model caps its attention logits (Gemma2), ``A[d, t] = exp(c tanh(scale q_d.k_t / c) - LSE_d)``;
+    learned sinks (GPT-OSS) enter through ``lse`` alone (the softmax denominator includes them).
 
     See the module docstring for the definition.  ``backend="flex"`` uses
     FlexAttention with swapped roles (keys as queries); ``backend="chunked"``
@@ -395,7 +414,7 @@ def future_attention_target(q, k, lse, window, eps=1e-6, agg="log_mean", scale=N
         kf_exp = _expand_kv(k.detach().to(dt), Hq).contiguous()
         lse_f = _mask_lse(_prep_lse(lse.detach()), query_mask).contiguous()
         if backend == "flex":
-            log_sum = _flex_log_sum(qf, kf_exp, lse_f, window, sc)
+            log_sum = _flex_log_sum(qf, kf_exp, lse_f, window, sc, softcap=softcap)
         else:
-            log_sum = _chunked_log_sum(qf, kf_exp, lse_f, window, sc, chunk, reduce)
+            log_sum = _chunked_log_sum(qf, kf_exp, lse_f, window, sc, chunk, reduce, softcap=softcap)
         return _aggregate(log_sum, Hkv, window, eps, agg, power=power, query_mask=query_mask)

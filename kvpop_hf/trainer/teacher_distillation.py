@@ -45,4 +45,15 @@ def distillation_from_hidden(model, teacher_model, hidden: torch.Tensor, teacher
     t_head = head if teacher_model is None else lm_head_of(teacher_model)
     weight, bias = head_weights(head)
     t_weight, t_bias = head_weights(t_head)
-    return chunked_distillation_loss(hidden, teacher_hidden, weight, bias, t_weight, t_bias, temperature, mask)
+    return chunked_distillation_loss(hidden, teacher_hidden, weight, bias, t_weight, t_bias, temperature, mask,
+                                     softcap=final_logit_softcap(model))
+
+
+def final_logit_softcap(model) -> float | None:
+    """The model's final logit softcapping (``final_logit_softcapping``, Gemma2), None where it has none."""
+    from .hidden_states import unwrap_model
+
+    config = getattr(unwrap_model(model), "config", None)
+    if config is not None and hasattr(config, "get_text_config"):
+        config = config.get_text_config()
+    return getattr(config, "final_logit_softcapping", None) or None

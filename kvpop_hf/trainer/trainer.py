@@ -33,13 +33,15 @@ from transformers import Trainer, TrainingArguments
 
 from .. import hub
 from ..config import KVpopConfig, model_shape
+from ..layer_types import config_layer_fields, layer_plan
 from ..scorers import build_scorer
 from .chunked_distillation import chunked_lm_loss
 from .hidden_states import head_weights, lm_head_of, unwrap_model
 from .merged_save import save_weights_as
 from .student import TRAIN_ATTN_NAME, StudentSettings, student_forward
 from .targets import reduce_power
-from .teacher_distillation import distillation_from_hidden, supervised_positions, teacher_hidden_states
+from .teacher_distillation import (distillation_from_hidden, final_logit_softcap, supervised_positions,
+                                   teacher_hidden_states)
 
 SCORER_ATTR = "kvpop_scorer"
 LEARNED_SCORERS = ("mlp", "mlstm")
@@ -142,10 +144,14 @@ class KVpopTrainingArguments(TrainingArguments):
         self.scorer_kwargs = json.dumps(kwargs)
 
     def kvpop_config(self, model_config) -> KVpopConfig:
+        """The checkpoint's config: KVpop on the full-attention layers (the sliding-window and linear-attention
+        layers of a hybrid keep their own cache, docs/hybrid_models.md), which ``layers`` lists."""
         layers, heads, head_dim = model_shape(model_config)
+        fields = config_layer_fields(layer_plan(model_config, "window"))
         return KVpopConfig(sinks=self.sinks, window=self.window, topk=self.topk, scorer=self.scorer,
                            scorer_kwargs=json.loads(self.scorer_kwargs), log_gamma=self.log_gamma,
                            decay_step=self.decay_step, num_layers=layers, num_kv_heads=heads, head_dim=head_dim,
+                           **fields,
                            base_model=getattr(model_config, "_name_or_path", None) or None)
 
 
@@ -253,7 +259,7 @@ class KVpopTrainer(Trainer):
         # chunk by chunk inside the losses (chunked_distillation.py).
         outputs, record, hidden = student_forward(model, self.scorer, self.settings, self._log_gamma(model),
                                                   query_mask=query_mask, valid_queries=real, return_hidden=True,
-                                                  input_ids=ids)
+                                                  layers=self.kvpop_config.layers, input_ids=ids)
         distil = args.distill_weight > 0 and args.train_backbone
         with record_function("kvpop.teacher_forward"):
             teacher_hidden = teacher_hidden_states(model, self.teacher_model, ids) if distil else None
@@ -271,7 +277,8 @@ class KVpopTrainer(Trainer):
             logs["distill_loss"] = d_loss
         elif not args.train_backbone and labels is not None:
             with torch.no_grad():
-                logs["student_lm_loss"] = chunked_lm_loss(hidden, *head_weights(lm_head_of(model)), labels)
+                logs["student_lm_loss"] = chunked_lm_loss(hidden, *head_weights(lm_head_of(model)), labels,
+                                                          softcap=final_logit_softcap(model))
         if self.settings.targets:
             logs["teacher_topk_recall"] = torch.stack(list(record.teacher_recall.values())).nanmean()
             for li, r in record.teacher_recall.items():

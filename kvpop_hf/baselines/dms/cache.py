@@ -21,7 +21,7 @@ import os
 import torch
 from transformers.cache_utils import Cache
 
-from ...config import model_config_of, model_shape
+from ...config import model_config_of, model_shape, require_full_attention
 from ...shared import DeviceCopies
 from . import config as dms_files
 from .config import DMSConfig
@@ -41,6 +41,7 @@ class DMSCache(Cache):
     def __init__(self, model_config, gate: DMSGate | None = None, sinks: int = 4, window: int = 32,
                  dms_config: DMSConfig | None = None, init_bias: float = -2.0):
         model_config = model_config_of(model_config, "DMSCache")
+        require_full_attention(model_config, "DMSCache")
         layers, heads, head_dim = model_shape(model_config)
         cfg = dms_config if dms_config is not None else DMSConfig(sinks=sinks, window=window)
         cfg.validate()

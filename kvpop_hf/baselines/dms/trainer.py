@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 from transformers import Trainer, TrainingArguments
 
-from ...config import model_shape
+from ...config import model_shape, require_full_attention
 from ...trainer.hidden_states import lm_head_of, unwrap_model
 from ...trainer.teacher_distillation import distillation_from_hidden, supervised_positions, teacher_hidden_states
 from ...trainer.merged_save import save_weights_as
@@ -83,6 +83,7 @@ class DMSTrainer(Trainer):
         if not isinstance(args, DMSTrainingArguments):
             raise ValueError("DMSTrainer needs `args=DMSTrainingArguments(...)`.")
         base = unwrap_model(model)
+        require_full_attention(base.config, "DMSTrainer")
         layers, heads, head_dim = model_shape(base.config)
         gate = gate if gate is not None else DMSGate(layers, heads, head_dim, init_bias=args.gate_init_bias)
         base.add_module(GATE_ATTR, gate.requires_grad_(True))
