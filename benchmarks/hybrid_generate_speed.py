@@ -23,7 +23,7 @@ Greedy, exactly ``--new-tokens`` tokens. A stopping criterion records the synchr
 what the cache holds at the end. ``--compile off`` decodes eagerly for both caches (``disable_compile=True``; the
 default cache is never compiled by ``generate``); ``auto`` lets ``generate`` compile where it does (KVpopCache on
 CUDA). Rows are appended to ``--out`` (CSV) as they finish, each with the command, commit and date; a row that
-runs out of memory says ``OOM``, one started after ``--deadline`` seconds is skipped.
+runs out of memory says ``OOM``, one that fails otherwise ``error: <exception>`` (traceback printed), one started after ``--deadline`` seconds is skipped.
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ import statistics
 import subprocess
 import sys
 import time
+import traceback
 from pathlib import Path
 
 import torch
@@ -193,6 +194,9 @@ def main(argv: list[str] | None = None) -> int:
                             row.update(measure(model, kind, context, args, args.device))
                         except torch.OutOfMemoryError:
                             row["status"] = "OOM"
+                        except Exception as exc:  # recorded, and the next rows still run
+                            traceback.print_exc()
+                            row["status"] = f"error: {type(exc).__name__}"
                     gc.collect()
                     if args.device == "cuda":
                         torch.cuda.empty_cache()

@@ -53,13 +53,16 @@ def text_config(model_config):
 
 def layer_types_and_windows(cfg) -> tuple[list[str], list]:
     """transformers' per-layer types and sliding windows (``get_layer_types_and_kwargs`` where the installed
-    version has it, else the same inference from ``layer_types`` / ``sliding_window``)."""
+    version has it: a list of per-layer keyword dicts in recent releases, one shared dict in 5.17; else the same
+    inference from ``layer_types`` / ``sliding_window``)."""
     try:
         from transformers.cache_utils import get_layer_types_and_kwargs
     except ImportError:
         get_layer_types_and_kwargs = None
     if get_layer_types_and_kwargs is not None and hasattr(cfg, "per_layer_config"):
         types, kwargs = get_layer_types_and_kwargs(cfg)
+        if isinstance(kwargs, dict):  # transformers <= 5.17: one dict of keyword arguments for every layer
+            kwargs = [kwargs if t in SLIDING_TYPES else {} for t in types]
         return list(types), [kw.get("sliding_window") for kw in kwargs]
     n = cfg.num_hidden_layers
     types = getattr(cfg, "layer_types", None)
