@@ -7,7 +7,7 @@ Arguments:
   ``snapkv``, ``kvpop``, ...).
 * ``scorer``: a checkpoint folder (or Hub repo id) for the learned policies; for policies that bring their own
   weights (``kvpop_distill``, ``streaming_plus``, ``dms``, ...) it is the model folder and defaults to ``pretrained``.
-* ``sinks``, ``window``: the sinks and protected window; default the checkpoint's, else 4 and 256.
+* ``sinks``, ``window``: the sinks and protected window; default the checkpoint's, else 4 and 64 (kvpop-eval's).
 * ``topk`` (long-range slots per layer and KV head, ``B = sinks + window + topk``) **or** ``compression`` (a
   ratio in (0, 1) of each request's context: ``B = round((1 - compression) * n)`` with ``n`` the number of real
   prompt tokens of the request, padding excluded; ``topk = max(0, B - sinks - window)``). Learned policies default
@@ -25,7 +25,7 @@ from typing import Any
 __all__ = ["PolicyArgs", "parse_policy_args", "DEFAULT_SINKS", "DEFAULT_WINDOW"]
 
 DEFAULT_SINKS = 4
-DEFAULT_WINDOW = 256
+DEFAULT_WINDOW = 64
 
 
 @dataclass
