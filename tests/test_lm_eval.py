@@ -231,13 +231,15 @@ def test_loglikelihood_evicts_the_context_as_generation_does(tiny_dir, policy):
 
 
 @pytest.mark.parametrize("policy", ["streaming", "random"])
-def test_loglikelihood_prefill_chunks(tiny_dir, policy):
-    """prefill_chunk=N changes nothing for static priorities (the prompts repeat words, so K-Norm would tie on
-    equal key norms and float noise would pick; position-based policies have no ties)."""
+def test_prefill_chunks_change_nothing(tiny_dir, policy):
+    """prefill_chunk=N changes neither loglikelihoods nor generations for static priorities (the prompts repeat
+    words, so K-Norm would tie on equal key norms and float noise would pick; these policies have no ties)."""
     pairs = _ll_requests(LL_PAIRS)
     args = dict(policy=policy, sinks=SINKS, window=WINDOW, topk=TOPK)
-    whole = _lm(tiny_dir, **args).loglikelihood(pairs)
-    chunked = _lm(tiny_dir, prefill_chunk=5, **args).loglikelihood(pairs)
+    whole_lm, chunked_lm = _lm(tiny_dir, batch_size=4, **args), _lm(tiny_dir, batch_size=4, prefill_chunk=5, **args)
+    reqs = _gen_requests(PROMPTS, max_gen_toks=8)
+    assert chunked_lm.generate_until(reqs) == whole_lm.generate_until(reqs)
+    whole, chunked = whole_lm.loglikelihood(pairs), chunked_lm.loglikelihood(pairs)
     for (a, _), (b, _) in zip(whole, chunked):
         assert b == pytest.approx(a, abs=1e-4)
 

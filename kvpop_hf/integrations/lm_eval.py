@@ -9,8 +9,8 @@ registered::
 
 ``model_args`` are HFLM's (``pretrained``, ``dtype``, ``batch_size``, ``max_length``, ...) plus those of
 :mod:`kvpop_hf.integrations.policy_args` (``policy``, ``scorer``, ``sinks``, ``window``, ``topk`` or
-``compression``) and ``prefill_chunk=N`` (feed prompts in chunks of N tokens, as ``generate(prefill_chunk_size=N)``
-does). All of them are checked, and a checkpoint is loaded and matched to the model's shape, before the weights
+``compression``) and ``prefill_chunk=N`` (feed prompts in eager chunks of N tokens with :func:`kvpop_hf.prefill_in_chunks`, which
+equals ``generate(prefill_chunk_size=N)`` and keeps ``generate``'s compiled decode steps valid on CUDA). All of them are checked, and a checkpoint is loaded and matched to the model's shape, before the weights
 load.
 
 * ``generate_until``: HFLM's batching (left padding, greedy or sampled, ``repeats``), each batch with a fresh cache
@@ -40,6 +40,7 @@ from tqdm import tqdm
 import kvpop_hf  # noqa: F401  (registers the "kvpop" attention)
 
 from ..compat import with_cache
+from ..prefill import prefill_in_chunks
 from .policy_args import PolicyArgs, parse_policy_args
 
 __all__ = ["KVpopLM", "main"]
@@ -104,8 +105,6 @@ class KVpopLM(HFLM):
         if mask is None:
             mask = torch.ones_like(context)
         lengths = mask.sum(dim=1).tolist()
-        if self.prefill_chunk is not None:
-            generation_kwargs.setdefault("prefill_chunk_size", self.prefill_chunk)
         groups: dict[Any, list[int]] = {}
         for row, n in enumerate(lengths):  # rows that share a budget share a cache
             groups.setdefault(self.kv.budget(int(n)), []).append(row)
@@ -116,6 +115,9 @@ class KVpopLM(HFLM):
             cut = L - n_max  # padding columns every row of the group has
             ctx, m = context[rows, cut:], mask[rows, cut:]
             cache = self.kv.make_cache(n_max)
+            if self.prefill_chunk is not None and ctx.shape[1] > self.prefill_chunk:
+                # eager chunks, then generate forwards the last prompt token (its compiled decode steps stay valid)
+                prefill_in_chunks(self.model, cache, ctx, self.prefill_chunk, attention_mask=m)
             out = super()._model_generate(ctx, max_length - cut, stop, attention_mask=m,
                                           **with_cache(self.model, cache, **dict(generation_kwargs)))
             if cut:
