@@ -376,3 +376,39 @@ def test_exporter_rejects_bad_arguments(tmp_path, tiny_dir):
         export_tasks(tmp_path, str(tiny_dir), ["niah_multivalue"], [256], n=1)
     with pytest.raises(ValueError, match="--temperature > 0"):
         export_tasks(tmp_path, str(tiny_dir), ["vt"], [256], n=1, repeats=4)
+
+
+def test_over_rollouts_gives_pass_at_1_over_n_for_a_one_sample_task(tiny_dir, tasks_dir):
+    """A task whose process_results scores one generation, run with repeats: 3 and take_first_k through
+    over_rollouts: exact_match is the mean over the rollouts, pass_at_k whether any is right."""
+    import lm_eval
+    from lm_eval.tasks import TaskManager
+
+    import kvpop_hf.integrations.lm_eval  # noqa: F401
+    from kvpop_hf.integrations.lm_eval_rollouts import over_rollouts
+    from kvpop_hf.testbed.tokenizer import extract_answer, normalize
+
+    def one(doc, results):
+        assert isinstance(results[0], str)
+        return {"exact_match": float(extract_answer(results[0]) == normalize(doc["answer"]))}
+
+    assert over_rollouts(one)({"answer": "7"}, [["answer : 7", "8", "answer : 7 ."]]) == {
+        "exact_match": pytest.approx(1 / 3), "pass_at_k": 1.0}
+    (tasks_dir / "rollouts.py").write_text(
+        "from kvpop_hf.integrations.lm_eval_rollouts import over_rollouts\n"
+        "from kvpop_hf.testbed.tokenizer import extract_answer, normalize\n\n\n"
+        "def one(doc, results):\n"
+        "    return {'exact_match': float(extract_answer(results[0]) == normalize(doc['answer']))}\n\n\n"
+        "process_results = over_rollouts(one)\n")
+    (tasks_dir / "vt_n3.yaml").write_text(
+        "include: kvpop_vt_160.yaml\ntask: vt_n3\nrepeats: 3\n"
+        "generation_kwargs: {until: [], do_sample: true, temperature: 1.0, max_gen_toks: 6}\n"
+        "filter_list: [{name: rollouts, filter: [{function: take_first_k, k: 3}]}]\n"
+        "process_results: !function rollouts.process_results\n")
+    res = lm_eval.simple_evaluate(model="kvpop", model_args=f"pretrained={tiny_dir},dtype=float32,policy=knorm,"
+                                  f"sinks=2,window=8,topk={TOPK}", tasks=["vt_n3"], device="cpu", batch_size=3,
+                                  task_manager=TaskManager(include_path=str(tasks_dir)), log_samples=True)
+    samples = res["samples"]["vt_n3"]
+    assert len(samples) == 3 and all(len(s["filtered_resps"][0]) == 3 for s in samples)
+    want = [one(s["doc"], [r])["exact_match"] for s in samples for r in s["filtered_resps"][0]]
+    assert res["results"]["vt_n3"]["exact_match,rollouts"] == pytest.approx(sum(want) / 9)
