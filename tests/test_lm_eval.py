@@ -104,7 +104,7 @@ def test_cli_runs_kvpop_on_an_exported_task_and_the_table_reads_it(tiny_dir, tas
 
 
 def test_console_command_is_lm_evals_cli(tiny_dir):
-    """The installed entry point hands its arguments to lm-eval unchanged (here ``ls tasks``)."""
+    """The console command's function hands its arguments to lm-eval's own command line unchanged."""
     out = subprocess.run([sys.executable, "-c", "from kvpop_hf.integrations.lm_eval import main; main()", "--help"],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and "run" in out.stdout and "lm-eval" in out.stdout
@@ -412,3 +412,24 @@ def test_over_rollouts_gives_pass_at_1_over_n_for_a_one_sample_task(tiny_dir, ta
     assert len(samples) == 3 and all(len(s["filtered_resps"][0]) == 3 for s in samples)
     want = [one(s["doc"], [r])["exact_match"] for s in samples for r in s["filtered_resps"][0]]
     assert res["results"]["vt_n3"]["exact_match,rollouts"] == pytest.approx(sum(want) / 9)
+
+
+def test_compression_budget_follows_each_context(tiny_dir, caplog):
+    from transformers import AutoConfig
+
+    from kvpop_hf.integrations.policy_args import parse_policy_args
+
+    cfg = AutoConfig.from_pretrained(tiny_dir)
+    kv = parse_policy_args(cfg, str(tiny_dir), "knorm", sinks=2, window=8, compression=0.5)
+    assert kv.budget(100) == (2, 8, 40) and kv.budget(101) == (2, 8, 40) and kv.budget(1000) == (2, 8, 490)
+    assert kv.make_cache(100).budget == 50 and kv.short_requests == 0
+    assert kv.budget(10) == (2, 8, 0) and kv.short_requests == 1  # B = 5 < sinks + window: sinks + window kept
+    from kvpop_hf.integrations.policy_args import PolicyArgs
+
+    # window-only policies (StreamingLLM+) spend the whole budget beyond the sinks on the window
+    assert PolicyArgs("streaming_plus", cfg, sinks=2, window=8, topk=10).budget(100) == (2, 18, 0)
+    assert PolicyArgs("streaming_plus", cfg, sinks=2, window=8, compression=0.5).budget(100) == (2, 48, 0)
+    lm = _lm(tiny_dir, policy="knorm", sinks=2, window=64, compression=0.9)
+    with caplog.at_level("WARNING"):
+        lm.generate_until(_gen_requests(PROMPTS[:1], max_gen_toks=2))
+    assert "kept sinks + window" in caplog.text

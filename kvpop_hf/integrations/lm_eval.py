@@ -97,7 +97,19 @@ class KVpopLM(HFLM):
         info["kvpop"] = self.kv.describe()
         return info
 
+    def _warn_short(self) -> None:
+        if self.kv.short_requests:
+            log.warning("kvpop: %d request budgets were too small for compression=%s to leave long-range slots after "
+                        "sinks=%d + window=%d; those requests kept sinks + window.", self.kv.short_requests,
+                        self.kv.compression, self.kv.sinks, self.kv.window)
+            self.kv.short_requests = 0
+
     # -- generation ----------------------------------------------------------------------------------
+    def generate_until(self, requests, disable_tqdm: bool = False):
+        out = super().generate_until(requests, disable_tqdm=disable_tqdm)
+        self._warn_short()
+        return out
+
     def _model_generate(self, context, max_length, stop, **generation_kwargs):
         if self.kv.dense:
             return super()._model_generate(context, max_length, stop, **generation_kwargs)
@@ -195,10 +207,7 @@ class KVpopLM(HFLM):
                     self.cache_hook.add_partial("loglikelihood", req_str, (ll, greedy))
                 bar.update(1)
         bar.close()
-        if self.kv.short_requests:
-            log.warning("kvpop: %d requests had a context too short for compression=%s to leave long-range slots "
-                        "after sinks=%d + window=%d; they kept sinks + window.", self.kv.short_requests,
-                        self.kv.compression, self.kv.sinks, self.kv.window)
+        self._warn_short()
         return res
 
 
