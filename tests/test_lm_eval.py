@@ -373,7 +373,7 @@ def test_exporter_rejects_bad_arguments(tmp_path, tiny_dir):
     from kvpop_hf.testbed.lm_eval_tasks import export_tasks
 
     with pytest.raises(ValueError, match="unknown or no families"):
-        export_tasks(tmp_path, str(tiny_dir), ["niah_multivalue"], [256], n=1)
+        export_tasks(tmp_path, str(tiny_dir), ["ruler_qa"], [256], n=1)
     with pytest.raises(ValueError, match="--temperature > 0"):
         export_tasks(tmp_path, str(tiny_dir), ["vt"], [256], n=1, repeats=4)
 
@@ -433,3 +433,41 @@ def test_compression_budget_follows_each_context(tiny_dir, caplog):
     with caplog.at_level("WARNING"):
         lm.generate_until(_gen_requests(PROMPTS[:1], max_gen_toks=2))
     assert "kept sinks + window" in caplog.text
+
+
+def test_ruler_style_generators():
+    from kvpop_hf.testbed.ruler_tasks import niah_multiquery, niah_multivalue
+    from kvpop_hf.testbed.tokenizer import count_tokens
+
+    for fn, kw in ((niah_multivalue, {"num_values": 3}), (niah_multiquery, {"num_needles": 5, "num_queries": 3})):
+        p = fn(7, length=300, **kw)
+        assert p == fn(7, length=300, **kw) and p != fn(8, length=300, **kw)
+        assert 296 <= p.meta["n_tokens"] == 1 + count_tokens(p.prompt) + count_tokens(p.target) + 1 <= 300
+        values = p.answer.split(" , ")
+        assert len(values) == 3 and p.prompt.endswith("mentioned in the text ?\nanswer :")
+        where = [p.prompt.index(f"is : {v} .") for v in values]
+        if fn is niah_multivalue:  # in order of appearance
+            assert where == sorted(where) and p.prompt.count(p.meta["key"]) == 4
+        else:  # in the question's order
+            question = p.prompt.rsplit("\n", 2)[1]
+            assert [question.index(k) for k in p.meta["query_keys"]] == sorted(question.index(k) for k in p.meta["query_keys"])
+            assert all(p.meta["needles"][k] == v for k, v in zip(p.meta["query_keys"], values))
+    with pytest.raises(ValueError, match="num_queries=6 must be <= num_needles=5"):
+        niah_multiquery(0, length=300, num_needles=5, num_queries=6)
+    with pytest.raises(ValueError, match="too small"):
+        niah_multivalue(0, length=64, num_values=8)
+
+
+def test_exporter_command_line(tmp_path, tiny_dir):
+    from kvpop_hf.testbed.lm_eval_tasks import main
+
+    assert main(["--out", str(tmp_path), "--tokenizer", str(tiny_dir), "--families", "niah_multivalue,niah_multiquery",
+                 "--lengths", "256", "--n", "2", "--knob", "niah_multiquery.num_queries=3"]) == 0
+    rows = [json.loads(x) for x in (tmp_path / "kvpop_niah_multiquery_256.jsonl").read_text().splitlines()]
+    assert len(rows) == 2 and all(len(r["answer"].split(" , ")) == 3 for r in rows)
+    assert "kvpop_niah_multivalue_256" in (tmp_path / "kvpop_testbed.yaml").read_text()
+    with pytest.raises(SystemExit, match="FAMILY one of"):
+        main(["--out", str(tmp_path), "--tokenizer", str(tiny_dir), "--knob", "lookup.n_facts=3"])
+    with pytest.raises(ValueError, match="unknown knob"):
+        main(["--out", str(tmp_path), "--tokenizer", str(tiny_dir), "--families", "niah_multivalue",
+              "--lengths", "256", "--n", "1", "--knob", "niah_multivalue.num_needles=3"])

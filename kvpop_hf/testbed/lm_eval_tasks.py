@@ -10,8 +10,9 @@ line: ``prompt``, ``answer``, ``family``, ``seed``, ``n_tokens``), a group ``kvp
 * Length: ``<bos> prompt target <eos>`` has at most ``length`` tokens of ``--tokenizer``. The generators count
   testbed-tokenizer tokens; for another tokenizer the generator's length is rescaled (a few regenerations) until the
   count in that tokenizer fits, so the problems of one seed differ between tokenizers but not between runs.
-* Families: ``reasoning``, ``vt``, ``niah_multikey``, ``cwe``, ``fwe`` (:mod:`kvpop_hf.testbed.tasks`) and
-  ``niah_single`` (``niah_multikey`` with one needle, RULER's single needle).
+* Families: ``reasoning``, ``vt``, ``niah_multikey``, ``cwe``, ``fwe`` (:mod:`kvpop_hf.testbed.tasks`),
+  ``niah_single`` (``niah_multikey`` with one needle, RULER's single needle), ``niah_multivalue`` and
+  ``niah_multiquery`` (:mod:`kvpop_hf.testbed.ruler_tasks`; the answer lists the values, exact match on the list).
 * Scoring: greedy ``generate_until`` to ``<eos>`` with ``max_gen_toks`` = the longest reference target of the task
   + 9 tokens (kvpop-eval's margin); the answer is read from the generation with
   :func:`~kvpop_hf.testbed.tokenizer.extract_answer` and compared with the normalized answer (kvpop-eval's exact
@@ -38,9 +39,27 @@ EXPORT_FAMILIES: dict[str, tuple[str, dict]] = {
     "vt": ("vt", {}),
     "niah_multikey": ("niah_multikey", {}),
     "niah_single": ("niah_multikey", {"num_needles": 1}),
+    "niah_multivalue": ("niah_multivalue", {}),
+    "niah_multiquery": ("niah_multiquery", {}),
     "cwe": ("cwe", {}),
     "fwe": ("fwe", {}),
 }
+
+
+def _make(gen: str, length: int, seed: int, **knobs):
+    """A problem of a testbed family (:func:`make_problem`) or of a RULER-style one (:mod:`.ruler_tasks`)."""
+    import inspect
+
+    from .ruler_tasks import RULER_FAMILIES
+
+    if gen not in RULER_FAMILIES:
+        return make_problem(gen, length=length, seed=seed, **knobs)
+    fn = RULER_FAMILIES[gen]
+    valid = [p for p in inspect.signature(fn).parameters if p not in ("seed", "length")]
+    bad = sorted(set(knobs) - set(valid))
+    if bad:
+        raise ValueError(f"{gen}: unknown knob(s) {bad}; valid knobs: {', '.join(valid)}")
+    return fn(seed, length=length, **knobs)
 
 _UTILS = '''"""Loader and metric of the kvpop testbed tasks (written by kvpop_hf.testbed.lm_eval_tasks)."""
 from pathlib import Path
@@ -82,7 +101,7 @@ def fit_problem(family: str, length: int, seed: int, tokenizer, knobs: dict, tri
     kw = {**fixed, **knobs}
     glen, best = length, None
     for _ in range(tries):
-        p = make_problem(gen, length=glen, seed=seed, **kw)
+        p = _make(gen, glen, seed, **kw)
         n = _count(tokenizer, p)
         if n <= length and (best is None or n > best[1]):
             best = (p, n)
@@ -144,7 +163,7 @@ def export_tasks(out: str | Path, tokenizer, families: Sequence[str], lengths: S
     if temperature < 0 or (repeats > 1 and temperature == 0):
         raise ValueError("--repeats > 1 samples: give --temperature > 0 (greedy rollouts would all be the same).")
     knobs = knobs or {}
-    unknown = sorted(set(knobs) - set(families) - {EXPORT_FAMILIES[f][0] for f in families})
+    unknown = sorted(set(knobs) - set(families))
     if unknown:
         raise ValueError(f"--knob for families not exported: {unknown}.")
     out = Path(out)
@@ -152,7 +171,7 @@ def export_tasks(out: str | Path, tokenizer, families: Sequence[str], lengths: S
     (out / "utils.py").write_text(_UTILS)
     names = []
     for fam in families:
-        kn = dict(knobs.get(EXPORT_FAMILIES[fam][0], {}), **knobs.get(fam, {}))
+        kn = dict(knobs.get(fam, {}))
         for length in lengths:
             task = f"{group}_{fam}_{length}" if group != "kvpop_testbed" else f"kvpop_{fam}_{length}"
             rows, gen_max = [], 0
@@ -191,7 +210,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from .evaluate import parse_knobs
+    import ast
 
     args = build_parser().parse_args(argv)
     fams = [f.strip() for f in args.families.split(",") if f.strip()]
@@ -199,11 +218,18 @@ def main(argv: list[str] | None = None) -> int:
         lengths = [int(x) for x in args.lengths.split(",") if x.strip()]
     except ValueError:
         raise SystemExit(f"--lengths expects integers, got {args.lengths!r}") from None
-    knob_fams = {k.partition(".")[0] for k in args.knob}
-    knobs = parse_knobs([k for k in args.knob if k.partition(".")[0] != "niah_single"], ())
-    if "niah_single" in knob_fams:
-        knobs["niah_single"] = parse_knobs([k.replace("niah_single.", "niah_multikey.", 1) for k in args.knob
-                                            if k.startswith("niah_single.")])["niah_multikey"]
+    knobs: dict[str, dict] = {}
+    for item in args.knob:
+        key, eq, val = item.partition("=")
+        fam, dot, name = key.partition(".")
+        if not eq or not dot or not name or fam not in EXPORT_FAMILIES:
+            raise SystemExit(f"--knob expects FAMILY.KEY=VALUE with FAMILY one of {', '.join(EXPORT_FAMILIES)}, "
+                             f"got {item!r}.")
+        try:
+            value = ast.literal_eval(val)
+        except (ValueError, SyntaxError):
+            value = val
+        knobs.setdefault(fam, {})[name.strip()] = value
     names = export_tasks(args.out, args.tokenizer, fams, lengths, args.n, args.seed_base, knobs, args.repeats,
                          args.temperature, args.group)
     print(f"wrote {len(names)} tasks to {args.out}: {', '.join(names)} (group {args.group})", file=sys.stderr)
