@@ -16,10 +16,10 @@ per second (``batch x new tokens`` / seconds; rows that meet the tokenizer's eos
 ``torch.cuda.max_memory_allocated`` above the weights, and the first row's text (a check that both decode).
 Writes ``result.json`` and ``result.md`` (command, commit, date, versions) under ``--out``.
 
-lm-eval missing (the GPU machine has torch/transformers/accelerate but not lm-eval): with ``--wheels DIR`` the
-script installs the wheels there without dependencies first. The model path imports only lm_eval itself and
-requests (urllib3, certifi, idna, charset-normalizer, chardet); fill DIR with
-``pip download --no-deps -d .whl/lm_eval lm-eval==0.4.13 requests urllib3 certifi idna charset-normalizer chardet``.
+lm-eval missing (the GPU machine has torch, transformers, accelerate, jinja2, pyyaml and requests, not lm-eval):
+with ``--wheels DIR`` the script installs the wheels there without dependencies into a temporary folder first. The
+model path imports lm_eval itself and nothing else beyond those; lm-eval's wheel is pure Python:
+``pip download --no-deps -d .whl/lm_eval lm-eval==0.4.13`` (about 9 MB; carry ``.whl``).
 """
 
 from __future__ import annotations
@@ -55,7 +55,15 @@ def ensure_lm_eval(wheels: str | None) -> None:
     files = sorted(str(p) for p in Path(wheels).glob("*.whl"))
     if not any(Path(f).name.startswith("lm_eval-") for f in files):
         raise SystemExit(f"--wheels {wheels}: no lm_eval-*.whl there.")
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-index", *files], check=True)
+    import importlib
+    import tempfile
+
+    site = tempfile.mkdtemp(prefix="lm_eval_site_")
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-index", "--no-compile",
+                    "--target", site, *files], check=True)
+    sys.path.insert(0, site)
+    importlib.invalidate_caches()
+    import lm_eval  # noqa: F401,F811  (fails here, naming the module, if a dependency is missing too)
 
 
 def word_tokenizer(vocab: int):
@@ -137,7 +145,13 @@ def main(argv: list[str] | None = None) -> int:
                                            **({"scorer": ckpt} if p == "kvpop" else {}),
                                            **({"prefill_chunk": args.prefill_chunk} if args.prefill_chunk else {})})
                            for p in args.policies.split(",") if p]
-    rows = []
+    meta = {"command": "python benchmarks/lm_eval_throughput.py " + shlex.join(argv), "commit": git_commit(),
+            "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "device": torch.cuda.get_device_name(device) if cuda else "cpu",
+            "versions": versions("torch", "transformers", "lm_eval", "kvpop_hf", missing=None),
+            "shape": args.shape, "dtype": args.dtype, "batch": args.batch, "context": args.context,
+            "new_tokens": args.new_tokens, "weights_gib": round(weights / 2 ** 30, 3), "rows": []}
+    rows = meta["rows"]
     for name, margs in runs:
         if name == "hf":
             lm = HFLM(pretrained=model, tokenizer=tok, batch_size=args.batch, max_length=model.config.max_position_embeddings)
@@ -164,13 +178,8 @@ def main(argv: list[str] | None = None) -> int:
                "new_words_per_row": [len(t.split()) for t in texts], "first_row_text_head": texts[0][:80]}
         rows.append(row)
         print(json.dumps(row), flush=True)
+        (out / "result.json").write_text(json.dumps(meta, indent=2) + "\n")  # each row as it finishes
         del lm
-    meta = {"command": "python benchmarks/lm_eval_throughput.py " + shlex.join(argv), "commit": git_commit(),
-            "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            "device": torch.cuda.get_device_name(device) if cuda else "cpu",
-            "versions": versions("torch", "transformers", "lm_eval", "kvpop_hf", missing=None),
-            "shape": args.shape, "dtype": args.dtype, "batch": args.batch, "context": args.context,
-            "new_tokens": args.new_tokens, "weights_gib": round(weights / 2 ** 30, 3), "rows": rows}
     (out / "result.json").write_text(json.dumps(meta, indent=2) + "\n")
     lines = [f"# lm-eval generate_until: --model kvpop vs --model hf ({meta['device']})", "",
              f"`{meta['command']}` (commit {meta['commit']}, {meta['date']})", "",

@@ -471,3 +471,29 @@ def test_exporter_command_line(tmp_path, tiny_dir):
     with pytest.raises(ValueError, match="unknown knob"):
         main(["--out", str(tmp_path), "--tokenizer", str(tiny_dir), "--families", "niah_multivalue",
               "--lengths", "256", "--n", "1", "--knob", "niah_multivalue.num_needles=3"])
+
+
+def test_table_reads_recorded_settings_and_string_model_args(tmp_path):
+    """Runs recorded by the kvpop model (its resolved settings) and older ones with a string model_args."""
+    from kvpop_hf.integrations.lm_eval_table import collect_rows, markdown_table
+
+    def write(name, config, value):
+        d = tmp_path / name / "model"
+        d.mkdir(parents=True)
+        (d / "results_2026.json").write_text(json.dumps({
+            "config": config, "results": {"t1": {"exact_match,none": value}, "grp": {"exact_match,none": 0.0}},
+            "group_subtasks": {"grp": ["t1"]}, "n-samples": {"t1": {"effective": 4}}}))
+        return tmp_path / name
+
+    runs = [write("hf", {"model": "hf", "model_args": "pretrained=x"}, 1.0),
+            write("kv", {"model": "kvpop", "model_args": {"pretrained": "x", "policy": "kvpop", "scorer": "s"},
+                         "kvpop": {"policy": "kvpop", "sinks": 4, "window": 64, "topk": 424, "compression": None}}, 0.75),
+            write("sn", {"model": "kvpop", "model_args": "pretrained=x,policy=snapkv,compression=0.88"}, 0.5)]
+    rows = collect_rows(runs, length=4096)
+    assert [(r["policy"], r["budget"], r["task"], r["value"], r["n"]) for r in rows] == [
+        ("dense", "full", "t1", 1.0, 4), ("kvpop", 492, "t1", 0.75, 4), ("snapkv", "cr88", "t1", 0.5, 4)]
+    assert rows[1]["cr"] == pytest.approx(1 - 492 / 4096) and rows[2]["cr"] == 0.88
+    md = markdown_table(rows)
+    assert "| kvpop | 492 | 0.880 | 0.750 | 0.750 | 75.0% |" in md
+    with pytest.raises(ValueError, match="no lm-eval results"):
+        collect_rows([tmp_path / "missing"])

@@ -4,8 +4,8 @@ compression table (markdown and CSV) and plot that ``kvpop-eval`` writes for the
     kvpop-lm-eval-table runs/dense runs/snapkv_cr88 runs/kvpop_cr88 --out table/ [--metric exact_match] [--length 4096]
 
 Each folder is an lm-eval ``--output_path`` (its ``results_*.json`` are found at any depth; the newest per folder
-is read). A run's policy and budget come from the ``model_args`` lm-eval records: ``--model kvpop`` runs give
-``policy``, ``sinks``, ``window``, ``topk`` or ``compression``; a ``--model hf`` run (or ``policy=dense``) is the
+is read). A run's policy and budget come from what the ``kvpop`` model records beside the results (``policy``,
+``sinks``, ``window``, ``topk`` or ``compression``, a checkpoint's own budget filled in), else its ``model_args``; a ``--model hf`` run (or ``policy=dense``) is the
 dense reference. The compression ratio is ``compression`` when given, else ``1 - B / --length`` (``B = sinks +
 window + topk``), else unknown (then the plot's x axis is B). Columns are the tasks (groups left out) with the
 metric under any filter (``exact_match,rollouts``, ``exact_match,none``, ...).
@@ -64,8 +64,9 @@ def collect_rows(folders: Sequence[str | Path], metric: str = "exact_match", len
     for folder in folders:
         run = read_run(folder)
         cfg = run.get("config", {})
-        args = _model_args(cfg)
-        policy = str(args.get("policy", "dense")) if cfg.get("model") == "kvpop" else "dense"
+        # the resolved settings the kvpop model records (checkpoint defaults filled in), else its model_args
+        args = cfg.get("kvpop") or _model_args(cfg)
+        policy = str(args.get("policy") or "kvpop") if cfg.get("model") == "kvpop" else "dense"
         s, w, k, cr_arg = (_num(args.get(n)) for n in ("sinks", "window", "topk", "compression"))
         if policy == "dense":
             budget, cr = "full", 0.0
