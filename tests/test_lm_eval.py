@@ -497,3 +497,22 @@ def test_table_reads_recorded_settings_and_string_model_args(tmp_path):
     assert "| kvpop | 492 | 0.880 | 0.750 | 0.750 | 75.0% |" in md
     with pytest.raises(ValueError, match="no lm-eval results"):
         collect_rows([tmp_path / "missing"])
+
+
+@pytest.mark.slow
+def test_shipped_student_through_lm_eval_matches_kvpop_eval(tmp_path):
+    """lm-eval's command line with --model kvpop and kvpop-eval on the same 4k problems, shipped student at 88%
+    (B = 492, window 64): the exact matches agree within one problem (CPU, a few minutes)."""
+    import importlib.util
+
+    root = Path(__file__).resolve().parents[1]
+    student, teacher = root / "checkpoints/students_4k/kvpop_distill_cr88", root / "checkpoints/teacher_4k"
+    if not (student / "kvpop_config.json").is_file() or not (teacher / "config.json").is_file():
+        pytest.skip("the shipped 4k checkpoints are not at checkpoints/students_4k and checkpoints/teacher_4k")
+    spec = importlib.util.spec_from_file_location("lm_eval_vs_kvpop_eval", root / "benchmarks/lm_eval_vs_kvpop_eval.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    assert bench.main(["--student", str(student), "--teacher", str(teacher), "--n", "3", "--extra", "",
+                       "--out", str(tmp_path)]) == 0
+    res = json.loads((tmp_path / "result.json").read_text())
+    assert res["n"] == 3 and abs(res["kvpop_eval_correct"] - res["lm_eval_correct"]) <= 1
