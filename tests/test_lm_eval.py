@@ -236,7 +236,7 @@ def test_prefill_chunks_change_nothing(tiny_dir, policy):
     words, so K-Norm would tie on equal key norms and float noise would pick; these policies have no ties)."""
     pairs = _ll_requests(LL_PAIRS)
     args = dict(policy=policy, sinks=SINKS, window=WINDOW, topk=TOPK)
-    whole_lm, chunked_lm = _lm(tiny_dir, batch_size=4, **args), _lm(tiny_dir, batch_size=4, prefill_chunk=5, **args)
+    whole_lm, chunked_lm = _lm(tiny_dir, batch_size=4, **args), _lm(tiny_dir, batch_size=4, prefill_chunk=16, **args)
     reqs = _gen_requests(PROMPTS, max_gen_toks=8)
     assert chunked_lm.generate_until(reqs) == whole_lm.generate_until(reqs)
     whole, chunked = whole_lm.loglikelihood(pairs), chunked_lm.loglikelihood(pairs)
