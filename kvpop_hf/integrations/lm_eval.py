@@ -81,7 +81,8 @@ class KVpopLM(HFLM):
             elif attn not in (None, "kvpop") and not self.kv.chunk_exact:
                 raise ValueError(f"kvpop model_args: policy={policy} scores entries from the attention and needs "
                                  f"attn_implementation=kvpop; drop attn_implementation={attn}.")
-        self._chunk_exact = self.kv.chunk_exact
+        # a stock attention shows a chunk all of its own tokens: then only token-by-token decoding is exact
+        self._chunk_exact = self.kv.chunk_exact and attn in (None, "kvpop")
         super().__init__(pretrained, **kwargs)
         if self.backend != "causal":
             raise ValueError("kvpop model_args: KV-cache eviction applies to decoder-only models; use backend=causal.")
