@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# lm-eval generate_until throughput and peak memory, --model kvpop vs --model hf, in one process on one H200:
+# Qwen3-8B shapes with random bf16 weights, batch 16, 16384-token prompts, 256 new tokens, greedy. lm-eval is not
+# installed there: carry its wheel (pure Python) as .whl/lm_eval
+#   here:  pip download --no-deps -d .whl/lm_eval lm-eval==0.4.13
+#   run:   OUT=dir KVPOP_GIT_COMMIT=<commit> bash benchmarks/gpu/lm_eval_throughput.sh     (carry: .whl)
+# The kvpop run feeds prompts in 4096-token chunks (prefill_chunk=4096, kvpop_hf.prefill_in_chunks); hf prefills in
+# one forward, as lm-eval's hf model does. Rows are written as they finish (result.json), so a run cut by LIMIT_S
+# keeps them.
+set -u
+export PYTHONUNBUFFERED=1 PYTHONPATH=.
+timeout ${LIMIT_S:-590} python3 benchmarks/lm_eval_throughput.py --device cuda --shape qwen3-8b --batch ${BATCH:-16} \
+  --context ${CONTEXT:-16384} --new-tokens ${NEW:-256} --policies ${POLICIES:-kvpop} --compression 0.88 \
+  --prefill-chunk ${CHUNK:-4096} --wheels .whl/lm_eval --out "$OUT/lm_eval_throughput" 2>&1 \
+  | grep -v -i warn | tee "$OUT/lm_eval_throughput.log"

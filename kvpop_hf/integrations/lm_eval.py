@@ -1,0 +1,225 @@
+"""lm-evaluation-harness model ``kvpop``: lm-eval's Hugging Face model (``HFLM``) with a fixed-budget KV cache.
+
+Importing this module registers the model; then ``lm_eval.simple_evaluate(model="kvpop", model_args=...)``
+works, and the console command ``kvpop-lm-eval`` (:func:`main`) is lm-eval's own command line with the model
+registered::
+
+    kvpop-lm-eval --model kvpop --model_args pretrained=Qwen/Qwen3-8B,policy=snapkv,window=64,compression=0.88 \\
+        --tasks gsm8k --batch_size 8
+
+``model_args`` are HFLM's (``pretrained``, ``dtype``, ``batch_size``, ``max_length``, ...) plus those of
+:mod:`kvpop_hf.integrations.policy_args` (``policy``, ``scorer``, ``sinks``, ``window``, ``topk`` or
+``compression``) and ``prefill_chunk=N`` (feed prompts in eager chunks of N tokens with :func:`kvpop_hf.prefill_in_chunks`, which
+equals ``generate(prefill_chunk_size=N)`` and keeps ``generate``'s compiled decode steps valid on CUDA). All of them are checked, and a checkpoint is loaded and matched to the model's shape, before the weights
+load.
+
+* ``generate_until``: HFLM's batching (left padding, greedy or sampled, ``repeats``), each batch with a fresh cache
+  passed to ``model.generate``. With ``compression=`` the budget follows each prompt's own length, so a batch is
+  split into groups of rows with the same budget (one ``generate`` per group).
+* ``loglikelihood``: per context, the context is prefilled exactly as ``generate`` prefills a prompt (one forward,
+  or chunks of ``prefill_chunk``) into a fresh cache; then the continuation is fed as ``generate`` would decode it:
+  one forward for policies whose logits do not depend on chunking (static priorities under the ``kvpop``
+  attention), token by token for the attention-scored ones (TOVA, H2O, SnapKV) and DMS. Continuations that share a
+  context share its prefill (a copy of the cache each).
+* ``policy=dense`` is HFLM unchanged (same attention implementation, same code paths).
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import sys
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from lm_eval.api.registry import register_model
+from lm_eval.models.huggingface import HFLM
+from tqdm import tqdm
+
+import kvpop_hf  # noqa: F401  (registers the "kvpop" attention)
+
+from ..compat import with_cache
+from ..prefill import prefill_in_chunks
+from .policy_args import PolicyArgs, parse_policy_args
+
+__all__ = ["KVpopLM", "main"]
+
+log = logging.getLogger(__name__)
+
+
+def _model_config(pretrained, revision, trust_remote_code, subfolder):
+    from transformers import AutoConfig, PretrainedConfig
+
+    if isinstance(pretrained, str):
+        return AutoConfig.from_pretrained(pretrained, revision=revision or "main", trust_remote_code=bool(trust_remote_code),
+                                          subfolder=subfolder or "")
+    config = getattr(pretrained, "config", None)
+    if not isinstance(config, PretrainedConfig):
+        raise ValueError(f"kvpop model_args: pretrained must be a model folder, a Hub id or a PreTrainedModel, got "
+                         f"{type(pretrained).__name__}.")
+    return config
+
+
+@register_model("kvpop")
+class KVpopLM(HFLM):
+    """HFLM with a KVpop (or baseline) cache per request; see the module docstring for ``model_args``."""
+
+    def __init__(self, pretrained, policy: str = "kvpop", scorer: str | None = None, sinks=None, window=None,
+                 topk=None, compression=None, prefill_chunk=None, **kwargs):
+        config = _model_config(pretrained, kwargs.get("revision"), kwargs.get("trust_remote_code"),
+                               kwargs.get("subfolder"))
+        self.kv: PolicyArgs = parse_policy_args(config, pretrained if isinstance(pretrained, str) else None, policy,
+                                                scorer, sinks, window, topk, compression)
+        from .policy_args import _as_int
+
+        self.prefill_chunk = _as_int("prefill_chunk", prefill_chunk, 1)
+        attn = kwargs.get("attn_implementation")
+        if not self.kv.dense:
+            if attn is None and isinstance(pretrained, str):
+                kwargs["attn_implementation"] = "kvpop"  # every query of a prompt chunk sees exactly its own set
+            elif attn not in (None, "kvpop") and not self.kv.chunk_exact:
+                raise ValueError(f"kvpop model_args: policy={policy} scores entries from the attention and needs "
+                                 f"attn_implementation=kvpop; drop attn_implementation={attn}.")
+        # a stock attention shows a chunk all of its own tokens: then only token-by-token decoding is exact
+        self._chunk_exact = self.kv.chunk_exact and attn in (None, "kvpop")
+        super().__init__(pretrained, **kwargs)
+        if self.backend != "causal":
+            raise ValueError("kvpop model_args: KV-cache eviction applies to decoder-only models; use backend=causal.")
+        if not self.kv.dense and not isinstance(pretrained, str):
+            impl = getattr(self.model.config, "_attn_implementation", None)
+            if impl != "kvpop":
+                self.model.set_attn_implementation("kvpop")
+        log.info("kvpop: %s", self.kv.describe())
+
+    # -- metadata ------------------------------------------------------------------------------------
+    def get_model_info(self) -> dict:
+        info = super().get_model_info()
+        info["kvpop"] = self.kv.describe()
+        return info
+
+    def _warn_short(self) -> None:
+        if self.kv.short_requests:
+            log.warning("kvpop: %d request budgets were too small for compression=%s to leave long-range slots after "
+                        "sinks=%d + window=%d; those requests kept sinks + window.", self.kv.short_requests,
+                        self.kv.compression, self.kv.sinks, self.kv.window)
+            self.kv.short_requests = 0
+
+    # -- generation ----------------------------------------------------------------------------------
+    def generate_until(self, requests, disable_tqdm: bool = False):
+        out = super().generate_until(requests, disable_tqdm=disable_tqdm)
+        self._warn_short()
+        return out
+
+    def _model_generate(self, context, max_length, stop, **generation_kwargs):
+        if self.kv.dense:
+            return super()._model_generate(context, max_length, stop, **generation_kwargs)
+        mask = generation_kwargs.pop("attention_mask", None)
+        if mask is None:
+            mask = torch.ones_like(context)
+        lengths = mask.sum(dim=1).tolist()
+        groups: dict[Any, list[int]] = {}
+        for row, n in enumerate(lengths):  # rows that share a budget share a cache
+            groups.setdefault(self.kv.budget(int(n)), []).append(row)
+        L = context.shape[1]
+        outs: list[tuple[list[int], torch.Tensor]] = []
+        for rows in groups.values():
+            n_max = max(int(lengths[r]) for r in rows)
+            cut = L - n_max  # padding columns every row of the group has
+            ctx, m = context[rows, cut:], mask[rows, cut:]
+            cache = self.kv.make_cache(n_max)
+            if self.prefill_chunk is not None and ctx.shape[1] > self.prefill_chunk:
+                # eager chunks, then generate forwards the last prompt token (its compiled decode steps stay valid)
+                prefill_in_chunks(self.model, cache, ctx, self.prefill_chunk, attention_mask=m)
+            out = super()._model_generate(ctx, max_length - cut, stop, attention_mask=m,
+                                          **with_cache(self.model, cache, **dict(generation_kwargs)))
+            if cut:
+                pad = torch.full((out.shape[0], cut), self.tokenizer.pad_token_id, dtype=out.dtype, device=out.device)
+                out = torch.cat([pad, out], dim=1)
+            outs.append((rows, out))
+        if len(outs) == 1:
+            return outs[0][1]
+        width = max(o.shape[1] for _, o in outs)
+        full = torch.full((context.shape[0], width), self.tokenizer.pad_token_id, dtype=context.dtype,
+                          device=context.device)
+        for rows, out in outs:
+            full[rows, :out.shape[1]] = out
+        return full
+
+    # -- loglikelihood -------------------------------------------------------------------------------
+    @torch.no_grad()
+    def _forward(self, cache, ids: list[int]) -> torch.Tensor:
+        """Feed ``ids`` into ``cache``; the log-probabilities of every position ``[len(ids), vocab]`` (float32)."""
+        x = torch.tensor([ids], dtype=torch.long, device=self.device)
+        step = self.prefill_chunk or x.shape[1]
+        parts = []
+        for s in range(0, x.shape[1], step):
+            logits = self.model(input_ids=x[:, s:s + step], **with_cache(self.model, cache, use_cache=True)).logits
+            parts.append(F.log_softmax(logits[0].float(), dim=-1))
+        return torch.cat(parts)
+
+    def _continuation(self, cache, cont_in: list[int]) -> torch.Tensor:
+        """Decode the continuation's tokens as ``generate`` would: one chunk where chunking changes nothing, else
+        one token per forward."""
+        if not cont_in:
+            return torch.empty(0, device=self.device)
+        if self._chunk_exact:
+            return self._forward(cache, cont_in)
+        return torch.cat([self._forward(cache, [t]) for t in cont_in])
+
+    def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, override_bs: int | None = None):
+        if self.kv.dense:
+            return super()._loglikelihood_tokens(requests, disable_tqdm=disable_tqdm, override_bs=override_bs)
+        from ..cache import KVpopCache
+
+        prepared = []
+        for i, (_, ctx, cont) in enumerate(requests):
+            if not ctx or not cont:
+                raise ValueError("loglikelihood request with an empty context or continuation")
+            if len(cont) > self.max_length:
+                raise ValueError(f"a continuation of {len(cont)} tokens exceeds max_length={self.max_length}")
+            inp = (ctx + cont)[-(self.max_length + 1):][:-1]  # HFLM's left truncation
+            n_ctx = len(inp) - len(cont) + 1  # context tokens kept; the last one predicts cont[0]
+            prepared.append((tuple(inp[:n_ctx]), inp[n_ctx:], cont, i))
+        by_ctx: dict[tuple, list] = {}
+        for p in prepared:
+            by_ctx.setdefault(p[0], []).append(p)
+        res: list[tuple[float, bool] | None] = [None] * len(requests)
+        bar = tqdm(total=len(requests), disable=disable_tqdm or self.rank != 0,
+                   desc="Running loglikelihood requests (kvpop)")
+        for ctx_ids, group in by_ctx.items():
+            base = self.kv.make_cache(len(ctx_ids))
+            last = self._forward(base, list(ctx_ids))[-1:]
+            for j, (_, cont_in, cont, i) in enumerate(group):
+                if j == len(group) - 1:
+                    cache = base
+                elif isinstance(base, KVpopCache):
+                    cache = copy.deepcopy(base)
+                else:  # caches without a deep copy: prefill again
+                    cache = self.kv.make_cache(len(ctx_ids))
+                    self._forward(cache, list(ctx_ids))
+                logp = torch.cat([last, self._continuation(cache, cont_in)])  # [len(cont), vocab]
+                target = torch.tensor(cont, device=logp.device)
+                ll = float(logp.gather(1, target[:, None]).sum())
+                greedy = bool((logp.argmax(-1) == target).all())
+                res[i] = (ll, greedy)
+                req_str = requests[i][0]
+                if req_str is not None:
+                    self.cache_hook.add_partial("loglikelihood", req_str, (ll, greedy))
+                bar.update(1)
+        bar.close()
+        self._warn_short()
+        return res
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``kvpop-lm-eval``: lm-eval's command line (``lm-eval run ...``, ``lm-eval ls ...``) with ``--model kvpop``."""
+    from lm_eval.__main__ import cli_evaluate
+
+    if argv is not None:
+        sys.argv = [sys.argv[0], *argv]
+    cli_evaluate()
+
+
+if __name__ == "__main__":
+    main()
