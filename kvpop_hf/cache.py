@@ -219,21 +219,11 @@ class KVpopCache(Cache):
     def budget(self) -> int:
         return self.kvpop_config.budget
 
-    def check_shape(self, layer_idx: int, kv_heads: int, head_dim: int) -> None:
-        self.shared.check_shape(layer_idx, kv_heads, head_dim)
-
     def scorer_for(self, device: torch.device) -> Scorer:
         """The scorer on ``device``: the scorer itself on the device it lives on, else a copy made once for
         that device (weights stay float32). Layers spread over several devices (``device_map``) each read
         their own device's copy, so no weights move during generation."""
         return self.shared.scorers.on(device)
-
-    def log_gamma_for(self, layer_idx: int, device) -> torch.Tensor | None:
-        """This layer's per-head decay on ``device`` (copied once per device), or None."""
-        return self.shared.log_gamma_for(layer_idx, device)
-
-    def warn_stock_attention(self, evicted: bool, padding_unseen: bool = False) -> None:
-        self.shared.warn_stock_attention(evicted, padding_unseen)
 
     # -- introspection ---------------------------------------------------------------------------
     def stored_positions(self, layer_idx: int) -> torch.Tensor:

@@ -144,4 +144,4 @@ def test_scorer_weights_follow_each_layers_device():
     assert on_meta is not home and {p.device.type for p in on_meta.parameters()} == {"meta"}
     assert all(t.device.type == "meta" for t in cache.layers[1].state)
     assert cache.scorer_for("meta") is on_meta  # one copy per device, reused
-    assert cache.log_gamma_for(1, "meta").device.type == "meta" and cache.log_gamma.device.type == "cpu"
+    assert cache.shared.log_gamma_for(1, "meta").device.type == "meta" and cache.log_gamma.device.type == "cpu"

@@ -77,10 +77,6 @@ class DMSCache(Cache):
             self.layers[-1].flush()
         return super().update(key_states, value_states, layer_idx, *args, **kwargs)
 
-    def gate_for(self, device) -> DMSGate:
-        """The gate on ``device`` (a copy made once per device)."""
-        return self._gates.on(device)
-
     # -- what the cache holds ----------------------------------------------------------------------
     def _ready(self) -> list[DMSLayer]:
         for layer in self.layers:
