@@ -516,3 +516,40 @@ def test_shipped_student_through_lm_eval_matches_kvpop_eval(tmp_path):
                        "--out", str(tmp_path)]) == 0
     res = json.loads((tmp_path / "result.json").read_text())
     assert res["n"] == 3 and abs(res["kvpop_eval_correct"] - res["lm_eval_correct"]) <= 1
+
+
+def test_a_lora_adapter_folder_is_a_pretrained_student(tiny_dir, tmp_path):
+    """``pretrained=`` a PEFT adapter folder (LoRA student + its scorer, as the trainer saves it): HFLM loads the
+    base model named in ``adapter_config.json`` with ``peft=``, the folder is the checkpoint, and generation and
+    log-likelihoods equal those of the same adapter merged into a plain model folder."""
+    import shutil
+
+    from peft import LoraConfig, PeftModel, get_peft_model
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from kvpop_hf.integrations.lm_eval import KVpopLM
+
+    torch.manual_seed(0)
+    base = AutoModelForCausalLM.from_pretrained(tiny_dir)
+    lora = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"],
+                      init_lora_weights=False)
+    adapter, merged = tmp_path / "adapter", tmp_path / "merged"
+    get_peft_model(base, lora).save_pretrained(adapter)
+    KVpopCache(base.config, sinks=SINKS, window=WINDOW, topk=TOPK, scorer="mlstm").save_pretrained(adapter)
+    AutoTokenizer.from_pretrained(tiny_dir).save_pretrained(adapter)
+    PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_dir), adapter).merge_and_unload() \
+        .save_pretrained(merged)
+    for f in adapter.iterdir():
+        if f.name.startswith(("kvpop_", "tokenizer")):
+            shutil.copy(f, merged / f.name)
+    reqs = _gen_requests(PROMPTS, max_gen_toks=8)
+    a = KVpopLM(pretrained=str(adapter), policy="kvpop_distill", device="cpu", dtype="float32", batch_size=2)
+    m = KVpopLM(pretrained=str(merged), policy="kvpop_distill", device="cpu", dtype="float32", batch_size=2)
+    assert a.kv.scorer_path == str(adapter)
+    assert a.generate_until(reqs) == m.generate_until(reqs)
+    pairs = _ll_requests(LL_PAIRS)
+    for (la, ga), (lm, gm) in zip(a.loglikelihood(pairs), m.loglikelihood(pairs)):
+        assert abs(la - lm) < 1e-4 and ga == gm
+    plain = KVpopLM(pretrained=str(tiny_dir), policy="knorm", sinks=SINKS, window=WINDOW, topk=TOPK, device="cpu",
+                    dtype="float32", batch_size=2)
+    assert plain.generate_until(reqs) != a.generate_until(reqs)  # the adapter is applied

@@ -48,6 +48,19 @@ __all__ = ["KVpopLM", "main"]
 log = logging.getLogger(__name__)
 
 
+def _adapter_base(pretrained) -> str | None:
+    """The base model of a local PEFT adapter folder (``adapter_config.json`` and no ``config.json``), else None."""
+    import json
+    from pathlib import Path
+
+    if not isinstance(pretrained, str):
+        return None
+    folder = Path(pretrained)
+    if (folder / "adapter_config.json").is_file() and not (folder / "config.json").is_file():
+        return json.loads((folder / "adapter_config.json").read_text())["base_model_name_or_path"]
+    return None
+
+
 def _model_config(pretrained, revision, trust_remote_code, subfolder):
     from transformers import AutoConfig, PretrainedConfig
 
@@ -67,7 +80,12 @@ class KVpopLM(HFLM):
 
     def __init__(self, pretrained, policy: str = "kvpop", scorer: str | None = None, sinks=None, window=None,
                  topk=None, compression=None, prefill_chunk=None, **kwargs):
-        config = _model_config(pretrained, kwargs.get("revision"), kwargs.get("trust_remote_code"),
+        base = _adapter_base(pretrained)
+        if base is not None:  # a LoRA student folder: HFLM loads its base model with peft=, the folder is the checkpoint
+            if kwargs.get("peft") not in (None, pretrained):
+                raise ValueError(f"kvpop model_args: pretrained={pretrained} is a PEFT adapter folder; drop peft=.")
+            kwargs["peft"] = pretrained
+        config = _model_config(base or pretrained, kwargs.get("revision"), kwargs.get("trust_remote_code"),
                                kwargs.get("subfolder"))
         self.kv: PolicyArgs = parse_policy_args(config, pretrained if isinstance(pretrained, str) else None, policy,
                                                 scorer, sinks, window, topk, compression)
@@ -83,7 +101,7 @@ class KVpopLM(HFLM):
                                  f"attn_implementation=kvpop; drop attn_implementation={attn}.")
         # a stock attention shows a chunk all of its own tokens: then only token-by-token decoding is exact
         self._chunk_exact = self.kv.chunk_exact and attn in (None, "kvpop")
-        super().__init__(pretrained, **kwargs)
+        super().__init__(base or pretrained, **kwargs)
         if self.backend != "causal":
             raise ValueError("kvpop model_args: KV-cache eviction applies to decoder-only models; use backend=causal.")
         if not self.kv.dense and not isinstance(pretrained, str):
