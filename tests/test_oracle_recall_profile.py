@@ -9,8 +9,8 @@ import pytest
 from helpers import load_benchmark
 
 ROOT = Path(__file__).resolve().parents[1]
-TEACHER = ROOT / "checkpoints" / "teacher"
-SCORER = ROOT / "checkpoints" / "scorers" / "kvpop_cr88"
+TEACHER = ROOT / "checkpoints" / "testbed-4k-teacher"
+SCORER = ROOT / "checkpoints" / "testbed-4k-kvpop-cr88"
 
 
 

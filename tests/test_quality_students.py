@@ -1,0 +1,55 @@
+"""Quality of the shipped testbed students (marker ``quality``; CPU, several minutes): each LoRA student, loaded
+from its adapter folder as its model card shows (``AutoModelForCausalLM.from_pretrained(adapter_dir)`` from the
+repository root, ``KVpopCache.from_pretrained(adapter_dir)``), answers the first eight of the 80 fresh 4096-token
+reasoning problems of its card (seeds 2**48 + 5000 + i, 10 facts, 4 rules) as measured on CPU, losing at most one.
+
+Measured on CPU (float32, torch 2.13, transformers 5.25, __DATE__) with
+
+    __COMMAND__
+
+per-problem answers (1 = exact match; problem i has seed 2**48 + 5000 + i):
+
+__TABLE__
+
+On all 80 problems on the GPU (``checkpoints/testbed-4k-kvpop-cr*/README.md``) the students answer 76/80 (cr88)
+and 65/80 (cr94); the dense teacher answers all 80.
+"""
+
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+TEACHER = ROOT / "checkpoints" / "testbed-4k-teacher"
+LENGTH, N, SEED_BASE = 4096, 8, 2 ** 48 + 5000
+KNOBS = {"n_facts": 10, "steps": 4}
+STUDENTS = {  # folder, budget B, measured answers of problems 0..N-1
+__MEASURED__
+}
+MARGIN = 1
+
+pytestmark = [pytest.mark.quality, pytest.mark.slow,
+              pytest.mark.skipif(not (TEACHER / "model.safetensors").is_file(), reason="testbed teacher not committed")]
+
+
+@pytest.mark.parametrize("name", sorted(STUDENTS))
+def test_student_keeps_its_measured_answers(name, monkeypatch):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    import kvpop_hf  # noqa: F401  (registers the "kvpop" attention)
+    from kvpop_hf import KVpopCache
+    from kvpop_hf.testbed import make_problem
+    from kvpop_hf.testbed.dense_eval import exact_match
+
+    folder, budget, measured = STUDENTS[name]
+    monkeypatch.chdir(ROOT)  # the adapter names its base model relative to the repository root
+    model = AutoModelForCausalLM.from_pretrained(folder, attn_implementation="kvpop", dtype=torch.float32).eval()
+    tok = AutoTokenizer.from_pretrained(TEACHER)
+    assert KVpopCache.from_pretrained(folder, model.config).budget == budget
+    problems = [make_problem("reasoning", length=LENGTH, seed=SEED_BASE + i, **KNOBS) for i in range(N)]
+    out = exact_match(model, tok, problems, batch_size=N, progress=False,
+                      cache_factory=lambda: KVpopCache.from_pretrained(folder, model.config))
+    got = [int(o["correct"]) for o in out["outputs"]]
+    lost = [i for i in range(N) if measured[i] and not got[i]]
+    assert sum(got) >= sum(measured) - MARGIN and len(lost) <= MARGIN, (got, measured)
