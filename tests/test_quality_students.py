@@ -3,13 +3,22 @@ from its adapter folder as its model card shows (``AutoModelForCausalLM.from_pre
 repository root, ``KVpopCache.from_pretrained(adapter_dir)``), answers the first eight of the 80 fresh 4096-token
 reasoning problems of its card (seeds 2**48 + 5000 + i, 10 facts, 4 rules) as measured on CPU, losing at most one.
 
-Measured on CPU (float32, torch 2.13, transformers 5.25, __DATE__) with
+Measured on CPU (float32, torch 2.13, transformers 5.25, 2026-12-05, commit f5f08c4) with
 
-    __COMMAND__
+    kvpop-eval --model checkpoints/testbed-4k-teacher --length 4096 --seed-base 281474976715656 --n 8 \
+        --batch-size 8 --families reasoning --sinks 4 --window 64 --knob reasoning.n_facts=10 \
+        --knob reasoning.steps=4 --device cpu --budgets 0.88,0.94 --policies kvpop_distill \
+        --scorer-checkpoint kvpop_distill@cr88=checkpoints/testbed-4k-kvpop-cr88 \
+        --scorer-checkpoint kvpop_distill@cr94=checkpoints/testbed-4k-kvpop-cr94 --out OUT
 
 per-problem answers (1 = exact match; problem i has seed 2**48 + 5000 + i):
 
-__TABLE__
+| student (budget)     | 0 | 1 | 2 | 3 | 4 | 5 | 6 | 7 | answered |
+|----------------------|---|---|---|---|---|---|---|---|----------|
+| cr88 (88%, B = 492)  | 1 | 1 | 1 | 0 | 1 | 1 | 1 | 1 | 7 of 8   |
+| cr94 (94%, B = 246)  | 1 | 1 | 1 | 1 | 1 | 1 | 1 | 1 | 8 of 8   |
+
+the same per problem as the GPU run on these eight.
 
 On all 80 problems on the GPU (``checkpoints/testbed-4k-kvpop-cr*/README.md``) the students answer 76/80 (cr88)
 and 65/80 (cr94); the dense teacher answers all 80.
@@ -25,7 +34,8 @@ TEACHER = ROOT / "checkpoints" / "testbed-4k-teacher"
 LENGTH, N, SEED_BASE = 4096, 8, 2 ** 48 + 5000
 KNOBS = {"n_facts": 10, "steps": 4}
 STUDENTS = {  # folder, budget B, measured answers of problems 0..N-1
-__MEASURED__
+    "cr88": (ROOT / "checkpoints" / "testbed-4k-kvpop-cr88", 492, (1, 1, 1, 0, 1, 1, 1, 1)),
+    "cr94": (ROOT / "checkpoints" / "testbed-4k-kvpop-cr94", 246, (1, 1, 1, 1, 1, 1, 1, 1)),
 }
 MARGIN = 1
 
