@@ -38,6 +38,7 @@ p(sys.argv[1].split('+'))" "$knobs" 2> /dev/null; then
   fi
   NAMES+=("$name"); FAMS+=("$fams"); SCORERS+=("$scorer"); KNOBS+=("${knobs//+/ }")
 done
+[ -f "$T/config.json" ] || { echo "TEACHER=$T holds no model (config.json)" >&2; exit 2; }
 T0=$(date +%s)
 stamp() { echo "[$(( $(date +%s) - T0 ))s] $*"; }
 K88=$(python3 -c "from kvpop_hf.testbed.policies import parse_budgets as p; print(p('0.88', $L, 4, $W)[0].topk)") \
