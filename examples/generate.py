@@ -1,7 +1,7 @@
 """Quick start: generate with a fixed-budget KVpopCache and compare with a DynamicCache.
 
     python examples/generate.py                       # the 4k testbed: the KVpop student against the dense teacher
-    python examples/generate.py --prompt-len 4096     # a full-length testbed problem (CPU: about a minute)
+    python examples/generate.py --prompt-len 4096     # a full-length testbed problem
     python examples/generate.py --scorer knorm        # a heuristic scorer on the teacher instead of the student
     python examples/generate.py --random-model --scorer mlstm --prompt-len 1024   # tiny random-init Qwen3
 
