@@ -76,12 +76,13 @@ evaluate() {  # out-dir seconds args...  (kvpop-eval of reasoning problems with 
 
 stage_teacher() {
   local D="$OUT/teacher_4k" TB=${TB:-240}
+  : "${INIT:?STAGE=teacher needs INIT=<a 1024-token teacher folder> (benchmarks/gpu/pretrain_teacher.sh writes one)}"
   mkdir -p "$D"
   train() {  # name lr
     local fw=() f
     for f in ${FAMILY_WEIGHTS:-}; do fw+=(--family-weight "$f"); done
     OMP_NUM_THREADS=2 timeout $((TB + 100)) python3 training/pretrain_teacher.py --out "$D/t_$1" \
-      --init-from "${INIT:?STAGE=teacher needs INIT=<a 1024-token teacher folder> (benchmarks/gpu/pretrain_teacher.sh writes one)}" --steps 1000000 --time-budget "$TB" --seq-len $LO:$L \
+      --init-from "$INIT" --steps 1000000 --time-budget "$TB" --seq-len $LO:$L \
       --len-multiple 256 --curriculum-frac "${CURRICULUM:-0.35}" --curriculum-len $LO:$CLEN --warmup 100 --lr "$2" \
       --seed 2 --workers "${WORKERS:-6}" --log-every 250 --probe-every 500 --probe-n 16 --probe-len $L --eval-n 0 \
       --tokens-per-batch 32768 --knob reasoning.n_facts=10 --knob reasoning.steps=4 --knob lookup.n_facts=16 \
