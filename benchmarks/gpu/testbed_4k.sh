@@ -3,7 +3,7 @@
 # (10 facts, 4 steps: ~110 tokens of the context are needed, the rest is filler and z-distractors), window 64
 # (the operating point: the answer-query oracle keeps 0.95 of the dense EM at 88% with it, 0.925 with 32).
 #
-#   STAGE=teacher  continue INIT (required: a 1024-token teacher, benchmarks/gpu/pretrain_teacher.sh) to 4096 tokens, two learning
+#   STAGE=teacher  continue INIT (required: a 1024-token teacher) to 4096 tokens, two learning
 #                  rates side by side (A 7e-4, B 1.2e-3), lengths 1024-2560 for the first 35% of the run, then
 #                  1024-4096 (multiples of 256); mix: reasoning 0.6, lookup drill 0.3 (16 facts), the RULER
 #                  families 0.1; teacher-forced lookup probe on 16 problems of 4096 tokens every 500 steps.
