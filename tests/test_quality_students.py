@@ -18,8 +18,8 @@ per-problem answers (1 = exact match; problem i has seed 2**48 + 5000 + i):
 | cr88 (88%, B = 492)  | 1 | 1 | 1 | 0 | 1 | 1 | 1 | 1 | 7 of 8   |
 | cr94 (94%, B = 246)  | 1 | 1 | 1 | 1 | 1 | 1 | 1 | 1 | 8 of 8   |
 
-the same per problem as the GPU run on these eight, and the same generated text with the adapters in fp32 (as
-trained) and in bf16 (as shipped).
+the same per problem as the GPU run on these eight, and the same generated text with the adapters and scorers in
+fp32 (as trained) and in bf16 (as shipped).
 
 On all 80 problems on the GPU (``checkpoints/testbed-4k-kvpop-cr*/README.md``) the students answer 76/80 (cr88)
 and 65/80 (cr94); the dense teacher answers all 80.
