@@ -28,7 +28,7 @@ sys.path.insert(0, str(ROOT / "training"))
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default=str(ROOT / "checkpoints" / "teacher"))
+    ap.add_argument("--model", default=str(ROOT / "checkpoints" / "testbed-4k-teacher"))
     ap.add_argument("--steps", type=int, default=120)
     ap.add_argument("--seq-len", type=int, default=1024)
     ap.add_argument("--cr", type=float, default=0.88)

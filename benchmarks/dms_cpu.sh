@@ -16,11 +16,12 @@ PENALTY=${PENALTY:-one_sided}
 WEIGHT=${WEIGHT:-10}
 RAMP=${RAMP:-0.5}
 PY=${PYTHON:-python}
+TEACHER=${TEACHER:?set TEACHER to a 1024-token testbed teacher (benchmarks/gpu/pretrain_teacher.sh writes one)}
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
 mkdir -p "$OUT"
 if [[ "${1:-train}" == train ]]; then
   for cr in 75 88 94; do
-    nice -n 10 "$PY" training/train_dms.py --model checkpoints/teacher --dataset testbed:reasoning --seq_len 1024 \
+    nice -n 10 "$PY" training/train_dms.py --model "$TEACHER" --dataset testbed:reasoning --seq_len 1024 \
       --compression "0.$cr" --sinks 4 --window 32 --lora_rank 8 --penalty "$PENALTY" --compression_weight "$WEIGHT" \
       --ramp_fraction "$RAMP" --output_dir "$CKPTS/dms_cr$cr" \
       --max_steps "$STEPS" --per_device_train_batch_size 2 --learning_rate 1e-3 --logging_steps 8 --report_to none \
@@ -28,7 +29,7 @@ if [[ "${1:-train}" == train ]]; then
       | tee "$OUT/train_cr$cr.log"
   done
 else
-  nice -n 10 "$PY" -m kvpop_hf.testbed.evaluate --model checkpoints/teacher --out "$OUT" --length 1024 --n 10 \
+  nice -n 10 "$PY" -m kvpop_hf.testbed.evaluate --model "$TEACHER" --out "$OUT" --length 1024 --n 10 \
     --families reasoning --in-domain reasoning --sinks 4 --window 32 --budgets 0.75,0.88,0.94 --policies dms \
     --scorer-checkpoint "dms@cr75=$CKPTS/dms_cr75" --scorer-checkpoint "dms@cr88=$CKPTS/dms_cr88" \
     --scorer-checkpoint "dms@cr94=$CKPTS/dms_cr94" --batch-size 10 --device cpu --no-progress

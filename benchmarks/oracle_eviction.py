@@ -36,7 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", default="checkpoints/teacher")
+    ap.add_argument("--model", default="checkpoints/testbed-4k-teacher")
     ap.add_argument("--out", required=True)
     ap.add_argument("--family", default="reasoning")
     ap.add_argument("--length", type=int, default=1024)

@@ -13,9 +13,9 @@ problems; :func:`kvpop_hf.testbed.analysis.oracle_topk_recall`):
   policy's kept set holds.
 
 Usage (the 4k testbed, the committed distilled student and scorers; CPU, ~2 min a problem):
-    python benchmarks/oracle_recall_profile.py --model checkpoints/teacher_4k --out results/recall_profile_4k \\
+    python benchmarks/oracle_recall_profile.py --model checkpoints/testbed-4k-teacher --out results/recall_profile_4k \\
         --length 4096 --n 4 --window 64 --budgets 0.88 --knob reasoning.n_facts=10 --knob reasoning.steps=4 \\
-        --student kvpop_distill=checkpoints/students_4k/kvpop_distill_cr88 --baselines streaming \\
+        --student kvpop_distill=checkpoints/testbed-4k-kvpop-cr88 --baselines streaming \\
         --oracle-ks 16,32,64,128
 """
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Scorer variants of a scorer-only retrofit, on CPU: learning rate, delayed or immediate mLSTM readout, forget-gate
-# bias. Retrofits of checkpoints/teacher_4k at 1024 tokens (the 4k testbed's knobs: 10 facts, 4 rules), compression
+# bias. Retrofits of checkpoints/testbed-4k-teacher at 1024 tokens (the 4k testbed's knobs: 10 facts, 4 rules), compression
 # CR (default 0.88: B = 123 = 4 + W + K), max target of the answer's queries, constant learning rate as in the GPU
 # runs made before --lr_decay_by_time (their linear decay spanned 100000 steps); then kvpop-eval --analysis on
 # held-out problems (oracle top-k recall against the max answer-query oracle, token and fact-lookup accuracy).
@@ -29,7 +29,7 @@ parse() {  # run -> SCORER LR NAME KW POL
 }
 for run in $RUNS; do
   parse "$run"
-  python3 training/retrofit.py --model checkpoints/teacher_4k --dataset testbed:reasoning \
+  python3 training/retrofit.py --model checkpoints/testbed-4k-teacher --dataset testbed:reasoning \
     --knob reasoning.n_facts=10 reasoning.steps=4 --seq_len $L --sinks 4 --window "$W" --topk $K --scorer "$SCORER" \
     --scorer_kwargs "$KW" --train_backbone False --learning_rate 1e-4 --scorer_learning_rate "$LR" \
     --lr_scheduler_type constant --output_dir "$OUT/ckpt/$NAME" --max_steps "$STEPS" --num_examples $((STEPS * 4)) \
@@ -40,7 +40,7 @@ done
 # one evaluation per checkpoint (a policy name takes one checkpoint per budget)
 for run in $RUNS; do
   parse "$run"
-  python3 -m kvpop_hf.testbed.evaluate --model checkpoints/teacher_4k --out "$OUT/eval_$NAME" --length $L --n "$N" \
+  python3 -m kvpop_hf.testbed.evaluate --model checkpoints/testbed-4k-teacher --out "$OUT/eval_$NAME" --length $L --n "$N" \
     --families reasoning --in-domain reasoning --knob reasoning.n_facts=10 --knob reasoning.steps=4 --sinks 4 \
     --window "$W" --budgets "$CR" --policies "$POL" --scorer-checkpoint "$POL=$OUT/ckpt/$NAME" --skip-em \
     --analysis --analysis-n "$N" --oracle-kind max --oracle-queries target --batch-size "$N" --device cpu \

@@ -7,7 +7,7 @@ oracle top-k recall of the approximate target with the exact one as the oracle
 (``kvpop_hf.testbed.analysis.oracle_topk_recall``; 1.0 = identical keep decisions).
 Writes ``<out>.md`` and ``<out>.csv``.
 
-    python benchmarks/target_lse_gap.py --scorer checkpoints/scorers/kvpop_cr88 --n 2 --length 2048
+    python benchmarks/target_lse_gap.py --scorer checkpoints/testbed-4k-kvpop-cr88 --n 2 --length 2048
 """
 
 from __future__ import annotations
@@ -34,8 +34,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default=str(ROOT / "checkpoints" / "teacher"))
-    ap.add_argument("--scorer", default=str(ROOT / "checkpoints" / "scorers" / "kvpop_cr88"),
+    ap.add_argument("--model", default=str(ROOT / "checkpoints" / "testbed-4k-teacher"))
+    ap.add_argument("--scorer", default=str(ROOT / "checkpoints" / "testbed-4k-kvpop-cr88"),
                     help="KVpop checkpoint whose priorities define the sparse forward (and the budget)")
     ap.add_argument("--n", type=int, default=2)
     ap.add_argument("--length", type=int, default=2048)

@@ -1,18 +1,22 @@
 """Quick start: generate with a fixed-budget KVpopCache and compare with a DynamicCache.
 
-    python examples/generate.py                       # tiny random-init Qwen3, no download, CPU, < 60 s
-    python examples/generate.py --scorer mlstm --prompt-len 1024 --max-new-tokens 256
-    python examples/generate.py --checkpoint checkpoints/teacher   # a trained model + its tokenizer
-    python examples/generate.py --scorer knorm        # a heuristic scorer instead of the learned one
+    python examples/generate.py                       # the 4k testbed: the KVpop student against the dense teacher
+    python examples/generate.py --prompt-len 4096     # a full-length testbed problem
+    python examples/generate.py --scorer knorm        # a heuristic scorer on the teacher instead of the student
+    python examples/generate.py --random-model --scorer mlstm --prompt-len 1024   # tiny random-init Qwen3
 
-Without a checkpoint (the default unless ``checkpoints/teacher`` holds a ``config.json`` and a
-tokenizer) the model is a small random-init Qwen3 fed random token ids: the text is meaningless,
-but the cache mechanics (fixed budget, memory, speed, agreement with a full cache) are real.
-With a checkpoint the prompt is a ``reasoning`` problem from ``kvpop_hf.testbed`` and the script
-prints the reference answer and the answers extracted from both generations; the cache then uses the
-learned KVpop_mlp scorer retrofitted onto that model (``--scorer-checkpoint``, default
-``checkpoints/scorers/kvpop_mlp_cr75``) at the budget given by ``--sinks/--window/--topk``, unless
-``--scorer`` names another one.
+With the committed checkpoints (``--checkpoint``, default ``checkpoints/testbed-4k-teacher``, the dense model
+and its tokenizer; ``--scorer-checkpoint``, default ``checkpoints/testbed-4k-kvpop-cr88``) the prompt is a
+``reasoning`` problem of the 4k testbed (10 facts, 4 rules) and the script prints the reference answer and the
+answers extracted from both generations: the KVpop run is the student (the teacher with the folder's LoRA
+adapter, loaded over ``--checkpoint`` through ``peft``) with its learned cache at B = 492 entries per KV head;
+the reference is the teacher with a full ``DynamicCache``. A scorer folder without an adapter runs on the
+teacher itself; ``--scorer NAME`` runs a heuristic on the teacher; ``--sinks/--window/--topk`` override the
+folder's budget.
+
+With ``--random-model`` (or when ``--checkpoint`` holds no ``config.json`` and tokenizer) the model is a small
+random-init Qwen3 fed random token ids: the text is meaningless, but the cache mechanics (fixed budget, memory,
+speed, agreement with a full cache) are real.
 
 The model runs with ``attn_implementation="kvpop"``, so every query of the prompt sees exactly its
 own fixed-budget set per KV head (the same set it would see when decoding token by token).
@@ -35,8 +39,9 @@ from kvpop_hf.cache import kv_tensor_bytes
 from kvpop_hf.compat import with_cache
 
 REPO = Path(__file__).resolve().parents[1]
-DEFAULT_CHECKPOINT = REPO / "checkpoints" / "teacher"
-DEFAULT_SCORER_CHECKPOINT = REPO / "checkpoints" / "scorers" / "kvpop_mlp_cr75"
+DEFAULT_CHECKPOINT = REPO / "checkpoints" / "testbed-4k-teacher"
+DEFAULT_SCORER_CHECKPOINT = REPO / "checkpoints" / "testbed-4k-kvpop-cr88"
+KNOBS = {"n_facts": 10, "steps": 4}  # the 4k testbed's reasoning problems (the generator's defaults differ)
 
 
 class TqdmStreamer(BaseStreamer):
@@ -82,7 +87,7 @@ def pick_scorer_checkpoint(args, trained_model: bool) -> Path | None:
             raise SystemExit("give either --scorer or --scorer-checkpoint, not both")
         if not (path / "kvpop_config.json").is_file():
             raise SystemExit(f"--scorer-checkpoint {path}: no kvpop_config.json there (expected a trained scorer "
-                             "folder such as checkpoints/scorers/kvpop_mlp_cr75)")
+                             "folder such as checkpoints/testbed-4k-kvpop-cr88)")
         if not trained_model:
             raise SystemExit("--scorer-checkpoint needs the trained model it was retrofitted on (--checkpoint); "
                              "the random-init model has no trained scorer")
@@ -90,6 +95,15 @@ def pick_scorer_checkpoint(args, trained_model: bool) -> Path | None:
     if trained_model and args.scorer is None and (DEFAULT_SCORER_CHECKPOINT / "kvpop_config.json").is_file():
         return DEFAULT_SCORER_CHECKPOINT
     return None
+
+
+def load_student(base: Path, adapter: Path) -> torch.nn.Module:
+    """The LoRA student: the adapter folder applied to the base model at ``base`` (given explicitly, so the
+    adapter's own relative ``base_model_name_or_path`` need not resolve from the working directory), merged."""
+    from peft import PeftModel
+
+    model = AutoModelForCausalLM.from_pretrained(base, attn_implementation="kvpop", dtype=torch.float32)
+    return PeftModel.from_pretrained(model, adapter).merge_and_unload().eval()
 
 
 def tiny_qwen3(args) -> torch.nn.Module:
@@ -140,13 +154,13 @@ def main(argv=None) -> int:
     ap.add_argument("--scorer-checkpoint", default=None,
                     help="folder of a trained scorer (kvpop_config.json + kvpop_scorer.safetensors) for the trained "
                          f"model (default: {DEFAULT_SCORER_CHECKPOINT.relative_to(REPO)} when present)")
-    ap.add_argument("--sinks", type=int, default=4)
-    ap.add_argument("--window", type=int, default=64)
-    ap.add_argument("--topk", type=int, default=128)
+    ap.add_argument("--sinks", type=int, default=None, help="default: the scorer folder's, else 4")
+    ap.add_argument("--window", type=int, default=None, help="default: the scorer folder's, else 64")
+    ap.add_argument("--topk", type=int, default=None, help="default: the scorer folder's, else 128")
     ap.add_argument("--max-new-tokens", type=int, default=512)
     ap.add_argument("--prompt-len", type=int, default=None,
                     help="prompt tokens of random ids (default 128), or the testbed problem length with a "
-                         "checkpoint (default 512; the reasoning family needs >= ~170)")
+                         "checkpoint (default 1024; the 4k testbed's reasoning problems need >= ~300)")
     ap.add_argument("--prefill-chunk-size", type=int, default=0, help="feed the prompt in chunks of this many tokens (kvpop_hf.prefill_in_chunks) before generate; 0: one forward")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--checkpoint", default=str(DEFAULT_CHECKPOINT),
@@ -165,7 +179,7 @@ def main(argv=None) -> int:
     ckpt = Path(args.checkpoint)
     trained = not args.random_model and has_checkpoint(ckpt)
     scorer_dir = pick_scorer_checkpoint(args, trained_model=trained)  # bad flags fail before any work
-    problem = tokenizer = None
+    problem = tokenizer = student = None
     if trained:
         from transformers import AutoTokenizer
 
@@ -175,7 +189,10 @@ def main(argv=None) -> int:
         print(f"model: {ckpt} (checkpoint)")
         tokenizer = AutoTokenizer.from_pretrained(ckpt)
         model = AutoModelForCausalLM.from_pretrained(ckpt, attn_implementation="kvpop", dtype=torch.float32).eval()
-        problem = make_problem("reasoning", length=args.prompt_len or 512, seed=args.seed)
+        if scorer_dir is not None and (scorer_dir / "adapter_config.json").is_file():
+            student = load_student(ckpt, scorer_dir)
+            print(f"student: {scorer_dir} (LoRA adapter over {ckpt})")
+        problem = make_problem("reasoning", length=args.prompt_len or 1024, seed=args.seed, **KNOBS)
         bos = [tokenizer.bos_token_id] if tokenizer.bos_token_id is not None else []
         ids = torch.tensor([bos + encode_plain(tokenizer, problem.prompt)])
         eos_token_id = tokenizer.eos_token_id
@@ -192,15 +209,16 @@ def main(argv=None) -> int:
         ids = torch.randint(1, args.vocab, (1, args.prompt_len), generator=g_ids)
         eos_token_id, pad_token_id = None, 0
 
-    budget = dict(sinks=args.sinks, window=args.window, topk=args.topk)
+    budget = {k: v for k, v in dict(sinks=args.sinks, window=args.window, topk=args.topk).items() if v is not None}
     if scorer_dir is not None:
         cache = KVpopCache.from_pretrained(scorer_dir, model.config, **budget)
         scorer_name = f"learned {cache.kvpop_config.scorer} from {scorer_dir}"
         args.scorer = cache.kvpop_config.scorer
     else:
         args.scorer = args.scorer or "knorm"
-        cache = KVpopCache(model.config, scorer=args.scorer, **budget)
+        cache = KVpopCache(model.config, scorer=args.scorer, **{"sinks": 4, "window": 64, "topk": 128, **budget})
         scorer_name = repr(args.scorer)
+    args.sinks, args.window, args.topk = cache.kvpop_config.sinks, cache.kvpop_config.window, cache.kvpop_config.topk
     B = cache.budget
     n_prompt = ids.shape[1]
     print(f"budget: B = sinks {args.sinks} + window {args.window} + topk {args.topk} = {B} entries per layer "
@@ -208,7 +226,7 @@ def main(argv=None) -> int:
     print(f"prompt: {n_prompt} tokens; max new tokens: {args.max_new_tokens}; torch threads: "
           f"{torch.get_num_threads()}")
 
-    new_kv, st_kv, wall_kv = run_generate(model, ids, cache, args, f"KVpopCache({args.scorer})",
+    new_kv, st_kv, wall_kv = run_generate(student or model, ids, cache, args, f"KVpopCache({args.scorer})",
                                           eos_token_id, pad_token_id)
     n_new = len(new_kv)
     seen = int(cache.get_seq_length())

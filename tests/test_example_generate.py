@@ -1,5 +1,6 @@
-"""The quick-start demo (examples/generate.py) on the committed testbed checkpoints: the learned scorer by
-default, heuristics by name, clear errors for conflicting or unusable scorer flags (before any work)."""
+"""The quick-start demo (examples/generate.py) on the committed 4k testbed checkpoints: the LoRA student with its
+learned cache by default (answering as the dense teacher with a DynamicCache does), heuristics by name on the
+teacher, clear errors for conflicting or unusable scorer flags (before any work)."""
 
 from __future__ import annotations
 
@@ -19,12 +20,12 @@ needs_ckpt = pytest.mark.skipif(not demo.has_checkpoint(demo.DEFAULT_CHECKPOINT)
 
 
 @needs_ckpt
-def test_demo_uses_the_learned_scorer_and_answers(capsys):
+def test_demo_uses_the_learned_student_and_answers(capsys):
     assert demo.main(["--max-new-tokens", "120"]) == 0
     out = capsys.readouterr().out
-    assert "scorer learned mlp from" in out
-    assert "entries stored per head:     min 196 / max 196" in out
-    assert out.count("-> correct") == 2  # seed 0: the learned scorer at B = 196 answers like the full cache
+    assert "student: " in out and "scorer learned mlstm from" in out
+    assert "entries stored per head:     min 492 / max 492" in out  # a 919-token prompt: the cache evicted
+    assert out.count("-> correct") == 2  # seed 0: the student at B = 492 answers like the teacher's full cache
 
 
 @needs_ckpt
@@ -34,9 +35,9 @@ def test_demo_heuristic_by_name(capsys):
 
 
 @pytest.mark.parametrize("argv, msg", [
-    (["--scorer", "knorm", "--scorer-checkpoint", "checkpoints/scorers/kvpop_cr88"], "not both"),
+    (["--scorer", "knorm", "--scorer-checkpoint", "checkpoints/testbed-4k-kvpop-cr88"], "not both"),
     (["--scorer-checkpoint", "no/such/folder"], "no kvpop_config.json"),
-    (["--random-model", "--scorer-checkpoint", "checkpoints/scorers/kvpop_cr88"], "needs the trained model"),
+    (["--random-model", "--scorer-checkpoint", "checkpoints/testbed-4k-kvpop-cr88"], "needs the trained model"),
 ])
 def test_demo_rejects_bad_scorer_flags(argv, msg):
     with pytest.raises(SystemExit, match=msg):

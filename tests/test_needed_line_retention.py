@@ -16,7 +16,7 @@ from kvpop_hf import KVpopCache  # noqa: E402
 from kvpop_hf.testbed import build_tokenizer, make_problem  # noqa: E402
 from kvpop_hf.testbed.models import load_model  # noqa: E402
 
-TEACHER = str(ROOT / "checkpoints" / "teacher_4k")
+TEACHER = str(ROOT / "checkpoints" / "testbed-4k-teacher")
 
 
 def _lines(problem):
@@ -101,7 +101,7 @@ def test_fact_line_kinds_and_the_by_token_table(tmp_path):
     assert {tokens[i] for i in kinds["."]} == {"."} and {tokens[i] for i in kinds["="]} == {"="}
     assert sorted(tokens[i] for i in kinds["name"]) == sorted(p.meta["facts"])
     out = tmp_path / "t.md"
-    nlr.main(["--model", TEACHER, "--scorer-checkpoint", str(ROOT / "checkpoints/scorers_4k_w64/kvpop_cr88"),
+    nlr.main(["--model", TEACHER, "--scorer-checkpoint", str(ROOT / "checkpoints/testbed-4k-kvpop-cr88"),
               "--out", str(out), "--per-head", str(tmp_path / "h.csv"), "--families", "reasoning", "--n", "1",
               "--length", "768", "--budget", "0.75", "--knob", "reasoning.n_facts=4", "--knob", "reasoning.steps=2"])
     text = out.read_text()

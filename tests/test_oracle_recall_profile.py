@@ -1,5 +1,5 @@
-"""benchmarks/oracle_recall_profile.py: bad input is refused before any work; a run on the committed 1024-token
-teacher and scorer writes its table (a row per policy, decayed variants included), per-head CSV with every share
+"""benchmarks/oracle_recall_profile.py: bad input is refused before any work; a run on the shipped testbed teacher and
+the cr88 student's scorer writes its table (a row per policy, decayed variants included), per-head CSV with every share
 in [0, 1], and plot."""
 
 import csv
@@ -9,8 +9,8 @@ import pytest
 from helpers import load_benchmark
 
 ROOT = Path(__file__).resolve().parents[1]
-TEACHER = ROOT / "checkpoints" / "teacher"
-SCORER = ROOT / "checkpoints" / "scorers" / "kvpop_cr88"
+TEACHER = ROOT / "checkpoints" / "testbed-4k-teacher"
+SCORER = ROOT / "checkpoints" / "testbed-4k-kvpop-cr88"
 
 
 

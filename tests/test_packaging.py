@@ -47,7 +47,7 @@ def test_gpu_scripts_parse():
 def _data_mix(tmp_path, arms: str) -> subprocess.CompletedProcess:
     """retrofit_data_mix.sh with ``ARMS=arms`` and the test's python first on PATH (the script checks arm knobs with
     it); OUT is ``tmp_path / "out"``, which a refused run must not create."""
-    env = dict(os.environ, OUT=str(tmp_path / "out"), ARMS=arms,
+    env = dict(os.environ, OUT=str(tmp_path / "out"), ARMS=arms, TEACHER=str(tmp_path / "teacher"),
                PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
     return subprocess.run(["bash", str(ROOT / "benchmarks/gpu/retrofit_data_mix.sh")], capture_output=True,
                           text=True, cwd=ROOT, env=env, timeout=120)
@@ -74,6 +74,13 @@ def test_retrofit_data_mix_accepts_good_arm_knobs(tmp_path):
     res = _data_mix(tmp_path, "a:reasoning:tok:reasoning.distractor_density=0+reasoning.n_facts=20 b:reasoning:foo")
     assert res.returncode == 2
     assert "ARMS entry 'b:reasoning:foo'" in res.stderr and "ARMS entry 'a:" not in res.stderr
+
+
+def test_retrofit_data_mix_needs_a_teacher(tmp_path):
+    """The 1024-token teacher is not shipped: TEACHER must name one, checked before any work."""
+    res = _data_mix(tmp_path, "a:reasoning:tok")
+    assert res.returncode == 2 and "holds no model" in res.stderr
+    assert not (tmp_path / "out").exists()
 
 
 _NO_TRITON = """

@@ -15,8 +15,8 @@ from references import causal_recall_bound_reference
 from kvpop_hf.topk import running_topk
 
 ROOT = Path(__file__).resolve().parents[1]
-TEACHER = ROOT / "checkpoints" / "teacher"
-SCORER = ROOT / "checkpoints" / "scorers" / "kvpop_cr88"
+TEACHER = ROOT / "checkpoints" / "testbed-4k-teacher"
+SCORER = ROOT / "checkpoints" / "testbed-4k-kvpop-cr88"
 
 
 def _twins(m, H, S, shared, seed):

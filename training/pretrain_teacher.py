@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Train the testbed teacher: a small Qwen3 trained from scratch on generated long-context tasks.
 
-    python training/pretrain_teacher.py --out checkpoints/teacher --steps 6000 --seq-len 2048:4096 \
+    python training/pretrain_teacher.py --out out/teacher_1k --steps 6000 --seq-len 2048:4096 \
         --batch-size 16 --lr 1.5e-3 --seed 0 --time-budget 420 --eval-n 50
 
 Data: an endless on-the-fly stream from :func:`kvpop_hf.testbed.mixture` (all families, ``reasoning``

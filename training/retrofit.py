@@ -3,11 +3,11 @@
 Examples::
 
     # the testbed teacher, generated reasoning traces, mLSTM scorer at B = 4 + 64 + 188
-    python training/retrofit.py --model checkpoints/teacher --dataset testbed:reasoning --seq_len 2048 \
+    python training/retrofit.py --model checkpoints/testbed-4k-teacher --dataset testbed:reasoning --seq_len 2048 \
         --sinks 4 --window 64 --topk 188 --scorer mlstm --output_dir out/kvpop --max_steps 200
 
     # StreamingLLM+ (trained-window baseline): sinks + window only, the LoRA backbone distilled at B = 4 + 252
-    python training/retrofit.py --model checkpoints/teacher --dataset testbed:reasoning --seq_len 1024 \
+    python training/retrofit.py --model checkpoints/testbed-4k-teacher --dataset testbed:reasoning --seq_len 1024 \
         --sinks 4 --window 252 --topk 0 --scorer streaming --lora_rank 8 --merge_lora True \
         --output_dir checkpoints/streaming_plus_cr75 --max_steps 120
 

@@ -8,7 +8,7 @@ the gate is pushed to the eviction rate at which a head's *average* memory after
 
 Example (CPU, a few minutes)::
 
-    python training/train_dms.py --model checkpoints/teacher --dataset testbed:reasoning --seq_len 1024 \
+    python training/train_dms.py --model checkpoints/testbed-4k-teacher --dataset testbed:reasoning --seq_len 1024 \
         --compression 0.75 --sinks 4 --window 32 --lora_rank 8 --output_dir checkpoints/dms_cr75 \
         --max_steps 80 --per_device_train_batch_size 2 --learning_rate 1e-3 --use_cpu
 

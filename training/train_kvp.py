@@ -4,13 +4,13 @@ Apple, ICML 2026) and write a KVpopCache checkpoint (scorer "kvp").
 Examples::
 
     # record traces of the testbed teacher once, train with RL (Plackett-Luce + RLOO) for 5 minutes
-    python training/train_kvp.py --model checkpoints/teacher --out out/kvp --traces-file out/traces.pt \
+    python training/train_kvp.py --model checkpoints/testbed-4k-teacher --out out/kvp --traces-file out/traces.pt \
         --objective rl --max-train-seconds 300
 
     # the supervised ablation on the same traces, then both side by side with the heuristics
-    python training/train_kvp.py --model checkpoints/teacher --out out/kvp_sup --traces-file out/traces.pt \
+    python training/train_kvp.py --model checkpoints/testbed-4k-teacher --out out/kvp_sup --traces-file out/traces.pt \
         --objective supervised --max-train-seconds 300
-    python training/train_kvp.py --model checkpoints/teacher --out out/eval --traces-file out/traces.pt \
+    python training/train_kvp.py --model checkpoints/testbed-4k-teacher --out out/eval --traces-file out/traces.pt \
         --eval-only --compare kvp=out/kvp kvp_supervised=out/kvp_sup --baselines knorm,streaming
 
 The output directory holds ``kvpop_config.json`` + ``kvpop_scorer.safetensors`` (load with
@@ -43,7 +43,7 @@ STATE = "train_state.pt"
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--model", default="checkpoints/teacher", help="model directory (with its tokenizer)")
+    p.add_argument("--model", default="checkpoints/testbed-4k-teacher", help="model directory (with its tokenizer)")
     p.add_argument("--out", required=True, help="output directory (KVpopCache checkpoint, state, logs)")
     p.add_argument("--traces-file", default=None, help="record traces into this file, or reuse it if it exists")
     p.add_argument("--families", default="reasoning,vt,niah_multikey,cwe,fwe", help="testbed families, comma-separated")

@@ -3,14 +3,13 @@
 # all five testbed families (reasoning, vt, niah_multikey, cwe, fwe), EVAL_N problems of 1024 tokens each, on one
 # GPU: Table 1 (reasoning) and Table 2 (the other families), results.csv, outputs.jsonl, quality-vs-budget plot.
 # Writes $OUT/eval/ and $OUT/eval.log.
-# Usage: OUT=dir bash benchmarks/gpu/evaluate_testbed.sh            (~2 min on one H200)
-#        OUT=dir TEACHER=dir/final/teacher SCORERS=dir/ckpt bash benchmarks/gpu/evaluate_testbed.sh
-# Knobs: TEACHER (default checkpoints/teacher), SCORERS (a folder of scorer checkpoints, default
-# checkpoints/scorers), EVAL_N (default 20), LIMIT_S (time limit, default 300 s).
+# Usage: OUT=dir TEACHER=dir/final/teacher SCORERS=dir/ckpt bash benchmarks/gpu/evaluate_testbed.sh
+# Knobs: TEACHER (required: a 1024-token teacher), SCORERS (required: a folder of scorer checkpoints,
+# benchmarks/gpu/retrofit_scorers.sh writes one), EVAL_N (default 20), LIMIT_S (time limit, default 300 s).
 set -u
 : "${OUT:?set OUT to an output directory}"
 export PYTHONUNBUFFERED=1 PYTHONPATH=. TOKENIZERS_PARALLELISM=false
-TEACHER=${TEACHER:-checkpoints/teacher}; SCORERS=${SCORERS:-checkpoints/scorers}; L=1024; W=32
+TEACHER=${TEACHER:?set TEACHER to a 1024-token testbed teacher (benchmarks/gpu/pretrain_teacher.sh writes one)}; SCORERS=${SCORERS:?set SCORERS to a folder of scorer checkpoints}; L=1024; W=32
 T0=$(date +%s)
 stamp() { echo "[$(( $(date +%s) - T0 ))s] $*"; }
 mkdir -p "$OUT"

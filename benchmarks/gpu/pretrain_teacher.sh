@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Pretrain the testbed teacher (checkpoints/teacher: a 5.8M-parameter Qwen3, 6 layers, 8 query / 2 KV heads of 32)
+# Pretrain the 1024-token testbed teacher (the start of checkpoints/testbed-4k-teacher: a 5.8M-parameter Qwen3, 6 layers, 8 query / 2 KV heads of 32)
 # from scratch on the generated tasks, in three stages on one GPU, each followed by a dense kvpop-eval.
 #
 #   STAGE=1  four recipes side by side, each with the 'lookup' drill mixed in at 16 facts a problem (the default,
@@ -19,16 +19,16 @@
 #   STAGE=3  continue INIT (default: stage 2's pick) at 256-1152 tokens (uniform over multiples of 128), every
 #            family: reasoning 0.4, drill 0.2, the four RULER families 0.1 each; lr 7e-4; then dense kvpop-eval on
 #            30 reasoning problems of 1024 tokens
-#            -> $OUT/final/teacher (= checkpoints/teacher), teacher.log, eval_dense/ (TB=210,
+#            -> $OUT/final/teacher (continued to 4096 tokens by benchmarks/gpu/testbed_4k.sh STAGE=teacher), teacher.log, eval_dense/ (TB=210,
 #               ~5 min)
 #   STAGE=all (default) runs 1, 2 and 3 in turn (~21 min).
 #
 # Usage: OUT=dir bash benchmarks/gpu/pretrain_teacher.sh
 #        OUT=dir STAGE=3 INIT=dir/continued_256_1024/t_B bash benchmarks/gpu/pretrain_teacher.sh
-# Knobs: STAGE, INIT, TB (training seconds per run; the per-stage defaults above are those of the committed teacher,
+# Knobs: STAGE, INIT, TB (training seconds per run; the per-stage defaults above are those of the shipped teacher,
 # so leave TB unset with STAGE=all).
-# The committed teacher's exact commands are also in checkpoints/teacher/lineage/stage{1,2}_manifest.json and
-# checkpoints/teacher/manifest.json; results/studies.csv (study teacher) gives the commit.
+# The shipped teacher's exact commands are in checkpoints/testbed-4k-teacher/README.md; results/studies.csv (study
+# teacher) gives the commit.
 set -u
 : "${OUT:?set OUT to an output directory}"
 export PYTHONUNBUFFERED=1 PYTHONPATH=. TOKENIZERS_PARALLELISM=false

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Does a learned scorer keep another task family's answers when that family is in its retrofit data? On the
-# 1024-token testbed, whose teacher (checkpoints/teacher) solves reasoning and variable tracking (vt), two KVpop
+# 1024-token testbed, whose teacher (TEACHER, required: the 1024-token teacher of benchmarks/gpu/pretrain_teacher.sh) solves reasoning and variable tracking (vt), two KVpop
 # retrofits side by side for RS seconds each: on reasoning problems only, and on reasoning and vt alternating
 # (retrofit.py --dataset testbed:reasoning,vt). Both: delayed mLSTM with the token term, distilled with a rank-8 LoRA
 # merged afterwards, max answer-query target, 88%, window 32, learning rate decaying over the seconds. Then
@@ -19,7 +19,7 @@
 set -u
 : "${OUT:?set OUT to an output directory}"
 export PYTHONUNBUFFERED=1 PYTHONPATH=. TOKENIZERS_PARALLELISM=false
-T=checkpoints/teacher; L=1024; W=32; RS=${RS:-110}; N=${EVAL_N:-40}; DEVICE=${DEVICE:-cuda}
+T=${TEACHER:?set TEACHER to a 1024-token testbed teacher (benchmarks/gpu/pretrain_teacher.sh writes one)}; L=1024; W=32; RS=${RS:-110}; N=${EVAL_N:-40}; DEVICE=${DEVICE:-cuda}
 SEED_BASE=${SEED_BASE:-$((2 ** 48 + 5000))}
 if [ "$DEVICE" = cpu ]; then TRAIN_DEV="--use_cpu True"; else TRAIN_DEV="--bf16"; fi
 NAMES=(); FAMS=(); SCORERS=(); KNOBS=()
@@ -38,6 +38,7 @@ p(sys.argv[1].split('+'))" "$knobs" 2> /dev/null; then
   fi
   NAMES+=("$name"); FAMS+=("$fams"); SCORERS+=("$scorer"); KNOBS+=("${knobs//+/ }")
 done
+[ -f "$T/config.json" ] || { echo "TEACHER=$T holds no model (config.json)" >&2; exit 2; }
 T0=$(date +%s)
 stamp() { echo "[$(( $(date +%s) - T0 ))s] $*"; }
 K88=$(python3 -c "from kvpop_hf.testbed.policies import parse_budgets as p; print(p('0.88', $L, 4, $W)[0].topk)") \

@@ -1,17 +1,16 @@
 #!/usr/bin/env bash
-# Retrofit the four committed testbed scorers (checkpoints/scorers/): KVpop (mLSTM, delayed) and KVpop_mlp at 75%
+# Retrofit four testbed scorers on a 1024-token teacher: KVpop (mLSTM, delayed) and KVpop_mlp at 75%
 # and 88% compression of 1024 tokens (B = 4 + 32 + 220 and 4 + 32 + 87), scorer only (backbone frozen), on the
 # reasoning family, all four side by side on one GPU, RS seconds of training each.
 # Writes $OUT/ckpt/<name>/ (kvpop_config.json + kvpop_scorer.safetensors and the card; the unchanged backbone copy
-# and training_args.bin are removed, as in checkpoints/scorers/) and $OUT/retrofit_<name>.log
+# and training_args.bin are removed) and $OUT/retrofit_<name>.log
 # (study retrofit_gpu in results/studies.csv).
-# Usage: OUT=dir bash benchmarks/gpu/retrofit_scorers.sh            (~2.5 min on one H200)
-#        OUT=dir TEACHER=dir/final/teacher bash benchmarks/gpu/retrofit_scorers.sh
-# Knobs: TEACHER (default checkpoints/teacher), RS (training seconds per scorer, default 70 as committed).
+# Usage: OUT=dir TEACHER=dir/final/teacher bash benchmarks/gpu/retrofit_scorers.sh
+# Knobs: TEACHER (required: a 1024-token teacher), RS (training seconds per scorer, default 70 as committed).
 set -u
 : "${OUT:?set OUT to an output directory}"
 export PYTHONUNBUFFERED=1 PYTHONPATH=. TOKENIZERS_PARALLELISM=false
-TEACHER=${TEACHER:-checkpoints/teacher}; L=1024; W=32; TK88=87; TK75=220
+TEACHER=${TEACHER:?set TEACHER to a 1024-token testbed teacher (benchmarks/gpu/pretrain_teacher.sh writes one)}; L=1024; W=32; TK88=87; TK75=220
 T0=$(date +%s)
 stamp() { echo "[$(( $(date +%s) - T0 ))s] $*"; }
 mkdir -p "$OUT"

@@ -3,7 +3,7 @@
 # (10 facts, 4 steps: ~110 tokens of the context are needed, the rest is filler and z-distractors), window 64
 # (the operating point: the answer-query oracle keeps 0.95 of the dense EM at 88% with it, 0.925 with 32).
 #
-#   STAGE=teacher  continue INIT (default checkpoints/teacher, a 1024-token teacher) to 4096 tokens, two learning
+#   STAGE=teacher  continue INIT (required: a 1024-token teacher) to 4096 tokens, two learning
 #                  rates side by side (A 7e-4, B 1.2e-3), lengths 1024-2560 for the first 35% of the run, then
 #                  1024-4096 (multiples of 256); mix: reasoning 0.6, lookup drill 0.3 (16 facts), the RULER
 #                  families 0.1; teacher-forced lookup probe on 16 problems of 4096 tokens every 500 steps.
@@ -34,7 +34,7 @@
 #   STAGE=evaluate the evaluation above of existing checkpoint folders: CKPT_DIRS="dir ..." -> $OUT/eval_<dir name>/
 #
 # Usage: OUT=dir bash benchmarks/gpu/testbed_4k.sh                                   (STAGE=teacher, ~9 min)
-#        OUT=dir STAGE=retrofit TEACHER=checkpoints/teacher_4k bash benchmarks/gpu/testbed_4k.sh   (~9 min)
+#        OUT=dir STAGE=retrofit TEACHER=checkpoints/testbed-4k-teacher bash benchmarks/gpu/testbed_4k.sh   (~9 min)
 # Knobs: TB (teacher training seconds, 240), RS (retrofit seconds, 200), WINDOW (the protected window, 64;
 # WINDOW=32 gives the window-32 runs, study 'testbed_4k (window 32)' in results/studies.csv), VARIANTS (the retrofits to run, default
 # the eight above, e.g. "kvpop_cr88 kvpop_distill_cr88"; a policy is evaluated when its _cr88 or _cr94 run exists; one with a _cr94 run alone needs EVAL_BUDGETS=0.94),
@@ -76,12 +76,13 @@ evaluate() {  # out-dir seconds args...  (kvpop-eval of reasoning problems with 
 
 stage_teacher() {
   local D="$OUT/teacher_4k" TB=${TB:-240}
+  : "${INIT:?STAGE=teacher needs INIT=<a 1024-token teacher folder> (benchmarks/gpu/pretrain_teacher.sh writes one)}"
   mkdir -p "$D"
   train() {  # name lr
     local fw=() f
     for f in ${FAMILY_WEIGHTS:-}; do fw+=(--family-weight "$f"); done
     OMP_NUM_THREADS=2 timeout $((TB + 100)) python3 training/pretrain_teacher.py --out "$D/t_$1" \
-      --init-from "${INIT:-checkpoints/teacher}" --steps 1000000 --time-budget "$TB" --seq-len $LO:$L \
+      --init-from "$INIT" --steps 1000000 --time-budget "$TB" --seq-len $LO:$L \
       --len-multiple 256 --curriculum-frac "${CURRICULUM:-0.35}" --curriculum-len $LO:$CLEN --warmup 100 --lr "$2" \
       --seed 2 --workers "${WORKERS:-6}" --log-every 250 --probe-every 500 --probe-n 16 --probe-len $L --eval-n 0 \
       --tokens-per-batch 32768 --knob reasoning.n_facts=10 --knob reasoning.steps=4 --knob lookup.n_facts=16 \

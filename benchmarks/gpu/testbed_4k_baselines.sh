@@ -9,7 +9,7 @@
 #     on DEVICE (training/train_kvp.py) -> $OUT/ckpt/kvp_{rl,supervised}, each evaluated at every budget of BUDGETS
 #     (one untagged checkpoint serves them all, with the budget's topk);
 #   * meanwhile, kvpop-eval of the policies that need no training, at the budgets the 4k table lacks: TOVA, H2O and
-#     SnapKV at 75% and 94%, LagKV at 94%, KVP (RL and supervised, KVP_CKPTS/{rl,supervised}) at 94%;
+#     SnapKV at 75% and 94%, LagKV at 94%, KVP (RL and supervised, KVP_CKPTS/{rl,supervised}, when KVP_CKPTS is set) at 94%;
 #   * each trained checkpoint is evaluated as soon as it is saved (kvpop-eval, one folder per policy and budget);
 #     once the three DMS evaluations are done, their compression.json files are merged into $OUT/eval_dms/ and
 #     drawn as the per-head eviction-ratio heatmap (python -m kvpop_hf.baselines.dms.heatmap).
@@ -19,7 +19,7 @@
 # with seeds SEED_BASE + i (2^48 + i).
 #
 # Usage: OUT=dir bash benchmarks/gpu/testbed_4k_baselines.sh                                 (~9.5 min)
-# Knobs: TEACHER (checkpoints/teacher_4k), KVP_CKPTS (checkpoints/kvp_4k), RS (training seconds, 240), EVAL_N
+# Knobs: TEACHER (checkpoints/testbed-4k-teacher), KVP_CKPTS (a POLICIES=kvp output folder; unset: no KVP row), RS (training seconds, 240), EVAL_N
 # (problems per evaluation, 40), SEED_BASE (the first problem's seed, 2^48), TRAIN_SEED (the trainings' seed, 0;
 # another seed adds _s<seed> to the checkpoint and evaluation names), KVP_TRACES (128), WINDOW (DMS's protected window and the
 # window of the evaluations, 32), BUDGETS (the trained budgets, "75 88 94"), POLICIES (the trained baselines,
@@ -38,7 +38,7 @@ export PYTHONUNBUFFERED=1 PYTHONPATH=. TOKENIZERS_PARALLELISM=false
 L=${LEN:-4096}; W=${WINDOW:-32}; N=${EVAL_N:-40}; EBS=${EBS:-20}; DEBS=${DEBS:-10}; DBS=${DBS:-2}; NEX=${NEX:-1200}; RS=${RS:-240}
 SEED=${TRAIN_SEED:-0}; SFX=$([ "$SEED" = 0 ] || echo "_s$SEED")
 DW=${DMS_WEIGHT:-10}; DSFX=$([ "$DW" = 10 ] || echo "_w$DW")$SFX
-TEACHER=${TEACHER:-checkpoints/teacher_4k}; KVP_CKPTS=${KVP_CKPTS:-checkpoints/kvp_4k}
+TEACHER=${TEACHER:-checkpoints/testbed-4k-teacher}; KVP_CKPTS=${KVP_CKPTS:-}
 DEADLINE=${DEADLINE:-560}; DEVICE=${DEVICE:-cuda}; TRAIN_SLACK=${TRAIN_SLACK:-150}; TH=${THREADS:-2}
 if [ "$DEVICE" = cpu ]; then TRAIN_DEV="--use_cpu True"; else TRAIN_DEV="--bf16"; fi
 KNOBS="--knob reasoning.n_facts=10 --knob reasoning.steps=4"
@@ -48,7 +48,7 @@ left() { local s=$(( DEADLINE - ($(date +%s) - T0) )); echo $(( s > 1 ? s : 1 ))
 tokens() {  # B of a budget ratio, from kvpop_hf's own parse_budgets
   python3 -c "from kvpop_hf.testbed.policies import parse_budgets as p; print(p('$1', $L, 4, $W)[0].B)"; }
 mkdir -p "$OUT/ckpt"
-for d in "$TEACHER" "$KVP_CKPTS/rl" "$KVP_CKPTS/supervised"; do
+for d in "$TEACHER" ${KVP_CKPTS:+"$KVP_CKPTS/rl" "$KVP_CKPTS/supervised"}; do
   [ -d "$d" ] || { echo "missing $d" >&2; exit 2; }
 done
 python3 -c "from kvpop_hf.testbed.policies import parse_budgets as p
@@ -145,7 +145,7 @@ done
   done
 done
 [ "${UNTRAINED:-1}" = 1 ] && evaluate "$OUT/eval_lagkv_cr94" "$(left)" --model "$TEACHER" --budgets 0.94 --policies lagkv &
-[ "${UNTRAINED:-1}" = 1 ] && evaluate "$OUT/eval_kvp_cr94" "$(left)" --model "$TEACHER" --budgets 0.94 --policies kvp,kvp_supervised \
+[ "${UNTRAINED:-1}" = 1 ] && [ -n "$KVP_CKPTS" ] && evaluate "$OUT/eval_kvp_cr94" "$(left)" --model "$TEACHER" --budgets 0.94 --policies kvp,kvp_supervised \
   --scorer-checkpoint "kvp=$KVP_CKPTS/rl" --scorer-checkpoint "kvp_supervised=$KVP_CKPTS/supervised" &
 
 [ ${#DMS_JOBS[@]} -gt 0 ] && wait "${DMS_JOBS[@]}"

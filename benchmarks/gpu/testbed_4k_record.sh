@@ -5,7 +5,7 @@
 #   PHASE=train     side by side, RS seconds each, window 64, all distilled with a rank-8 LoRA merged afterwards,
 #                   learning rates decaying to 0 over the seconds:
 #                   * KVpop (delayed mLSTM with the token term, max answer-query target) at 88%: seeds 0 and 1 with
-#                     batches of 4 sequences (the recipe of checkpoints/students_4k) and seeds 0 and 1 with 8;
+#                     batches of 4 sequences (the recipe of checkpoints/testbed-4k-kvpop-cr88) and seeds 0 and 1 with 8;
 #                   * StreamingLLM+ and DMS at 88% (testbed_4k_baselines.sh, same window, seconds and batch of 4);
 #                   * meanwhile the 4k teacher continued TB seconds on a mix with variable tracking (vt 0.3, reasoning
 #                     0.5, lookup drill 0.15) for the out-of-domain table, dense EM on vt and reasoning at 4096 tokens.
@@ -31,7 +31,7 @@ set -u
 PHASE=${PHASE:?set PHASE to train or evaluate}
 HERE=$(cd "$(dirname "$0")" && pwd)
 WORK=${WORK:-/tmp/kvpop_record}; RS=${RS:-400}; TB=${TB:-380}; OOD_RS=${OOD_RS:-300}; N=${EVAL_N:-80}
-FRESH=${FRESH:-$((2 ** 48 + 5000))}; DL=${DEADLINE:-585}; T=checkpoints/teacher_4k
+FRESH=${FRESH:-$((2 ** 48 + 5000))}; DL=${DEADLINE:-585}; T=checkpoints/testbed-4k-teacher
 BUDGETS=${BUDGETS:-0.75,0.88,0.94}; export EVAL_BUDGETS=$BUDGETS
 export KNOB_ARGS="--knob reasoning.n_facts=10 --knob reasoning.steps=4"
 T0=$(date +%s)

@@ -2,7 +2,7 @@
 
 Example (the testbed teacher, two budgets, learned scorers from a checkpoints folder)::
 
-    kvpop-eval --model checkpoints/teacher --length 2048 --n 50 --sinks 4 --window 64 \\
+    kvpop-eval --model checkpoints/testbed-4k-teacher --length 2048 --n 50 --sinks 4 --window 64 \\
         --budgets 0.75,0.88 --policies dense,streaming,knorm,random,kvpop_mlp,kvpop \\
         --checkpoints-dir out/scorers --knob reasoning.steps=4 --knob reasoning.n_facts=16 \\
         --out results/eval_2048 --analysis

@@ -1,7 +1,7 @@
 """Fill the model card template for a KVpopTrainer run and write it as README.md.
 
 The template ships inside the package (``kvpop_hf/trainer/model_card_template.md``, package data), so
-an installed wheel can build cards; ``model_cards/kvpop_template.md`` in the repository links to it."""
+an installed wheel can build cards; ``model_cards/README.md`` in the repository points to it."""
 
 from __future__ import annotations
 
