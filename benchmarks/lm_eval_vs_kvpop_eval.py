@@ -1,8 +1,8 @@
 """The same testbed problems through ``kvpop-eval`` and through lm-eval's command line with ``--model kvpop``:
 both exact matches, side by side, problem by problem.
 
-    python benchmarks/lm_eval_vs_kvpop_eval.py --student checkpoints/students_4k/kvpop_distill_cr88 \\
-        --teacher checkpoints/teacher_4k --n 5 --out results/lm_eval_vs_kvpop_eval
+    python benchmarks/lm_eval_vs_kvpop_eval.py --student checkpoints/testbed-4k-kvpop-cr88 \\
+        --teacher checkpoints/testbed-4k-teacher --n 8 --out out/lm_eval_vs_kvpop_eval
 
 The policy and budget default to the shipped 4k student: ``kvpop_distill`` at B = 492 = 4 sinks + 64 window + 424
 slots, reasoning problems of 4096 tokens with ``n_facts=10, steps=4``, seeds ``2**48 + i``. Both sides run the
@@ -42,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--student", required=True, help="model folder with its KVpop checkpoint (own-weights policy)")
-    ap.add_argument("--teacher", required=True, help="kvpop-eval's --model (unused by the student's own-weights run)")
+    ap.add_argument("--teacher", required=True, help="kvpop-eval's --model and the tokenizer (a LoRA student folder holds none; its base model's is the same)")
     ap.add_argument("--policy", default="kvpop_distill")
     ap.add_argument("--n", type=int, default=5)
     ap.add_argument("--length", type=int, default=4096)
@@ -62,11 +62,11 @@ def main(argv: list[str] | None = None) -> int:
     topk = args.budget - args.sinks - args.window
 
     tasks = out / "tasks"
-    export = [py, "-m", "kvpop_hf.testbed.lm_eval_tasks", "--out", str(tasks), "--tokenizer", args.student,
+    export = [py, "-m", "kvpop_hf.testbed.lm_eval_tasks", "--out", str(tasks), "--tokenizer", args.teacher,
               "--families", "reasoning", "--lengths", str(args.length), "--n", str(args.n)]
     for k in knobs:
         export += ["--knob", k]
-    kvpop_eval = [py, "-m", "kvpop_hf.testbed.evaluate", "--model", args.teacher, "--tokenizer", args.student,
+    kvpop_eval = [py, "-m", "kvpop_hf.testbed.evaluate", "--model", args.teacher, "--tokenizer", args.teacher,
                   "--out", str(out / "kvpop_eval"), "--families", "reasoning", "--policies", args.policy,
                   "--scorer-checkpoint", f"{args.policy}={args.student}", "--budgets", str(args.budget),
                   "--sinks", str(args.sinks), "--window", str(args.window), "--n", str(args.n),

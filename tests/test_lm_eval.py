@@ -506,9 +506,7 @@ def test_shipped_student_through_lm_eval_matches_kvpop_eval(tmp_path):
     import importlib.util
 
     root = Path(__file__).resolve().parents[1]
-    student, teacher = root / "checkpoints/students_4k/kvpop_distill_cr88", root / "checkpoints/teacher_4k"
-    if not (student / "kvpop_config.json").is_file() or not (teacher / "config.json").is_file():
-        pytest.skip("the shipped 4k checkpoints are not at checkpoints/students_4k and checkpoints/teacher_4k")
+    student, teacher = root / "checkpoints/testbed-4k-kvpop-cr88", root / "checkpoints/testbed-4k-teacher"
     spec = importlib.util.spec_from_file_location("lm_eval_vs_kvpop_eval", root / "benchmarks/lm_eval_vs_kvpop_eval.py")
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
