@@ -1,12 +1,9 @@
 """benchmarks/chunk_host_ops.py on small chunks: it counts operator calls, and the mLSTM's count does not
 grow with the chunk length (all sub-chunks in one batched computation)."""
 
-import sys
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
 import chunk_host_ops  # noqa: E402
 

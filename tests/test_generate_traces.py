@@ -2,8 +2,6 @@
 folder with `messages`, resuming skips prompts already written, and the folder feeds training/retrofit.py."""
 
 import json
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -14,8 +12,7 @@ from kvpop_hf.data import load_source
 from kvpop_hf.data.traces import META_NAME, generate_traces, main, prompt_messages
 
 datasets = pytest.importorskip("datasets")
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "training"))
-import retrofit  # noqa: E402
+from kvpop_hf.cli import retrofit
 
 
 def _prompts_file(tmp_path, n):
@@ -44,7 +41,7 @@ def test_traces_end_to_end_resume_and_retrofit(tmp_path):
         assert row["messages"][2]["role"] == "assistant"
         assert 1 <= row["num_generated_tokens"] <= 12
     # the trace folder is a retrofit dataset
-    trainer = retrofit.main(["--model", str(model), "--dataset", str(out), "--messages_field", "messages",
+    trainer = retrofit.train(["--model", str(model), "--dataset", str(out), "--messages_field", "messages",
                              "--seq_len", "256", "--sinks", "2", "--window", "8", "--topk", "16", "--scorer", "mlp",
                              "--output_dir", str(tmp_path / "r"), "--per_device_train_batch_size", "2",
                              "--max_steps", "1", "--report_to", "none", "--use_cpu", "True", "--disable_tqdm", "True",
