@@ -12,7 +12,7 @@ from kvpop_hf.data import load_source
 from kvpop_hf.data.traces import META_NAME, generate_traces, main, prompt_messages
 
 datasets = pytest.importorskip("datasets")
-from kvpop_hf.cli import retrofit
+from kvpop_hf.cli import retrofit  # noqa: E402  (after the skip)
 
 
 def _prompts_file(tmp_path, n):

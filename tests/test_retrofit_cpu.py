@@ -1,27 +1,25 @@
 """training/retrofit.py on the CPU: --bf16 refused with the fix named, and a scorer-only run saves the scorer,
 not a copy of the unchanged backbone."""
 
-
 import pytest
 import torch
 from safetensors.torch import load_file
 
 from kvpop_hf import KVpopCache
+from kvpop_hf.cli import common, retrofit
 from kvpop_hf.hub import CONFIG_NAME, WEIGHTS_NAME
-
-from kvpop_hf.cli import retrofit
 
 
 @pytest.mark.parametrize("flag", [["--bf16"], ["--bf16", "True"], ["--bf16=true"]])
 def test_bf16_without_a_gpu_fails_before_loading_anything(tmp_path, monkeypatch, flag):
-    monkeypatch.setattr(retrofit, "is_torch_bf16_gpu_available", lambda: False)
-    monkeypatch.setattr(retrofit, "is_torch_xla_available", lambda: False)
+    monkeypatch.setattr(common, "is_torch_bf16_gpu_available", lambda: False)
+    monkeypatch.setattr(common, "is_torch_xla_available", lambda: False)
     with pytest.raises(ValueError, match="drop --bf16 on CPU"):
         retrofit.main(["--model", str(tmp_path / "never_loaded"), "--output_dir", str(tmp_path / "o"),
                        "--report_to", "none"] + flag)
     retrofit.check_bf16_device(["--bf16", "--use_cpu", "True"])  # CPU bf16 autocast, asked for explicitly
     retrofit.check_bf16_device(["--bf16", "False"])
-    monkeypatch.setattr(retrofit, "is_torch_bf16_gpu_available", lambda: True)
+    monkeypatch.setattr(common, "is_torch_bf16_gpu_available", lambda: True)
     retrofit.check_bf16_device(["--bf16"])
 
 

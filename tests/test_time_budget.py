@@ -1,13 +1,11 @@
 """Training for a time budget: the stop callback, the wall-clock learning-rate decay and the retrofit flags."""
 
-
 import pytest
 import torch
 from transformers import TrainerControl
 
-from kvpop_hf.trainer.time_budget import TimeBudget, time_decay_schedule
-
 from kvpop_hf.cli import retrofit
+from kvpop_hf.trainer.time_budget import TimeBudget, time_decay_schedule
 
 
 class FakeClock:

@@ -41,7 +41,7 @@ def check_time_arguments(script) -> None:
 
 def testbed_examples(families, tokenizer, seq_len, n, seed, knobs=None):
     """``n`` teacher-forced examples of exactly ``seq_len`` tokens; ``knobs``: ``{family: {knob: value}}``."""
-    from kvpop_hf.testbed import make_problem, training_example
+    from ..testbed import make_problem, training_example
 
     rng = random.Random(seed)
     out = []

@@ -380,7 +380,7 @@ def pretrain(argv=None) -> dict:
                                **eval_knobs.get("reasoning", {})) for i in range(args.probe_n)]
 
     def probe(step):
-        from kvpop_hf.testbed.evaluate import token_accuracy
+        from ..testbed.evaluate import token_accuracy
 
         with torch.autocast(device_type="cuda", dtype=torch.bfloat16, enabled=cuda):
             r = token_accuracy(model, tok, probes, None, progress=False)  # restores train mode

@@ -70,7 +70,7 @@ def build_data(data_args, script, args, tokenizer):
     """The training rows: generated testbed problems, or a ``datasets`` source prepared by
     :func:`kvpop_hf.data.prepare_dataset` (every data error raised here, before the model loads)."""
     if data_args.dataset.startswith("testbed:"):
-        from kvpop_hf.testbed.evaluate import parse_knobs
+        from ..testbed.evaluate import parse_knobs
 
         families = data_args.dataset.split(":", 1)[1].split(",")
         knobs = parse_knobs(script.knob, families)

@@ -72,7 +72,7 @@ def train(argv=None, callbacks=None):
         raise ValueError(f"--dataset must be testbed:<families>, got {script.dataset!r}.")
     check_merged_dtype(script.merged_dtype)  # before any work
     check_time_arguments(script)
-    from kvpop_hf.testbed.evaluate import parse_knobs
+    from ..testbed.evaluate import parse_knobs
 
     families = script.dataset.split(":", 1)[1].split(",")
     knobs = parse_knobs(script.knob, families)
