@@ -9,7 +9,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from chat_model import chat_tokenizer, conversations, save_chat_model
 from kvpop_hf.data import load_source
-from kvpop_hf.data.traces import META_NAME, generate_traces, main, prompt_messages
+from kvpop_hf.data.traces import META_NAME, generate_traces, main, prompt_messages, sample
 
 datasets = pytest.importorskip("datasets")
 from kvpop_hf.cli import retrofit  # noqa: E402  (after the skip)
@@ -27,9 +27,10 @@ def test_traces_end_to_end_resume_and_retrofit(tmp_path):
     out = tmp_path / "traces"
     common = ["--model", str(model), "--prompts", str(prompts), "--output_dir", str(out), "--batch_size", "2",
               "--max_new_tokens", "12", "--no_progress", "--device", "cpu", "--dtype", "float32"]
-    assert main(common + ["--num_prompts", "3"]) == {"written": 3, "skipped": 0}
-    assert main(common) == {"written": 2, "skipped": 3}  # resumed: only the two new prompts sampled
-    assert main(common) == {"written": 0, "skipped": 5}
+    assert sample(common + ["--num_prompts", "3"]) == {"written": 3, "skipped": 0}
+    assert sample(common) == {"written": 2, "skipped": 3}  # resumed: only the two new prompts sampled
+    assert main(common) == 0  # the exit status of the command; nothing new written
+    assert sample(common) == {"written": 0, "skipped": 5}
     with pytest.raises(ValueError, match="other settings .*'system_prompt'"):  # another prompt source: refused
         main(common + ["--system_prompt", "Be brief."])
     ds = load_source(str(out))
