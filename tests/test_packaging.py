@@ -21,7 +21,7 @@ def test_wheel_ships_the_model_card_template(tmp_path):
     wheel = next(tmp_path.glob("kvpop_hf-*.whl"))
     names = zipfile.ZipFile(wheel).namelist()
     assert "kvpop_hf/trainer/model_card_template.md" in names
-    assert "kvpop_hf/decode_eviction.py" in names
+    assert "kvpop_hf/decode_eviction.py" in names and "kvpop_hf/cli/retrofit.py" in names
 
 
 def test_core_does_not_import_the_testbed_or_benchmark_helpers():
