@@ -221,3 +221,13 @@ def test_console_commands_resolve_and_the_training_scripts_run_them():
         assert f"from kvpop_hf.cli.{name} import main" in (ROOT / "training" / f"{name}.py").read_text()
     res = _run("import sys, kvpop_hf; print(sorted(m for m in sys.modules if m.startswith('kvpop_hf.cli')))")
     assert res.returncode == 0 and res.stdout.strip() == "[]", res.stderr
+
+
+def test_no_script_edits_the_import_path():
+    """Tests and training scripts import the package and the test helpers as installed / as pytest's ``pythonpath``
+    sets them, never by editing the import path; benchmarks only where named here."""
+    needle = "sys." + "path"
+    allowed = {"benchmarks/flex_chunk_gpu_check.py", "benchmarks/lm_eval_throughput.py"}
+    found = sorted(str(p.relative_to(ROOT)) for folder in ("tests", "training", "benchmarks")
+                   for p in (ROOT / folder).rglob("*.py") if needle in p.read_text())
+    assert [p for p in found if p not in allowed] == [], found
