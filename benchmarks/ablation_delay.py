@@ -23,7 +23,6 @@ import torch
 from kvpop_hf.utils.provenance import git_commit
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "training"))
 
 
 def main(argv=None):
@@ -40,10 +39,10 @@ def main(argv=None):
     args = ap.parse_args(argv)
     cmd = "python benchmarks/ablation_delay.py " + " ".join(sys.argv[1:] if argv is None else argv)
     commit = git_commit(ROOT)  # read before the run: the code that runs is this commit's
-    import retrofit
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from kvpop_hf import KVpopCache
+    from kvpop_hf.cli import retrofit
     from kvpop_hf.testbed import make_problem
     from kvpop_hf.testbed.analysis import oracle_recall_rows
 
@@ -64,7 +63,7 @@ def main(argv=None):
                 "--save_strategy", "no", "--seed", "0", "--disable_tqdm", "True"]
         if args.device == "cpu":
             train_argv.append("--use_cpu")
-        trainer = retrofit.main(train_argv)
+        trainer = retrofit.train(train_argv)
         curves[name] = [e for e in trainer.state.log_history if "boundary_loss" in e]
         caches[name] = KVpopCache.from_pretrained(ckpt)
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).to(args.device).eval()

@@ -24,7 +24,6 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 from kvpop_hf import decode_attention as da  # noqa: E402
 from kvpop_hf.utils.provenance import git_commit  # noqa: E402

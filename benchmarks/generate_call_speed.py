@@ -57,8 +57,6 @@ import torch
 from transformers import CompileConfig, StaticCache, StoppingCriteria, StoppingCriteriaList
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import kvpop_hf  # noqa: E402,F401  (registers the "kvpop" attention)
 from kvpop_hf import KVpopCache, prefill_in_chunks  # noqa: E402

@@ -29,7 +29,6 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 STATEMENTS = {
     "import kvpop_hf": "import kvpop_hf",

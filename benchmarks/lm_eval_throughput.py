@@ -34,8 +34,6 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 SHAPES = {  # hidden, intermediate, layers, q heads, kv heads, head_dim, vocab
     "qwen3-8b": (4096, 12288, 36, 32, 8, 128, 151936),

@@ -34,7 +34,7 @@ Choices (and why):
   same FLOPs. Saved once as bf16 safetensors (+ testbed tokenizer) to a scratch directory.
 * **Data:** generated testbed reasoning traces (``--dataset testbed:reasoning``), fixed seeds.
 * **Loss recorded:** the Trainer's logged ``loss`` every step (already averaged over ranks), via a
-  `TrainerCallback` (``retrofit.main(argv, callbacks=...)``); step times from ``on_step_end``.
+  `TrainerCallback` (``kvpop_hf.cli.retrofit.train(argv, callbacks=...)``); step times from ``on_step_end``.
 
 Usage::
 
@@ -95,12 +95,11 @@ def prepare(model_dir: Path, tiny: bool, layers: int, device: str) -> dict:
 
 # -------------------------------------------------------------------------------------------- worker
 def worker(result: Path, retro_argv: list[str]) -> None:
-    """One training process: `training/retrofit.py`'s main with a recording callback."""
+    """One training process: `kvpop_hf.cli.retrofit.train` (what training/retrofit.py runs), recording each step."""
     import torch
     from transformers import TrainerCallback
 
-    sys.path.insert(0, str(ROOT / "training"))
-    import retrofit
+    from kvpop_hf.cli import retrofit
 
     rank = int(os.environ.get("RANK", "0"))
     cuda = torch.cuda.is_available() and "--use_cpu" not in retro_argv
@@ -152,7 +151,7 @@ def worker(result: Path, retro_argv: list[str]) -> None:
 
     t0 = time.time()
     try:
-        trainer = retrofit.main(retro_argv, callbacks=[Recorder()])
+        trainer = retrofit.train(retro_argv, callbacks=[Recorder()])
         rec["status"] = "ok"
         acc = trainer.accelerator
         rec["accelerate"] = {"distributed_type": str(acc.distributed_type), "num_processes": acc.num_processes,

@@ -24,8 +24,6 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:  # run from a checkout without `pip install -e .`
-    sys.path.insert(0, str(REPO))
 
 import torch  # noqa: E402
 

@@ -30,7 +30,6 @@ from pathlib import Path
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "benchmarks"))
 
 from generation_speed import SHAPES, build_model  # noqa: E402
 

@@ -46,20 +46,15 @@ import time
 import traceback
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-for p in (REPO, REPO / "training"):
-    if str(p) not in sys.path:
-        sys.path.insert(0, str(p))
+import torch
+from transformers import AutoModelForCausalLM, Qwen3Config, Trainer, TrainerCallback, TrainingArguments
 
-import torch  # noqa: E402
-from transformers import AutoModelForCausalLM, Qwen3Config, Trainer, TrainerCallback, TrainingArguments  # noqa: E402
-
-from kvpop_hf.utils.provenance import git_commit, versions  # noqa: E402
-from kvpop_hf.trainer import KVpopTrainer, KVpopTrainingArguments  # noqa: E402
-from kvpop_hf.utils.timing import fmt as fmt_number, is_oom  # noqa: E402
-from kvpop_hf.trainer.hidden_states import final_hidden_states  # noqa: E402
-from kvpop_hf.trainer.teacher_distillation import distillation_from_hidden, supervised_positions  # noqa: E402
-from kvpop_hf.trainer.trainer import LOG_GAMMA_ATTR, SCORER_ATTR  # noqa: E402
+from kvpop_hf.utils.provenance import git_commit, versions
+from kvpop_hf.trainer import KVpopTrainer, KVpopTrainingArguments
+from kvpop_hf.utils.timing import fmt as fmt_number, is_oom
+from kvpop_hf.trainer.hidden_states import final_hidden_states
+from kvpop_hf.trainer.teacher_distillation import distillation_from_hidden, supervised_positions
+from kvpop_hf.trainer.trainer import LOG_GAMMA_ATTR, SCORER_ATTR
 
 CSV_COLUMNS = ["trainer", "scorer", "seq_len", "step_s", "tokens_per_s", "peak_gb"]
 SHAPES = {  # hidden, intermediate, layers, q heads, kv heads, head_dim, vocab, tied embeddings
@@ -280,7 +275,7 @@ def _frame_label(frames) -> str:
 
 # ----------------------------------------------------------------------------------------------- one row
 def run_row(base, trainer_name, scorer, seq_len, data, args, device, profile, snapshot):
-    from retrofit import lora_student
+    from kvpop_hf.trainer.lora import lora_student
 
     topk = budget(seq_len, args.sinks, args.window, args.compression)
     extra_steps = int(profile) + int(snapshot)
@@ -479,7 +474,7 @@ def main(argv=None):
         budget(S, args.sinks, args.window, args.compression)  # errors before any work
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         raise ValueError("--device cuda but no CUDA device is visible; use --device cpu for the smoke test.")
-    from retrofit import require_peft
+    from kvpop_hf.trainer.lora import require_peft
 
     require_peft()  # the LoRA rows need it; an error naming the `train` extra before any work
 

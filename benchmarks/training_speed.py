@@ -51,8 +51,6 @@ from kvpop_hf.utils.timing import compiled_graphs, fmt, free, is_oom, measure, q
 import torch.nn.functional as F
 
 REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:  # run from a checkout without `pip install -e .`
-    sys.path.insert(0, str(REPO))
 T_START = time.perf_counter()
 warnings.filterwarnings("ignore", message=r".*return_lse.*")
 warnings.filterwarnings("ignore", message=r".*past_key_values.*")

@@ -1,9 +1,7 @@
 import os
-import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 GPU_TESTS = os.path.join(HERE, "gpu")
-sys.path.insert(0, HERE)
 
 
 def pytest_configure(config):

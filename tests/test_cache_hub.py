@@ -67,13 +67,14 @@ def test_load_repo_id_from_offline_hf_cache(tmp_path):
     torch.save(expect, tmp_path / "expect.pt")
     # a fresh process, so HF_HUB_OFFLINE is read by huggingface_hub at import time
     code = (
-        "import torch, sys; sys.path.insert(0, 'tests'); from kvpop_hf import KVpopCache; "
+        "import torch; from kvpop_hf import KVpopCache; "
         "from test_cache_hub import _scores; "
         "c = KVpopCache.from_pretrained('kvpop-org/tiny-qwen3-kvpop'); "
         f"assert torch.equal(_scores(c), torch.load(r'{tmp_path / 'expect.pt'}')); print('OK')"
     )
-    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_HUB_CACHE=str(hub_cache), HF_HOME=str(tmp_path / "home"))
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_HUB_CACHE=str(hub_cache), HF_HOME=str(tmp_path / "home"),
+               PYTHONPATH=os.pathsep.join([root, os.path.join(root, "tests")]))
     res = subprocess.run([sys.executable, "-c", code], env=env, cwd=root, capture_output=True, text=True)
     assert res.returncode == 0 and "OK" in res.stdout, res.stderr[-2000:]
 

@@ -1,14 +1,9 @@
 """benchmarks/chunk_host_ops.py on small chunks: it counts operator calls, and the mLSTM's count does not
 grow with the chunk length (all sub-chunks in one batched computation)."""
 
-import sys
-from pathlib import Path
-
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-
-import chunk_host_ops  # noqa: E402
+import chunk_host_ops
 
 
 def test_mlstm_host_ops_do_not_grow_with_the_chunk():

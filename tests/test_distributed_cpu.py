@@ -64,8 +64,7 @@ def test_cli_closes_the_process_group_after_success_and_failure():
     """The training CLIs end the process group themselves (an exit with gloo threads alive aborts a rank)."""
     import torch.distributed as dist
 
-    sys.path.insert(0, str(ROOT / "training"))
-    from retrofit import run_cli
+    from kvpop_hf.cli.common import run_cli
 
     def train(argv):
         dist.init_process_group("gloo", init_method="tcp://127.0.0.1:29531", rank=0, world_size=1)

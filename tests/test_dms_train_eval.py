@@ -3,8 +3,6 @@ then kvpop-eval with the "dms" policy and its compression report."""
 
 import csv
 import json
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -14,8 +12,7 @@ from kvpop_hf.baselines.dms import DMSCache
 from kvpop_hf.testbed.evaluate import main as eval_main
 from test_streaming_plus import _teacher
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "training"))
-import train_dms  # noqa: E402
+from kvpop_hf.cli import train_dms
 
 LENGTH, SINKS, WINDOW, B = 256, 4, 16, 64
 
@@ -23,7 +20,7 @@ LENGTH, SINKS, WINDOW, B = 256, 4, 16, 64
 def test_train_then_eval(tmp_path):
     teacher = _teacher(tmp_path)
     ck = tmp_path / "dms_b64"
-    trainer = train_dms.main([
+    trainer = train_dms.train([
         "--model", str(teacher), "--seq_len", str(LENGTH), "--compression", str(1 - B / LENGTH), "--sinks", str(SINKS),
         "--window", str(WINDOW), "--lora_rank", "4", "--output_dir", str(ck), "--max_steps", "3",
         "--per_device_train_batch_size", "2", "--learning_rate", "1e-2", "--logging_steps", "1", "--report_to", "none",

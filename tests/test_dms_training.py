@@ -119,21 +119,18 @@ def test_time_ramp_follows_the_clock(monkeypatch):
 
 
 def test_train_dms_knobs_shape_the_data_and_the_time_budget_sets_the_ramp(tmp_path):
-    import sys
-    from pathlib import Path
 
     from test_streaming_plus import _teacher
 
     from kvpop_hf.testbed import build_tokenizer
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "training"))
-    import train_dms
+    from kvpop_hf.cli import train_dms
 
     teacher = _teacher(tmp_path)
     common = ["--model", str(teacher), "--seq_len", "256", "--compression", "0.75", "--sinks", "4", "--window", "16",
               "--output_dir", str(tmp_path / "ck"), "--report_to", "none", "--save_strategy", "no", "--use_cpu", "True",
               "--disable_tqdm", "True", "--per_device_train_batch_size", "2"]
-    trainer = train_dms.main(common + ["--max_steps", "1", "--max_train_seconds", "60", "--ramp_fraction", "0.5",
+    trainer = train_dms.train(common + ["--max_steps", "1", "--max_train_seconds", "60", "--ramp_fraction", "0.5",
                                        "--knob", "reasoning.n_facts=3", "reasoning.steps=2"])
     fact = build_tokenizer().convert_tokens_to_ids("fact")
     assert [int((e["input_ids"] == fact).sum()) for e in trainer.train_dataset] == [3, 3]

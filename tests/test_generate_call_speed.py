@@ -6,17 +6,13 @@ refusal of a token count that leaves nothing to time."""
 from __future__ import annotations
 
 import csv
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
-
-import generate_call_speed  # noqa: E402
-import generation_speed  # noqa: E402
+import generate_call_speed
+import generation_speed
 
 TINY = ["--shape", "tiny", "--budget", "4", "16", "44", "--prefill-chunk", "128", "--new-tokens", "7", "--warmup", "2"]
 

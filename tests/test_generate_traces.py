@@ -2,8 +2,6 @@
 folder with `messages`, resuming skips prompts already written, and the folder feeds training/retrofit.py."""
 
 import json
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -11,11 +9,10 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from chat_model import chat_tokenizer, conversations, save_chat_model
 from kvpop_hf.data import load_source
-from kvpop_hf.data.traces import META_NAME, generate_traces, main, prompt_messages
+from kvpop_hf.data.traces import META_NAME, generate_traces, main, prompt_messages, sample
 
 datasets = pytest.importorskip("datasets")
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "training"))
-import retrofit  # noqa: E402
+from kvpop_hf.cli import retrofit  # noqa: E402  (after the skip)
 
 
 def _prompts_file(tmp_path, n):
@@ -30,9 +27,10 @@ def test_traces_end_to_end_resume_and_retrofit(tmp_path):
     out = tmp_path / "traces"
     common = ["--model", str(model), "--prompts", str(prompts), "--output_dir", str(out), "--batch_size", "2",
               "--max_new_tokens", "12", "--no_progress", "--device", "cpu", "--dtype", "float32"]
-    assert main(common + ["--num_prompts", "3"]) == {"written": 3, "skipped": 0}
-    assert main(common) == {"written": 2, "skipped": 3}  # resumed: only the two new prompts sampled
-    assert main(common) == {"written": 0, "skipped": 5}
+    assert sample(common + ["--num_prompts", "3"]) == {"written": 3, "skipped": 0}
+    assert sample(common) == {"written": 2, "skipped": 3}  # resumed: only the two new prompts sampled
+    assert main(common) == 0  # the exit status of the command; nothing new written
+    assert sample(common) == {"written": 0, "skipped": 5}
     with pytest.raises(ValueError, match="other settings .*'system_prompt'"):  # another prompt source: refused
         main(common + ["--system_prompt", "Be brief."])
     ds = load_source(str(out))
@@ -44,7 +42,7 @@ def test_traces_end_to_end_resume_and_retrofit(tmp_path):
         assert row["messages"][2]["role"] == "assistant"
         assert 1 <= row["num_generated_tokens"] <= 12
     # the trace folder is a retrofit dataset
-    trainer = retrofit.main(["--model", str(model), "--dataset", str(out), "--messages_field", "messages",
+    trainer = retrofit.train(["--model", str(model), "--dataset", str(out), "--messages_field", "messages",
                              "--seq_len", "256", "--sinks", "2", "--window", "8", "--topk", "16", "--scorer", "mlp",
                              "--output_dir", str(tmp_path / "r"), "--per_device_train_batch_size", "2",
                              "--max_steps", "1", "--report_to", "none", "--use_cpu", "True", "--disable_tqdm", "True",

@@ -4,13 +4,9 @@ the leak check, and redrawing a run from its CSV."""
 from __future__ import annotations
 
 import csv
-import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
-
-import generation_speed  # noqa: E402
+import generation_speed
 
 
 def read_rows(path: Path):

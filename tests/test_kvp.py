@@ -4,8 +4,6 @@ per-head AUC metric, the `kvp` policy, and training/train_kvp.py end to end (tra
 import itertools
 import json
 import math
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -23,8 +21,7 @@ from kvpop_hf.baselines.kvp.supervised import supervised_loss
 from kvpop_hf.scorers import build_scorer
 from kvpop_hf.testbed import policies
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "training"))
-import train_kvp  # noqa: E402
+from kvpop_hf.cli import train_kvp
 
 
 # -- maths ------------------------------------------------------------------------------------------------

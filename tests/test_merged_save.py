@@ -1,7 +1,6 @@
 """The merged student is saved in the dtype its source checkpoint records (kvpop_hf/trainer/merged_save.py)."""
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -11,7 +10,6 @@ from transformers import AutoModelForCausalLM, Qwen3Config
 
 from kvpop_hf.trainer.merged_save import merged_dtype, save_weights_as, source_dtype
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "training"))
 
 
 def _model(tied: bool):
@@ -52,7 +50,7 @@ def test_merged_dtype_choices(tmp_path):
 
 
 def test_retrofit_refuses_a_bad_merged_dtype_before_training(tmp_path):
-    import retrofit
+    from kvpop_hf.cli import retrofit
 
     model = _model(False)
     model.save_pretrained(tmp_path / "t")
@@ -62,7 +60,7 @@ def test_retrofit_refuses_a_bad_merged_dtype_before_training(tmp_path):
 
 
 def test_retrofit_saves_the_merged_student_in_the_teachers_dtype(tmp_path):
-    import retrofit
+    from kvpop_hf.cli import retrofit
     from test_streaming_plus import _teacher
 
     teacher = _teacher(tmp_path)
@@ -71,7 +69,7 @@ def test_retrofit_saves_the_merged_student_in_the_teachers_dtype(tmp_path):
               "--window", "16", "--topk", "8", "--scorer", "mlp", "--lora_rank", "4", "--merge_lora", "True",
               "--max_steps", "1", "--per_device_train_batch_size", "2", "--report_to", "none", "--save_strategy", "no",
               "--use_cpu", "True", "--disable_tqdm", "True"]
-    retrofit.main(common + ["--output_dir", str(tmp_path / "bf16")])
+    assert retrofit.main(common + ["--output_dir", str(tmp_path / "bf16")]) == 0  # the exit status of the command
     assert _file_dtypes(tmp_path / "bf16") == {"torch.bfloat16"}
     retrofit.main(common + ["--output_dir", str(tmp_path / "f32"), "--merged_dtype", "float32"])
     assert _file_dtypes(tmp_path / "f32") == {"torch.float32"}

@@ -21,7 +21,7 @@ def test_wheel_ships_the_model_card_template(tmp_path):
     wheel = next(tmp_path.glob("kvpop_hf-*.whl"))
     names = zipfile.ZipFile(wheel).namelist()
     assert "kvpop_hf/trainer/model_card_template.md" in names
-    assert "kvpop_hf/decode_eviction.py" in names
+    assert "kvpop_hf/decode_eviction.py" in names and "kvpop_hf/cli/retrofit.py" in names
 
 
 def test_core_does_not_import_the_testbed_or_benchmark_helpers():
@@ -86,12 +86,13 @@ def test_retrofit_data_mix_needs_a_teacher(tmp_path):
 _NO_TRITON = """
 import os, sys
 sys.modules["triton"] = None  # as if triton were not installed
-sys.path.insert(1, os.path.join(os.getcwd(), "tests"))
 """
 
 
 def _run(code: str) -> subprocess.CompletedProcess:
+    """``python -c code`` in the repository root with the test helpers importable."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("KVPOP_") and k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "tests"), env.get("PYTHONPATH")]))
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, env=env)
 
 
@@ -210,3 +211,30 @@ print(model.config._attn_implementation, out.shape[1], cache.get_seq_length())
                          env=dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "tests")])))
     assert res.returncode == 0, res.stderr[-3000:]
     assert res.stdout.split()[-3:] == ["kvpop", "11", "10"], res.stdout
+
+
+def test_console_commands_resolve_and_the_training_scripts_run_them():
+    """Every ``[project.scripts]`` entry names a callable; each training command's ``training/<name>.py`` runs that
+    same ``main``; ``import kvpop_hf`` imports none of the commands."""
+    import importlib
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+
+    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    for command, target in scripts.items():
+        module, _, attr = target.partition(":")
+        assert callable(getattr(importlib.import_module(module), attr)), command
+    for name in ("retrofit", "train_dms", "train_kvp", "pretrain_teacher"):
+        assert scripts["kvpop-" + name.replace("_", "-")] == f"kvpop_hf.cli.{name}:main"
+        assert f"from kvpop_hf.cli.{name} import main" in (ROOT / "training" / f"{name}.py").read_text()
+    res = _run("import sys, kvpop_hf; print(sorted(m for m in sys.modules if m.startswith('kvpop_hf.cli')))")
+    assert res.returncode == 0 and res.stdout.strip() == "[]", res.stderr
+
+
+def test_no_script_edits_the_import_path():
+    """Tests and training scripts import the package and the test helpers as installed / as pytest's ``pythonpath``
+    sets them, never by editing the import path; benchmarks only where named here."""
+    needle = "sys." + "path"
+    allowed = {"benchmarks/flex_chunk_gpu_check.py", "benchmarks/lm_eval_throughput.py"}
+    found = sorted(str(p.relative_to(ROOT)) for folder in ("tests", "training", "benchmarks")
+                   for p in (ROOT / folder).rglob("*.py") if needle in p.read_text())
+    assert [p for p in found if p not in allowed] == [], found

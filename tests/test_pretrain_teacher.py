@@ -132,8 +132,7 @@ def test_dense_eval_scores_a_perfect_oracle():
 
 def test_batch_length_covers_both_ends_of_the_range():
     import random
-    sys.path.insert(0, os.path.join(ROOT, "training"))
-    from pretrain_teacher import batch_length
+    from kvpop_hf.cli.pretrain_teacher import batch_length
     rng = random.Random(0)
     seen = [batch_length(rng, 256, 1024, 128) for _ in range(2000)]
     assert set(seen) == {256, 384, 512, 640, 768, 896, 1024}
@@ -144,8 +143,7 @@ def test_batch_length_covers_both_ends_of_the_range():
 
 
 def test_mixture_weights_named_family_and_even_split_of_the_rest():
-    sys.path.insert(0, os.path.join(ROOT, "training"))
-    from pretrain_teacher import mixture_weights
+    from kvpop_hf.cli.pretrain_teacher import mixture_weights
     w = mixture_weights(0.5, 0.15, [("vt", 0.3)])
     assert w["vt"] == 0.3 and w["lookup"] == 0.15 and w["reasoning"] == 0.5
     assert w["niah_multikey"] == w["cwe"] == w["fwe"] == pytest.approx(0.05 / 3)

@@ -4,17 +4,13 @@ from __future__ import annotations
 
 import csv
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
-
-import eval_table  # noqa: E402
-import merge_eval_runs  # noqa: E402
-import plot_probe_curves  # noqa: E402
+import eval_table
+import merge_eval_runs
+import plot_probe_curves
 
 COLS = ["policy", "budget", "cr", "sinks", "window", "topk", "family", "em", "token_acc", "lookup_acc", "n",
         "n_target_tokens"]

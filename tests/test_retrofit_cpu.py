@@ -1,30 +1,25 @@
 """training/retrofit.py on the CPU: --bf16 refused with the fix named, and a scorer-only run saves the scorer,
 not a copy of the unchanged backbone."""
 
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 from safetensors.torch import load_file
 
 from kvpop_hf import KVpopCache
+from kvpop_hf.cli import common, retrofit
 from kvpop_hf.hub import CONFIG_NAME, WEIGHTS_NAME
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "training"))
-import retrofit  # noqa: E402
 
 
 @pytest.mark.parametrize("flag", [["--bf16"], ["--bf16", "True"], ["--bf16=true"]])
 def test_bf16_without_a_gpu_fails_before_loading_anything(tmp_path, monkeypatch, flag):
-    monkeypatch.setattr(retrofit, "is_torch_bf16_gpu_available", lambda: False)
-    monkeypatch.setattr(retrofit, "is_torch_xla_available", lambda: False)
+    monkeypatch.setattr(common, "is_torch_bf16_gpu_available", lambda: False)
+    monkeypatch.setattr(common, "is_torch_xla_available", lambda: False)
     with pytest.raises(ValueError, match="drop --bf16 on CPU"):
         retrofit.main(["--model", str(tmp_path / "never_loaded"), "--output_dir", str(tmp_path / "o"),
                        "--report_to", "none"] + flag)
     retrofit.check_bf16_device(["--bf16", "--use_cpu", "True"])  # CPU bf16 autocast, asked for explicitly
     retrofit.check_bf16_device(["--bf16", "False"])
-    monkeypatch.setattr(retrofit, "is_torch_bf16_gpu_available", lambda: True)
+    monkeypatch.setattr(common, "is_torch_bf16_gpu_available", lambda: True)
     retrofit.check_bf16_device(["--bf16"])
 
 
@@ -41,7 +36,7 @@ def test_scorer_only_retrofit_saves_the_scorer_without_the_backbone(tmp_path):
 
     teacher = _teacher(tmp_path)
     out = tmp_path / "o"
-    trainer = retrofit.main(_argv(teacher, out, "--max_steps", "2", "--save_strategy", "steps", "--save_steps", "1"))
+    trainer = retrofit.train(_argv(teacher, out, "--max_steps", "2", "--save_strategy", "steps", "--save_steps", "1"))
     files = {p.name for p in out.iterdir()}
     assert {CONFIG_NAME, WEIGHTS_NAME, "README.md", "tokenizer_config.json"} <= files
     assert not {"model.safetensors", "config.json", "adapter_model.safetensors", "training_args.bin"} & files
@@ -52,6 +47,6 @@ def test_scorer_only_retrofit_saves_the_scorer_without_the_backbone(tmp_path):
         assert torch.equal(cache.scorer.state_dict()[k], v.float())
     assert f'from_pretrained("{teacher}"' in (out / "README.md").read_text()  # the card loads the base model
     # resuming a scorer-only checkpoint reads the scorer alone (the backbone is the --model, unchanged)
-    t2 = retrofit.main(_argv(teacher, tmp_path / "o2", "--max_steps", "3", "--save_strategy", "no",
+    t2 = retrofit.train(_argv(teacher, tmp_path / "o2", "--max_steps", "3", "--save_strategy", "no",
                              "--resume_from_checkpoint", str(out / "checkpoint-2")))
     assert t2.state.global_step == 3

@@ -3,8 +3,6 @@
 before the model loads."""
 
 import json
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -17,8 +15,7 @@ from kvpop_hf.data import KVpopDataArguments, conversation_ids, load_source, pre
 from kvpop_hf.trainer import KVpopTrainer, KVpopTrainingArguments
 
 datasets = pytest.importorskip("datasets")
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "training"))
-import retrofit  # noqa: E402
+from kvpop_hf.cli import retrofit  # noqa: E402  (after the skip)
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +48,7 @@ def _argv(model, data, out, *extra):
 
 def test_retrofit_from_a_local_folder_of_conversations_loads_and_generates(chat_model, convo_folder, tmp_path):
     out = tmp_path / "out"
-    trainer = retrofit.main(_argv(chat_model, convo_folder, out, "--messages_field", "messages"))
+    trainer = retrofit.train(_argv(chat_model, convo_folder, out, "--messages_field", "messages"))
     assert trainer.state.global_step == 2
     tok = AutoTokenizer.from_pretrained(chat_model)
     rows = trainer.train_dataset
@@ -143,7 +140,7 @@ def test_data_files_and_folders_of_files_load(tmp_path):
 def test_streaming_retrofit(chat_model, tmp_path):
     data = tmp_path / "c.jsonl"
     data.write_text("".join(json.dumps({"messages": c}) + "\n" for c in conversations(4)))
-    trainer = retrofit.main(_argv(chat_model, data, tmp_path / "o", "--streaming", "True"))
+    trainer = retrofit.train(_argv(chat_model, data, tmp_path / "o", "--streaming", "True"))
     assert trainer.state.global_step == 2
     with pytest.raises(ValueError, match="--streaming .* set --max_steps"):
         retrofit.main(_argv(chat_model, data, tmp_path / "o", "--streaming", "True", "--max_steps", "-1",

@@ -1,13 +1,6 @@
 """Tests for kvpop_hf.topk (running top-k: torch reference, wavelet matrix, Triton Fenwick kernel)."""
 
 import os
-import sys
-from pathlib import Path
-
-# Allow running from a plain checkout (package not pip-installed).
-_ROOT = str(Path(__file__).resolve().parents[1])
-if _ROOT not in sys.path:
-    sys.path.insert(0, _ROOT)
 
 # Must be set before triton JIT-decorates the kernel (i.e. before
 # kvpop_hf.topk.fenwick_triton is first imported) so it runs on CPU.

@@ -5,15 +5,10 @@ sit on that layer's device."""
 from __future__ import annotations
 
 import csv
-import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
-
-import split_model_generation  # noqa: E402
+import split_model_generation
 
 
 def test_split_run_matches_one_device(tmp_path):

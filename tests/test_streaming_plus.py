@@ -2,7 +2,6 @@
 
 import csv
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,8 +13,7 @@ from kvpop_hf.testbed import build_tokenizer
 from kvpop_hf.testbed.evaluate import build_parser, main, plan_from_args
 from kvpop_hf.trainer import KVpopTrainingArguments
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "training"))
-import retrofit  # noqa: E402
+from kvpop_hf.cli import retrofit
 
 LENGTH, SINKS, B = 256, 4, 32
 
@@ -52,7 +50,7 @@ def _eval(teacher, ckpts, out):
 def test_lora_distillation_at_window_budget_then_eval(tmp_path):
     teacher = _teacher(tmp_path)
     ck = tmp_path / "ckpts" / f"streaming_plus_b{B}"
-    trainer = retrofit.main([
+    trainer = retrofit.train([
         "--model", str(teacher), "--dataset", "testbed:reasoning", "--seq_len", str(LENGTH), "--sinks", str(SINKS),
         "--window", str(B - SINKS), "--topk", "0", "--scorer", "streaming", "--lora_rank", "4", "--merge_lora", "True",
         "--output_dir", str(ck), "--max_steps", "3", "--per_device_train_batch_size", "2", "--learning_rate", "1e-2",

@@ -1,7 +1,6 @@
 """Generator knobs reach every tool that builds testbed problems (retrofit data, oracle eviction, kvpop-eval),
 and the policy names of the differently trained scorers resolve their checkpoints."""
 
-import sys
 from pathlib import Path
 
 import pytest
@@ -10,8 +9,7 @@ from kvpop_hf.testbed import build_tokenizer
 from kvpop_hf.testbed.evaluate import parse_knobs
 from kvpop_hf.testbed.policies import POLICIES, scan_checkpoints_dir
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "training"))
-import retrofit  # noqa: E402
+from kvpop_hf.cli import retrofit
 
 
 def test_parse_knobs_values_and_errors():
@@ -44,7 +42,6 @@ def test_retrofit_knob_on_a_jsonl_dataset_is_an_error(tmp_path):
 
 
 def test_oracle_eviction_rejects_bad_knobs_before_loading(tmp_path):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
     import oracle_eviction
 
     with pytest.raises(ValueError, match="FAMILY.KEY=VALUE"):
@@ -53,7 +50,6 @@ def test_oracle_eviction_rejects_bad_knobs_before_loading(tmp_path):
 
 @pytest.mark.parametrize("gammas", ["0.1", "-0.1,x"])
 def test_oracle_eviction_rejects_bad_log_gammas_before_loading(tmp_path, gammas, capsys):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
     import oracle_eviction
 
     with pytest.raises(SystemExit):
@@ -65,7 +61,6 @@ def test_oracle_eviction_rejects_bad_log_gammas_before_loading(tmp_path, gammas,
 def test_oracle_eviction_with_a_decay_adds_its_rows(tmp_path):
     """One oracle table per problem serves the plain oracle and each decayed one; a decay that outweighs every
     oracle score leaves the recency order of StreamingLLM, which keeps less of the answer than the oracle."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
     import csv
 
     import oracle_eviction
@@ -95,8 +90,7 @@ def test_variant_policies_resolve_their_checkpoint_folders(tmp_path):
 def test_retrofit_help_lists_every_training_flag(capsys):
     """``training/retrofit.py --help`` shows the script's and KVpopTrainingArguments' flags, not only the two that
     the bf16 check parses first."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "training"))
-    import retrofit
+    from kvpop_hf.cli import retrofit
 
     with pytest.raises(SystemExit) as exit_info:
         retrofit.main(["--help"])

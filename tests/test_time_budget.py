@@ -1,16 +1,11 @@
 """Training for a time budget: the stop callback, the wall-clock learning-rate decay and the retrofit flags."""
 
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 from transformers import TrainerControl
 
+from kvpop_hf.cli import retrofit
 from kvpop_hf.trainer.time_budget import TimeBudget, time_decay_schedule
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "training"))
-import retrofit  # noqa: E402
 
 
 class FakeClock:
@@ -95,7 +90,7 @@ def test_retrofit_decays_the_learning_rate_over_its_seconds(tmp_path):
     from test_streaming_plus import _teacher
 
     teacher = _teacher(tmp_path)
-    trainer = retrofit.main([
+    trainer = retrofit.train([
         "--model", str(teacher), "--dataset", "testbed:reasoning", "--seq_len", "256", "--sinks", "2",
         "--window", "8", "--topk", "8", "--scorer", "mlp", "--output_dir", str(tmp_path / "o"),
         "--max_steps", "100000", "--num_examples", "4", "--per_device_train_batch_size", "2",
@@ -108,7 +103,7 @@ def test_retrofit_decays_the_learning_rate_over_its_seconds(tmp_path):
 
 
 def test_train_dms_needs_seconds_for_the_time_decay(tmp_path):
-    import train_dms  # training/ is on sys.path (above)
+    from kvpop_hf.cli import train_dms
 
     with pytest.raises(ValueError, match="--max_train_seconds"):  # before loading the (missing) model
         train_dms.main(["--model", str(tmp_path / "missing"), "--output_dir", str(tmp_path / "o"),

@@ -200,10 +200,8 @@ def test_student_forward_uses_the_max_target(monkeypatch):
 
 def test_retrofit_names_the_train_extra_when_peft_is_missing(tmp_path, monkeypatch):
     import sys
-    from pathlib import Path
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "training"))
-    import retrofit
+    from kvpop_hf.cli import retrofit
 
     monkeypatch.setitem(sys.modules, "peft", None)  # import peft -> ImportError
     with pytest.raises(ImportError, match=r"\[train\]"):

@@ -5,15 +5,11 @@ from __future__ import annotations
 
 import csv
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
-
-import training_scale  # noqa: E402
+import training_scale
 
 COMMON = ["--shape", "tiny", "--device", "cpu", "--steps", "1", "--window", "16", "--lora-rank", "4"]
 

@@ -9,9 +9,7 @@ Example (one GPU; resumable, rerun the same command after an interruption)::
 The same command is installed as ``kvpop-traces``; the logic lives in kvpop_hf/data/traces.py (``--help``).
 """
 
-import sys
-
 from kvpop_hf.data.traces import main
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    raise SystemExit(main())

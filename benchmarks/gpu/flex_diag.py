@@ -40,8 +40,6 @@ from pathlib import Path
 import torch
 
 REPO = Path(__file__).resolve().parents[2]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
 
 from kvpop_hf.utils.provenance import git_commit, versions  # noqa: E402
 from kvpop_hf.utils.timing import compiled_graphs, fmt, free, measure, quantiles, sync  # noqa: E402

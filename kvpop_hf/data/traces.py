@@ -209,7 +209,8 @@ def check_same_source(out_dir: Path, args) -> None:
                          "resuming would skip the wrong prompts; use a new --output_dir.")
 
 
-def main(argv=None) -> dict:
+def sample(argv=None) -> dict:
+    """Parses `argv`, samples the traces not yet written; returns ``{"written": n, "skipped": m}``."""
     args = build_parser().parse_args(argv)
     if not 0 <= args.shard_index < args.num_shards:
         raise ValueError(f"--shard_index must be in [0, --num_shards={args.num_shards}), got {args.shard_index}.")
@@ -245,5 +246,11 @@ def main(argv=None) -> dict:
     return result
 
 
+def main(argv=None) -> int:
+    """The ``kvpop-traces`` command (``training/generate_traces.py``): :func:`sample`; 0 (the exit status)."""
+    sample(argv)
+    return 0
+
+
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())
