@@ -285,20 +285,22 @@ class KVpopCache(Cache):
 
 def _check_model_shape(config: KVpopConfig, model_config, what: str) -> dict:
     """The model's ``{num_layers, num_kv_heads, head_dim, layers, layer_types, windows}``; a ValueError if ``config``
-    names other values (another shape or another layer pattern)."""
-    plan = layer_plan(model_config, config.sliding_layers)
-    if config.layers is None and config.num_layers is not None and not all(plan.kvpop):
+    names other values (another shape or another layer pattern). ``config`` may be another cache's config with
+    the same shape fields (a ``DMSConfig``): without KVpop's layer fields it is a full-attention checkpoint."""
+    sliding = getattr(config, "sliding_layers", "window")
+    layers, layer_types = getattr(config, "layers", None), getattr(config, "layer_types", None)
+    plan = layer_plan(model_config, sliding)
+    if layers is None and config.num_layers is not None and not all(plan.kvpop):
         raise ValueError(f"{what} was made for a model whose {config.num_layers} layers are all full attention, but "
                          f"this model has layer types {sorted(set(plan.types))} (KVpop layers {plan.kvpop_layers}). "
                          "Use a KVpop checkpoint trained for this model (or a heuristic scorer).")
-    for field, stored, value in (("layers", config.layers, plan.kvpop_layers),
-                                 ("layer_types", config.layer_types, list(plan.types))):
+    for field, stored, value in (("layers", layers, plan.kvpop_layers), ("layer_types", layer_types, list(plan.types))):
         if stored is not None and list(stored) != value:
-            raise ValueError(f"{what} covers KVpop layers {config.layers} of a model with layer types "
-                             f"{config.layer_types} (sliding_layers={config.sliding_layers!r}), but this model's "
+            raise ValueError(f"{what} covers KVpop layers {layers} of a model with layer types "
+                             f"{layer_types} (sliding_layers={sliding!r}), but this model's "
                              f"{field} are {value} (KVpop layers {plan.kvpop_layers}). Use a KVpop checkpoint "
                              "trained for this model's layer pattern (or a heuristic scorer).")
-    shape = dict(zip(("num_layers", "num_kv_heads", "head_dim"), model_shape(model_config, config.sliding_layers)))
+    shape = dict(zip(("num_layers", "num_kv_heads", "head_dim"), model_shape(model_config, sliding)))
     for field, value in shape.items():
         stored = getattr(config, field)
         if stored is not None and stored != value:
