@@ -6,17 +6,15 @@ import torch
 
 from helpers import distinct_ids, tiny_model
 from kvpop_hf.data import KVpopDataCollator
-from kvpop_hf.trainer import KVpopTrainer, KVpopTrainingArguments, StudentSettings, student_forward
+from kvpop_hf.trainer import KVpopTrainer, StudentSettings, student_forward
 
-BUDGET = dict(sinks=2, window=5, topk=6)
+from test_trainer import BUDGET
+from test_trainer import args as trainer_args
 
 
 def _args(tmp_path, **kw):
-    base = dict(output_dir=str(tmp_path / "out"), per_device_train_batch_size=2, max_steps=2, learning_rate=1e-3,
-                logging_steps=1, save_strategy="no", report_to=[], use_cpu=True, disable_tqdm=True, seed=0,
-                scorer="mlstm", scorer_kwargs='{"state_dim": 8}', **BUDGET)
-    base.update(kw)
-    return KVpopTrainingArguments(**base)
+    """test_trainer's arguments, two steps."""
+    return trainer_args(tmp_path, **{"max_steps": 2, **kw})
 
 
 def test_collator_pads_on_the_right_with_mask_and_ignored_labels():

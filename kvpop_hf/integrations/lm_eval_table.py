@@ -129,12 +129,12 @@ def markdown_table(rows: Sequence[dict], title: str = "lm-eval: quality vs KV bu
 
 def plot_table(rows: Sequence[dict], path: Path) -> None:
     """The average metric vs compression ratio (or B where a ratio is unknown), one line per policy."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    from ..testbed.plotting import pyplot
     from ..testbed.report import _line_styles
+
+    plt = pyplot(path)  # None without matplotlib: a printed note, the tables are written anyway
+    if plt is None:
+        return
 
     tasks, runs = _table(rows)
     use_cr = all(not math.isnan(d["cr"]) for d in runs.values())
