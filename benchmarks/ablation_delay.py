@@ -2,7 +2,7 @@
 
 Trains two scorer-only retrofits with identical data, seed and budget that differ only in when the
 mLSTM reads a token's score (after absorbing ``u + w`` = delayed, or right after ``u`` = immediate),
-then measures on held-out reasoning problems the oracle top-k recall (``kvpop_hf.testbed.analysis``).
+then measures on held-out reasoning problems the oracle top-k recall (``kvpop_lab.testbed.analysis``).
 Writes ``<out>.md``, ``<out>.csv`` (training curves) and ``<out>.png``.
 
     python benchmarks/ablation_delay.py --steps 120 --seq-len 1024 --out results/ablation_delay_cpu
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from kvpop_hf.utils.provenance import git_commit
+from kvpop_lab.utils.provenance import git_commit
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -43,8 +43,8 @@ def main(argv=None):
 
     from kvpop_hf import KVpopCache
     from kvpop_hf.cli import retrofit
-    from kvpop_hf.testbed import make_problem
-    from kvpop_hf.testbed.analysis import oracle_recall_rows
+    from kvpop_lab.testbed import make_problem
+    from kvpop_lab.testbed.analysis import oracle_recall_rows
 
     B = round((1 - args.cr) * args.seq_len)
     topk = B - args.sinks - args.window

@@ -35,7 +35,7 @@ HEADER = """# Results
 Every figure below comes from the command listed under its table, run at the commit and on the date given
 there. GPU figures: one NVIDIA H200, torch 2.11.0+cu130, transformers 5.17.0, triton 3.6.0, a Qwen3-8B-shaped
 model with random bf16 weights unless the table says otherwise. Quality figures: the synthetic testbed
-(`kvpop_hf.testbed`, evaluated by `kvpop-eval`); exact match (EM) with its binomial standard error (SE) over
+(`kvpop_lab.testbed`, evaluated by `kvpop-eval`); exact match (EM) with its binomial standard error (SE) over
 `n` problems. Compression 88% / 94% at 4096 tokens is `B = 492 / 246` (4 sinks, a 64-token window and the
 learned top-k). The tables are the CSV files named in each heading; `docs/reproducing.md` says how to rerun
 them. Per-problem outputs and logs are not kept in the tree; a rerun of the listed command writes them.

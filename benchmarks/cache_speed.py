@@ -35,14 +35,14 @@ from pathlib import Path
 
 import torch
 
-from kvpop_hf.utils.provenance import git_commit, versions
+from kvpop_lab.utils.provenance import git_commit, versions
 import transformers
 from transformers import AutoModelForCausalLM, DynamicCache, Qwen3Config
 
 from kvpop_hf import KVpopCache
 from kvpop_hf.cache import kv_tensor_bytes
 from kvpop_hf.compat import with_cache
-from kvpop_hf.utils.timing import sync
+from kvpop_lab.utils.timing import sync
 
 REPO = Path(__file__).resolve().parents[1]
 # transformers >= 5.2x renames generate/forward's `past_key_values` to `cache`; the old name still works

@@ -26,7 +26,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 
 from kvpop_hf import decode_attention as da  # noqa: E402
-from kvpop_hf.utils.provenance import git_commit  # noqa: E402
+from kvpop_lab.utils.provenance import git_commit  # noqa: E402
 
 
 def time_config(q, k, v, seen, block_n, programs, num_warps, num_stages, reps, compiled=False):

@@ -1,6 +1,6 @@
 """GPU check of the FlexAttention chunk path: tiny models on CUDA, flex (compiled) vs dense-mask logits.
 
-    PYTHONPATH=. python benchmarks/flex_chunk_gpu_check.py [--out results.json] [--budget-s 180]
+    python benchmarks/flex_chunk_gpu_check.py [--out results.json] [--budget-s 180]
 
 Checks, per arch and dtype: whole-prompt and mixed-size chunked prefill, and left-padded generate with
 prefill_chunk_size, flex vs dense (and vs fp32 CPU dense); the CUDA running-top-k cutoff (Triton)
@@ -11,14 +11,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import sys
 import time
 
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
-from helpers import distinct_ids, tiny_model  # noqa: E402
+from kvpop_lab.tiny_models import distinct_ids, tiny_model  # noqa: E402
 
 from kvpop_hf import KVpopCache  # noqa: E402
 from kvpop_hf.compat import with_cache  # noqa: E402

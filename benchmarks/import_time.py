@@ -60,7 +60,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.repeats < 1:
         raise SystemExit("--repeats must be >= 1")
-    from kvpop_hf.utils.provenance import git_commit, versions
+    from kvpop_lab.utils.provenance import git_commit, versions
 
     rows = {}
     for name, statement in STATEMENTS.items():

@@ -2,7 +2,7 @@
 
     # one H200: Qwen3-8B shapes, random bf16 weights, 16 prompts of 16384 tokens in one batch, 256 new tokens
     python benchmarks/lm_eval_throughput.py --device cuda --shape qwen3-8b --batch 16 --context 16384 \\
-        --new-tokens 256 --wheels .whl/lm_eval --out "$OUT/lm_eval_throughput"
+        --new-tokens 256 --out "$OUT/lm_eval_throughput"
     # CPU smoke run
     python benchmarks/lm_eval_throughput.py --device cpu --shape tiny --batch 2 --context 256 --new-tokens 8 --out /tmp/x
 
@@ -17,9 +17,9 @@ per second (``batch x new tokens`` / seconds; rows that meet the tokenizer's eos
 Writes ``result.json`` and ``result.md`` (command, commit, date, versions) under ``--out``.
 
 lm-eval missing (the GPU machine has torch, transformers, accelerate, jinja2, pyyaml and requests, not lm-eval):
-with ``--wheels DIR`` the script installs the wheels there without dependencies into a temporary folder first. The
-model path imports lm_eval itself and nothing else beyond those; lm-eval's wheel is pure Python:
-``pip download --no-deps -d .whl/lm_eval lm-eval==0.4.13`` (about 9 MB; carry ``.whl``).
+benchmarks/gpu/lm_eval_throughput.sh installs its pure-Python wheel offline, without dependencies, into a folder on
+``PYTHONPATH`` (``pip download --no-deps -d .whl/lm_eval lm-eval==0.4.13`` here, about 9 MB; carry ``.whl``); the
+model path imports lm_eval itself and nothing else beyond those.
 """
 
 from __future__ import annotations
@@ -28,7 +28,6 @@ import argparse
 import gc
 import json
 import shlex
-import subprocess
 import sys
 import time
 from datetime import datetime, timezone
@@ -41,27 +40,13 @@ SHAPES = {  # hidden, intermediate, layers, q heads, kv heads, head_dim, vocab
 }
 
 
-def ensure_lm_eval(wheels: str | None) -> None:
+def ensure_lm_eval() -> None:
+    """lm-eval importable, else a SystemExit naming how to bring it (before any work)."""
     try:
         import lm_eval  # noqa: F401
-        return
     except ImportError:
-        pass
-    if not wheels:
-        raise SystemExit("lm-eval is not installed: pip install 'kvpop-hf[lm-eval]', or pass --wheels DIR with "
-                         "the wheels named in this script's docstring.")
-    files = sorted(str(p) for p in Path(wheels).glob("*.whl"))
-    if not any(Path(f).name.startswith("lm_eval-") for f in files):
-        raise SystemExit(f"--wheels {wheels}: no lm_eval-*.whl there.")
-    import importlib
-    import tempfile
-
-    site = tempfile.mkdtemp(prefix="lm_eval_site_")
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-index", "--no-compile",
-                    "--target", site, *files], check=True)
-    sys.path.insert(0, site)
-    importlib.invalidate_caches()
-    import lm_eval  # noqa: F401,F811  (fails here, naming the module, if a dependency is missing too)
+        raise SystemExit("lm-eval is not installed: pip install 'kvpop-hf[lm-eval]'; on a machine without a package "
+                         "registry install its wheel offline (benchmarks/gpu/lm_eval_throughput.sh shows how).") from None
 
 
 def word_tokenizer(vocab: int):
@@ -105,11 +90,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--compression", type=float, default=0.88)
     ap.add_argument("--prefill-chunk", type=int, default=None, help="kvpop prefill_chunk= (default: one forward)")
     ap.add_argument("--warmup", type=int, default=1)
-    ap.add_argument("--wheels", default=None, help="folder of wheels to install lm-eval from when it is missing")
     ap.add_argument("--out", required=True)
     argv = list(sys.argv[1:] if argv is None else argv)
     args = ap.parse_args(argv)
-    ensure_lm_eval(args.wheels)
+    ensure_lm_eval()
 
     import tempfile
 
@@ -119,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from kvpop_hf import KVpopCache
     from kvpop_hf.integrations.lm_eval import KVpopLM
-    from kvpop_hf.utils.provenance import git_commit, versions
+    from kvpop_lab.utils.provenance import git_commit, versions
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -69,7 +69,7 @@ def prepare(model_dir: Path, tiny: bool, layers: int, device: str) -> dict:
     import torch
     from transformers import AutoModelForCausalLM, Qwen3Config
 
-    from kvpop_hf.testbed import build_tokenizer
+    from kvpop_lab.testbed import build_tokenizer
 
     tok = build_tokenizer()
     if tiny:
@@ -284,7 +284,7 @@ def run(a) -> int:
 
 # -------------------------------------------------------------------------------------------- report
 def _versions():
-    from kvpop_hf.utils.provenance import versions
+    from kvpop_lab.utils.provenance import versions
 
     vers = versions("torch", "transformers", "accelerate", "peft", "triton", missing=lambda err: None)
     try:
@@ -328,7 +328,7 @@ def _summarise(ranks, warmup, seq_len):
 
 
 def report(out: Path, warmup: int) -> dict:
-    from kvpop_hf.utils.provenance import git_commit
+    from kvpop_lab.utils.provenance import git_commit
 
     raw = out / "raw"
     meta = json.loads((raw / "run_meta.json").read_text()) if (raw / "run_meta.json").is_file() else {}

@@ -27,8 +27,8 @@ REPO = Path(__file__).resolve().parents[1]
 
 import torch  # noqa: E402
 
-from kvpop_hf.utils.provenance import git_commit  # noqa: E402
-from kvpop_hf.utils.timing import fmt, free, measure, quantiles  # noqa: E402
+from kvpop_lab.utils.provenance import git_commit  # noqa: E402
+from kvpop_lab.utils.timing import fmt, free, measure, quantiles  # noqa: E402
 from kvpop_hf.topk import running_topk_reference, running_topk_wavelet  # noqa: E402
 from kvpop_hf.topk import wavelet as wavelet_module  # noqa: E402
 
@@ -40,7 +40,7 @@ def _same(a, b) -> bool:
 
 
 def _time(fn, device, repeats, warmup=True):
-    """``(median ms, peak MiB, output)``: one warm-up call, then :func:`kvpop_hf.utils.timing.measure`."""
+    """``(median ms, peak MiB, output)``: one warm-up call, then :func:`kvpop_lab.utils.timing.measure`."""
     if warmup:
         fn()
     peak, times, out = measure(fn, device, repeats)

@@ -12,7 +12,8 @@
 # mlstm_kwargs of benchmarks/mlstm_options.sh.
 set -u
 : "${OUT:?set OUT to an output directory}"
-export PYTHONPATH=. TOKENIZERS_PARALLELISM=false
+export TOKENIZERS_PARALLELISM=false
+source benchmarks/gpu/lab_env.sh
 # shellcheck source=benchmarks/mlstm_options.sh
 source "$(dirname "$0")/mlstm_options.sh"
 STEPS=${STEPS:-150}; N=${EVAL_N:-8}; L=1024; W=${W:-32}; CR=${CR:-0.88}
@@ -40,7 +41,7 @@ done
 # one evaluation per checkpoint (a policy name takes one checkpoint per budget)
 for run in $RUNS; do
   parse "$run"
-  python3 -m kvpop_hf.testbed.evaluate --model checkpoints/testbed-4k-teacher --out "$OUT/eval_$NAME" --length $L --n "$N" \
+  python3 -m kvpop_lab.testbed.evaluate --model checkpoints/testbed-4k-teacher --out "$OUT/eval_$NAME" --length $L --n "$N" \
     --families reasoning --in-domain reasoning --knob reasoning.n_facts=10 --knob reasoning.steps=4 --sinks 4 \
     --window "$W" --budgets "$CR" --policies "$POL" --scorer-checkpoint "$POL=$OUT/ckpt/$NAME" --skip-em \
     --analysis --analysis-n "$N" --oracle-kind max --oracle-queries target --batch-size "$N" --device cpu \

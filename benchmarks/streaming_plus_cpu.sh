@@ -23,7 +23,7 @@ if [[ "${1:-train}" == train ]]; then
       --use_cpu 2>&1 | grep -v "Loading weights\|Writing model" | tee "$OUT/train_cr$cr.log"
   done
 else
-  nice -n 10 "$PY" -m kvpop_hf.testbed.evaluate --model "$TEACHER" --out "$OUT" --length 1024 --n 10 \
+  nice -n 10 "$PY" -m kvpop_lab.testbed.evaluate --model "$TEACHER" --out "$OUT" --length 1024 --n 10 \
     --families reasoning --in-domain reasoning --sinks 4 --window 32 --budgets 0.75,0.88,0.94 \
     --policies dense,streaming,streaming_plus --checkpoints-dir "$CKPTS" --batch-size 10 --device cpu --no-progress
 fi

@@ -4,7 +4,7 @@ For testbed reasoning problems, per layer of the teacher: the future-attention t
 with the LSE of the student's fixed-budget sparse forward (the paper's approximation) against the
 same target with the exact dense LSE. Reports the mean absolute difference of the targets and the
 oracle top-k recall of the approximate target with the exact one as the oracle
-(``kvpop_hf.testbed.analysis.oracle_topk_recall``; 1.0 = identical keep decisions).
+(``kvpop_lab.testbed.analysis.oracle_topk_recall``; 1.0 = identical keep decisions).
 Writes ``<out>.md`` and ``<out>.csv``.
 
     python benchmarks/target_lse_gap.py --scorer checkpoints/testbed-4k-kvpop-cr88 --n 2 --length 2048
@@ -21,9 +21,9 @@ from pathlib import Path
 import torch
 
 from kvpop_hf import KVpopCache
-from kvpop_hf.utils.provenance import git_commit
-from kvpop_hf.testbed import make_problem, training_example
-from kvpop_hf.testbed.analysis import oracle_topk_recall, record_qkv
+from kvpop_lab.utils.provenance import git_commit
+from kvpop_lab.testbed import make_problem, training_example
+from kvpop_lab.testbed.analysis import oracle_topk_recall, record_qkv
 from kvpop_hf.topk import running_topk
 from kvpop_hf.trainer.priorities import sequence_priorities
 from kvpop_hf.trainer.sparse_attention import sparse_attention_reference

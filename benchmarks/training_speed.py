@@ -46,8 +46,8 @@ from pathlib import Path
 import torch
 
 from kvpop_hf.dense_attention import expand_kv
-from kvpop_hf.utils.provenance import git_commit, versions
-from kvpop_hf.utils.timing import compiled_graphs, fmt, free, is_oom, measure, quantiles, sync
+from kvpop_lab.utils.provenance import git_commit, versions
+from kvpop_lab.utils.timing import compiled_graphs, fmt, free, is_oom, measure, quantiles, sync
 import torch.nn.functional as F
 
 REPO = Path(__file__).resolve().parents[1]

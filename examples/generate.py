@@ -25,6 +25,7 @@ own fixed-budget set per KV head (the same set it would see when decoding token 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import time
 from pathlib import Path
@@ -41,7 +42,7 @@ from kvpop_hf.compat import with_cache
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_CHECKPOINT = REPO / "checkpoints" / "testbed-4k-teacher"
 DEFAULT_SCORER_CHECKPOINT = REPO / "checkpoints" / "testbed-4k-kvpop-cr88"
-KNOBS = {"n_facts": 10, "steps": 4}  # the 4k testbed's reasoning problems (the generator's defaults differ)
+PROBLEMS = Path(__file__).resolve().parent / "testbed_problems.json"  # written by kvpop_lab.testbed.example_problems
 
 
 class TqdmStreamer(BaseStreamer):
@@ -75,6 +76,22 @@ class TqdmStreamer(BaseStreamer):
 def has_checkpoint(path: Path) -> bool:
     tok_files = ("tokenizer.json", "tokenizer_config.json")
     return (path / "config.json").is_file() and any((path / f).is_file() for f in tok_files)
+
+
+def testbed_problem(length: int) -> dict:
+    """The shipped testbed problem of ``length`` tokens (``prompt``, ``answer``, ...) from :data:`PROBLEMS`."""
+    problems = json.loads(PROBLEMS.read_text())
+    if str(length) not in problems:
+        raise SystemExit(f"--prompt-len {length}: the shipped testbed problems have {', '.join(problems)} tokens "
+                         "(with --random-model any length works).")
+    return problems[str(length)]
+
+
+def final_answer(text: str, eos: str) -> str:
+    """The testbed's answer convention: the first line after the last ``answer :`` before the first ``eos``,
+    whitespace collapsed."""
+    text = text.split(eos, 1)[0].rsplit("answer :", 1)[-1]
+    return " ".join(text.strip().split("\n", 1)[0].split())
 
 
 def pick_scorer_checkpoint(args, trained_model: bool) -> Path | None:
@@ -159,8 +176,8 @@ def main(argv=None) -> int:
     ap.add_argument("--topk", type=int, default=None, help="default: the scorer folder's, else 128")
     ap.add_argument("--max-new-tokens", type=int, default=512)
     ap.add_argument("--prompt-len", type=int, default=None,
-                    help="prompt tokens of random ids (default 128), or the testbed problem length with a "
-                         "checkpoint (default 1024; the 4k testbed's reasoning problems need >= ~300)")
+                    help="prompt tokens of random ids (default 128), or with a checkpoint the length of the shipped "
+                         "testbed problem: 1024 (default) or 4096")
     ap.add_argument("--prefill-chunk-size", type=int, default=0, help="feed the prompt in chunks of this many tokens (kvpop_hf.prefill_in_chunks) before generate; 0: one forward")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--checkpoint", default=str(DEFAULT_CHECKPOINT),
@@ -183,8 +200,7 @@ def main(argv=None) -> int:
     if trained:
         from transformers import AutoTokenizer
 
-        from kvpop_hf.testbed import make_problem
-        from kvpop_hf.testbed.tokenizer import encode_plain
+        problem = testbed_problem(args.prompt_len or 1024)  # before any work
 
         print(f"model: {ckpt} (checkpoint)")
         tokenizer = AutoTokenizer.from_pretrained(ckpt)
@@ -192,9 +208,8 @@ def main(argv=None) -> int:
         if scorer_dir is not None and (scorer_dir / "adapter_config.json").is_file():
             student = load_student(ckpt, scorer_dir)
             print(f"student: {scorer_dir} (LoRA adapter over {ckpt})")
-        problem = make_problem("reasoning", length=args.prompt_len or 1024, seed=args.seed, **KNOBS)
         bos = [tokenizer.bos_token_id] if tokenizer.bos_token_id is not None else []
-        ids = torch.tensor([bos + encode_plain(tokenizer, problem.prompt)])
+        ids = torch.tensor([bos + tokenizer(problem["prompt"], add_special_tokens=False)["input_ids"]])
         eos_token_id = tokenizer.eos_token_id
         pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_token_id
     else:
@@ -286,17 +301,15 @@ def main(argv=None) -> int:
             pre = same[:exact_until].float().mean().item()
             print(f"  agreement while context <= budget: {pre:.1%} of {min(exact_until, n)} tokens")
     if problem is not None:
-        from kvpop_hf.testbed import extract_answer
-
         print()
-        print(f"problem answer:            {problem.answer}")
+        print(f"problem answer:            {problem['answer']}")
         runs = [("KVpop", new_kv)] + ([("Dynamic", dyn_new)] if dyn_new is not None else [])
         for name, toks in runs:
             text = tokenizer.decode(toks, skip_special_tokens=False)
-            ans = extract_answer(text)
+            ans = final_answer(text, tokenizer.eos_token)
             snippet = text if len(text) <= 160 else text[:80] + " ... " + text[-75:]
             print(f"generated ({name}): {snippet!r}")
-            print(f"  extracted answer: {ans!r} -> {'correct' if ans == problem.answer else 'wrong'}")
+            print(f"  extracted answer: {ans!r} -> {'correct' if ans == problem['answer'] else 'wrong'}")
     return 0
 
 

@@ -5,45 +5,11 @@ from __future__ import annotations
 
 import torch
 from torch.nn import functional as F
-from transformers import (AttentionInterface, AttentionMaskInterface, LlamaConfig, MistralConfig, Qwen2Config,
-                          Qwen3Config, AutoModelForCausalLM)
+from transformers import AttentionInterface, AttentionMaskInterface
 
 from kvpop_hf.compat import with_cache
 
-VOCAB = 256
-
-
-def tiny_config(arch: str = "qwen3", layers: int = 2, **overrides):
-    common = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
-                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096)
-    common.update(overrides)
-    if arch == "qwen3":
-        return Qwen3Config(head_dim=16, **common)
-    if arch == "llama":
-        return LlamaConfig(**common)
-    if arch == "qwen2":
-        return Qwen2Config(**common)
-    if arch == "mistral":
-        return MistralConfig(sliding_window=None, **common)
-    raise ValueError(arch)
-
-
-def tiny_model(arch: str = "qwen3", attn: str = "kvpop", seed: int = 0, layers: int = 2, **overrides):
-    """A random-init model; norm weights are randomised so keys have distinct norms: with unit
-    norm weights every Qwen3 key has the same norm and float noise would decide priority ties."""
-    torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(tiny_config(arch, layers, **overrides), attn_implementation=attn)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "norm" in name:
-                p.copy_(0.5 + torch.rand_like(p))
-    return model.eval()
-
-
-def distinct_ids(batch: int, length: int, seed: int = 0) -> torch.Tensor:
-    """Token ids without repeats inside a row (repeats tie priorities exactly)."""
-    g = torch.Generator().manual_seed(seed)
-    return torch.stack([torch.randperm(VOCAB, generator=g)[:length] for _ in range(batch)])
+from kvpop_lab.tiny_models import VOCAB, distinct_ids, tiny_config, tiny_model  # noqa: F401  (re-exported)
 
 
 # ---------------------------------------------------------------- independent reference
@@ -161,18 +127,3 @@ def left_padded(rows):
         ids[i, width - len(r):] = r
         mask[i, width - len(r):] = 1
     return ids, mask, width
-
-
-def load_benchmark(name: str):
-    """The script ``benchmarks/<name>.py`` as a module (registered under ``name``, so its dataclasses and pickling
-    work), for tests that call its ``parse_args`` / ``main``."""
-    import importlib.util
-    import sys
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(name, path)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod
-    spec.loader.exec_module(mod)
-    return mod

@@ -71,7 +71,7 @@ def auc_cost_reference(u: torch.Tensor, perm: torch.Tensor) -> float:
 
 def causal_recall_bound_reference(oracles: torch.Tensor, sinks: int, window: int, topk: int,
                                   shared: int) -> torch.Tensor:
-    """``kvpop_hf.testbed.recall_bound.causal_recall_bound`` by a loop over heads and queries, with the oracle's kept sets found by
+    """``kvpop_lab.testbed.recall_bound.causal_recall_bound`` by a loop over heads and queries, with the oracle's kept sets found by
     sorting each eligible set (newer token first on ties, the running top-k's order) and the best kept set by
     sorting the tokens by how many oracles keep them (valid inputs only: the vectorised form checks them)."""
     m, H, S = oracles.shape

@@ -275,7 +275,7 @@ def test_decay_is_refused(policy):
 
 
 def test_registered_for_kvpop_eval():
-    from kvpop_hf.testbed.policies import POLICIES as REGISTRY
+    from kvpop_hf.policies import POLICIES as REGISTRY
 
     for name in POLICIES:
         cache = REGISTRY[name].factory(tiny_config(), 1, 2, 3)

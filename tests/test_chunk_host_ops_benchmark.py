@@ -3,7 +3,7 @@ grow with the chunk length (all sub-chunks in one batched computation)."""
 
 import pytest
 
-import chunk_host_ops
+from kvpop_lab.bench import chunk_host_ops
 
 
 def test_mlstm_host_ops_do_not_grow_with_the_chunk():

@@ -38,7 +38,7 @@ FSDP2 = ["--fsdp", "full_shard auto_wrap", "--fsdp_config",
 
 @pytest.mark.parametrize("mode", ["ddp", "fsdp2"])
 def test_two_gloo_processes_match_one_process(tmp_path, mode):
-    from kvpop_hf.testbed import build_tokenizer
+    from kvpop_lab.testbed import build_tokenizer
 
     tok = build_tokenizer()
     model = tiny_model("qwen3", attn="sdpa", vocab_size=len(tok))

@@ -9,7 +9,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from kvpop_hf.baselines.dms import DMSCache
-from kvpop_hf.testbed.evaluate import main as eval_main
+from kvpop_lab.testbed.evaluate import main as eval_main
 from test_streaming_plus import _teacher
 
 from kvpop_hf.cli import train_dms

@@ -122,7 +122,7 @@ def test_train_dms_knobs_shape_the_data_and_the_time_budget_sets_the_ramp(tmp_pa
 
     from test_streaming_plus import _teacher
 
-    from kvpop_hf.testbed import build_tokenizer
+    from kvpop_lab.testbed import build_tokenizer
 
     from kvpop_hf.cli import train_dms
 

@@ -1,4 +1,4 @@
-"""The evaluation CLI `kvpop-eval` (kvpop_hf.testbed.evaluate) end to end on a tiny Qwen3, plus its helpers."""
+"""The evaluation CLI `kvpop-eval` (kvpop_lab.testbed.evaluate) end to end on a tiny Qwen3, plus its helpers."""
 
 import csv
 import json
@@ -9,9 +9,10 @@ import torch
 from transformers import AutoModelForCausalLM, Qwen3Config
 
 from kvpop_hf import KVpopCache
-from kvpop_hf.testbed import FAMILIES, build_tokenizer, make_problem, training_example
-from kvpop_hf.testbed import analysis, policies
-from kvpop_hf.testbed.evaluate import build_parser, main, plan_from_args
+from kvpop_lab.testbed import FAMILIES, build_tokenizer, make_problem, training_example
+from kvpop_hf import policies
+from kvpop_lab.testbed import analysis
+from kvpop_lab.testbed.evaluate import build_parser, main, plan_from_args
 
 LENGTH, WINDOW, SINKS = 300, 32, 4
 FULL_B = 1000  # > length + generated tokens: never evicts
@@ -195,7 +196,7 @@ def test_registered_policy_plugs_in(tmp_path):
 def test_attention_based_policies_in_the_eval():
     """TOVA's teacher-forced accuracy: the prompt as one chunk, then the target token by token (a full budget
     gives dense accuracy); the recall analysis skips it (no static priority)."""
-    from kvpop_hf.testbed.evaluate import token_accuracy
+    from kvpop_lab.testbed.evaluate import token_accuracy
 
     tok = build_tokenizer()
     model = _tiny_trained_model(tok, steps=20)
@@ -275,8 +276,8 @@ def test_ablation_table():
 
 
 def test_fact_lookup_mask_marks_exactly_the_copied_fact_values():
-    from kvpop_hf.testbed import build_tokenizer, make_problem, training_example
-    from kvpop_hf.testbed.evaluate import _fact_lookup_mask
+    from kvpop_lab.testbed import build_tokenizer, make_problem, training_example
+    from kvpop_lab.testbed.evaluate import _fact_lookup_mask
 
     tok = build_tokenizer()
     p = make_problem("reasoning", length=512, seed=3)
@@ -338,7 +339,7 @@ def test_distilled_students_get_recall_rows_from_their_own_keys(run, tmp_path):
 
 def test_a_student_is_loaded_once_for_all_its_budgets_and_the_analysis(run, tmp_path, monkeypatch):
     """kvpop-eval loads a policy's own weights once: its runs at several budgets and --analysis reuse them."""
-    import kvpop_hf.testbed.models as models
+    import kvpop_lab.testbed.models as models
 
     out, _, _ = run
     root = out.parent

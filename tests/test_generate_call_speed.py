@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-import generate_call_speed
-import generation_speed
+from kvpop_lab.bench import generate_call_speed
+from kvpop_lab.bench import generation_speed
 
 TINY = ["--shape", "tiny", "--budget", "4", "16", "44", "--prefill-chunk", "128", "--new-tokens", "7", "--warmup", "2"]
 

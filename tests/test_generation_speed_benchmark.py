@@ -6,7 +6,7 @@ from __future__ import annotations
 import csv
 from pathlib import Path
 
-import generation_speed
+from kvpop_lab.bench import generation_speed
 
 
 def read_rows(path: Path):

@@ -19,9 +19,9 @@ from kvpop_hf.baselines.kvp.ranking import gumbel_sort, pl_log_prob, rloo_advant
 from kvpop_hf.baselines.kvp.reward import auc_cost, future_attention, normalized_auc_cost, reward
 from kvpop_hf.baselines.kvp.supervised import supervised_loss
 from kvpop_hf.scorers import build_scorer
-from kvpop_hf.testbed import policies
+from kvpop_hf import policies
 
-from kvpop_hf.cli import train_kvp
+from kvpop_lab import train_kvp
 
 
 # -- maths ------------------------------------------------------------------------------------------------
@@ -132,7 +132,7 @@ def test_kvp_scorer_is_static_and_policy_checks_objective(tmp_path):
 # -- the CLI end to end ------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def tiny_dir(tmp_path_factory):
-    from kvpop_hf.testbed import build_tokenizer
+    from kvpop_lab.testbed import build_tokenizer
 
     root = tmp_path_factory.mktemp("kvp")
     tok = build_tokenizer()
@@ -184,7 +184,7 @@ def test_cli_resume_continues_exactly(tiny_dir):
 
 
 def test_cli_knobs_shape_the_traces_and_bad_knobs_fail_first(tiny_dir, tmp_path):
-    from kvpop_hf.testbed.tasks import make_problem
+    from kvpop_lab.testbed.tasks import make_problem
 
     argv = _argv(tiny_dir, "knobs", "--steps", "1", "--traces-file", str(tmp_path / "t.pt"),
                  "--knob", "reasoning.n_facts=3", "reasoning.steps=2")

@@ -1,5 +1,5 @@
 """The lm-evaluation-harness model ``kvpop`` (kvpop_hf/integrations/lm_eval.py), the task exporter
-(kvpop_hf/testbed/lm_eval_tasks.py) and the table command, with lm-eval from the package registry, on a tiny
+(benchmarks/kvpop_lab/testbed/lm_eval_tasks.py) and the table command, with lm-eval from the package registry, on a tiny
 random Qwen3 with the testbed tokenizer (CPU, offline)."""
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from lm_eval.api.instance import Instance  # noqa: E402
 
 from kvpop_hf import KVpopCache  # noqa: E402
 from kvpop_hf.compat import with_cache  # noqa: E402
-from kvpop_hf.testbed import build_tokenizer  # noqa: E402
-from kvpop_hf.testbed.policies import POLICIES  # noqa: E402
+from kvpop_lab.testbed import build_tokenizer  # noqa: E402
+from kvpop_hf.policies import POLICIES  # noqa: E402
 
 from helpers import tiny_model  # noqa: E402
 
@@ -41,7 +41,7 @@ def tiny_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def tasks_dir(tiny_dir, tmp_path_factory):
-    from kvpop_hf.testbed.lm_eval_tasks import export_tasks
+    from kvpop_lab.testbed.lm_eval_tasks import export_tasks
 
     d = tmp_path_factory.mktemp("tasks")
     export_tasks(d, str(tiny_dir), ["vt", "niah_single"], [160], n=3)
@@ -112,7 +112,7 @@ def test_console_command_is_lm_evals_cli(tiny_dir):
 
 def test_library_imports_without_lm_eval():
     code = ("import sys; sys.modules['lm_eval'] = None\n"
-            "import kvpop_hf, kvpop_hf.integrations, kvpop_hf.integrations.policy_args, kvpop_hf.testbed.lm_eval_tasks\n"
+            "import kvpop_hf, kvpop_hf.integrations, kvpop_hf.integrations.policy_args, kvpop_lab.testbed.lm_eval_tasks\n"
             "try:\n import kvpop_hf.integrations.lm_eval\nexcept ImportError: print('needs lm_eval')\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
@@ -172,7 +172,7 @@ def test_pass_at_k_with_repeats_on_a_sampled_task(tiny_dir, tasks_dir):
     from lm_eval.tasks import TaskManager
 
     import kvpop_hf.integrations.lm_eval  # noqa: F401
-    from kvpop_hf.testbed.lm_eval_tasks import process_results
+    from kvpop_lab.testbed.lm_eval_tasks import process_results
 
     res = lm_eval.simple_evaluate(model="kvpop", model_args=f"pretrained={tiny_dir},dtype=float32,policy=streaming,"
                                   f"sinks=2,window=8,topk={TOPK}", tasks=["sampled_niah_multikey_128"], device="cpu",
@@ -193,7 +193,7 @@ def test_pass_at_k_with_repeats_on_a_sampled_task(tiny_dir, tasks_dir):
 
 
 def test_process_results_is_kvpop_evals_exact_match():
-    from kvpop_hf.testbed.lm_eval_tasks import process_results
+    from kvpop_lab.testbed.lm_eval_tasks import process_results
 
     doc = {"answer": "12345"}
     assert process_results(doc, [" 12345\nmore"]) == {"exact_match": 1.0, "pass_at_k": 1.0}
@@ -339,7 +339,7 @@ def test_bad_model_args_fail_before_the_weights_load(config_only, tiny_dir, tmp_
 def test_exported_problems_are_kvpop_evals_and_fit_the_length(tasks_dir, tiny_dir):
     from transformers import AutoTokenizer
 
-    from kvpop_hf.testbed import make_problem
+    from kvpop_lab.testbed import make_problem
 
     tok = AutoTokenizer.from_pretrained(tiny_dir)
     rows = [json.loads(x) for x in (tasks_dir / "kvpop_vt_160.jsonl").read_text().splitlines()]
@@ -358,7 +358,7 @@ def test_exporter_fits_another_tokenizer(tmp_path):
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    from kvpop_hf.testbed.lm_eval_tasks import export_tasks
+    from kvpop_lab.testbed.lm_eval_tasks import export_tasks
 
     chars = sorted(set("abcdefghijklmnopqrstuvwxyz0123456789 .:=;+-?\n_"))
     tk = Tokenizer(models.WordLevel({c: i for i, c in enumerate(["<unk>", *chars])}, unk_token="<unk>"))
@@ -370,7 +370,7 @@ def test_exporter_fits_another_tokenizer(tmp_path):
 
 
 def test_exporter_rejects_bad_arguments(tmp_path, tiny_dir):
-    from kvpop_hf.testbed.lm_eval_tasks import export_tasks
+    from kvpop_lab.testbed.lm_eval_tasks import export_tasks
 
     with pytest.raises(ValueError, match="unknown or no families"):
         export_tasks(tmp_path, str(tiny_dir), ["ruler_qa"], [256], n=1)
@@ -386,7 +386,7 @@ def test_over_rollouts_gives_pass_at_1_over_n_for_a_one_sample_task(tiny_dir, ta
 
     import kvpop_hf.integrations.lm_eval  # noqa: F401
     from kvpop_hf.integrations.lm_eval_rollouts import over_rollouts
-    from kvpop_hf.testbed.tokenizer import extract_answer, normalize
+    from kvpop_lab.testbed.tokenizer import extract_answer, normalize
 
     def one(doc, results):
         assert isinstance(results[0], str)
@@ -396,7 +396,7 @@ def test_over_rollouts_gives_pass_at_1_over_n_for_a_one_sample_task(tiny_dir, ta
         "exact_match": pytest.approx(1 / 3), "pass_at_k": 1.0}
     (tasks_dir / "rollouts.py").write_text(
         "from kvpop_hf.integrations.lm_eval_rollouts import over_rollouts\n"
-        "from kvpop_hf.testbed.tokenizer import extract_answer, normalize\n\n\n"
+        "from kvpop_lab.testbed.tokenizer import extract_answer, normalize\n\n\n"
         "def one(doc, results):\n"
         "    return {'exact_match': float(extract_answer(results[0]) == normalize(doc['answer']))}\n\n\n"
         "process_results = over_rollouts(one)\n")
@@ -436,8 +436,8 @@ def test_compression_budget_follows_each_context(tiny_dir, caplog):
 
 
 def test_ruler_style_generators():
-    from kvpop_hf.testbed.ruler_tasks import niah_multiquery, niah_multivalue
-    from kvpop_hf.testbed.tokenizer import count_tokens
+    from kvpop_lab.testbed.ruler_tasks import niah_multiquery, niah_multivalue
+    from kvpop_lab.testbed.tokenizer import count_tokens
 
     for fn, kw in ((niah_multivalue, {"num_values": 3}), (niah_multiquery, {"num_needles": 5, "num_queries": 3})):
         p = fn(7, length=300, **kw)
@@ -459,7 +459,7 @@ def test_ruler_style_generators():
 
 
 def test_exporter_command_line(tmp_path, tiny_dir):
-    from kvpop_hf.testbed.lm_eval_tasks import main
+    from kvpop_lab.testbed.lm_eval_tasks import main
 
     assert main(["--out", str(tmp_path), "--tokenizer", str(tiny_dir), "--families", "niah_multivalue,niah_multiquery",
                  "--lengths", "256", "--n", "2", "--knob", "niah_multiquery.num_queries=3"]) == 0
@@ -503,13 +503,10 @@ def test_table_reads_recorded_settings_and_string_model_args(tmp_path):
 def test_shipped_student_through_lm_eval_matches_kvpop_eval(tmp_path):
     """lm-eval's command line with --model kvpop and kvpop-eval on the same 4k problems, shipped student at 88%
     (B = 492, window 64): the exact matches agree within one problem (CPU, a few minutes)."""
-    import importlib.util
+    from kvpop_lab.bench import lm_eval_vs_kvpop_eval as bench
 
     root = Path(__file__).resolve().parents[1]
     student, teacher = root / "checkpoints/testbed-4k-kvpop-cr88", root / "checkpoints/testbed-4k-teacher"
-    spec = importlib.util.spec_from_file_location("lm_eval_vs_kvpop_eval", root / "benchmarks/lm_eval_vs_kvpop_eval.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
     assert bench.main(["--student", str(student), "--teacher", str(teacher), "--n", "3", "--extra", "",
                        "--out", str(tmp_path)]) == 0
     res = json.loads((tmp_path / "result.json").read_text())

@@ -9,10 +9,10 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 
-import needed_line_retention as nlr  # noqa: E402
+from kvpop_lab.bench import needed_line_retention as nlr  # noqa: E402
 from kvpop_hf import KVpopCache  # noqa: E402
-from kvpop_hf.testbed import build_tokenizer, make_problem  # noqa: E402
-from kvpop_hf.testbed.models import load_model  # noqa: E402
+from kvpop_lab.testbed import build_tokenizer, make_problem  # noqa: E402
+from kvpop_lab.testbed.models import load_model  # noqa: E402
 
 TEACHER = str(ROOT / "checkpoints" / "testbed-4k-teacher")
 
@@ -61,8 +61,8 @@ def test_bad_families_are_refused_before_loading(tmp_path):
 def test_lookup_attention_matches_the_models_own_attention_weights():
     from transformers import AutoModelForCausalLM
 
-    from kvpop_hf.testbed.analysis import record_qkv
-    from kvpop_hf.testbed.tasks import training_example
+    from kvpop_lab.testbed.analysis import record_qkv
+    from kvpop_lab.testbed.tasks import training_example
 
     tok = build_tokenizer()
     p = make_problem("reasoning", length=512, seed=7, n_facts=4, steps=2)

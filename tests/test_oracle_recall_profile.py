@@ -6,7 +6,7 @@ import csv
 from pathlib import Path
 
 import pytest
-from helpers import load_benchmark
+from kvpop_lab.bench import oracle_recall_profile
 
 ROOT = Path(__file__).resolve().parents[1]
 TEACHER = ROOT / "checkpoints" / "testbed-4k-teacher"
@@ -24,14 +24,14 @@ SCORER = ROOT / "checkpoints" / "testbed-4k-kvpop-cr88"
 ])
 def test_bad_arguments_fail_first(extra, message, capsys, tmp_path):
     with pytest.raises(SystemExit):
-        load_benchmark("oracle_recall_profile").parse_args(["--model", str(TEACHER), "--out", str(tmp_path)]
+        oracle_recall_profile.parse_args(["--model", str(TEACHER), "--out", str(tmp_path)]
                                                            + extra)
     assert message in capsys.readouterr().err
 
 
 @pytest.mark.skipif(not (TEACHER / "model.safetensors").is_file(), reason="testbed teacher not committed")
 def test_profile_of_a_scorer_on_the_testbed(tmp_path):
-    load_benchmark("oracle_recall_profile").main([
+    oracle_recall_profile.main([
                     "--model", str(TEACHER), "--out", str(tmp_path), "--length", "512", "--n", "1", "--window", "32",
                     "--budgets", "0.88", "--scorer", f"kvpop={SCORER}", "--baselines", "streaming",
                     "--oracle-ks", "4,16", "--log-gammas", "-0.1", "--device", "cpu"])

@@ -22,13 +22,13 @@ def test_wheel_ships_the_model_card_template(tmp_path):
     names = zipfile.ZipFile(wheel).namelist()
     assert "kvpop_hf/trainer/model_card_template.md" in names
     assert "kvpop_hf/decode_eviction.py" in names and "kvpop_hf/cli/retrofit.py" in names
+    assert not [n for n in names if n.startswith(("kvpop_lab/", "benchmarks/", "tests/"))]  # the laboratory stays out
 
 
-def test_core_does_not_import_the_testbed_or_benchmark_helpers():
-    """``import kvpop_hf`` and using a KVpopCache load the library core only (no testbed, timing, provenance)."""
+def test_core_does_not_import_the_laboratory_or_the_trainer():
+    """``import kvpop_hf`` and using a KVpopCache load the library core only (no laboratory, no trainer)."""
     code = ("import sys, kvpop_hf, kvpop_hf.cache, kvpop_hf.layer, kvpop_hf.attention, kvpop_hf.flex_mask; "
-            "print(sorted(m for m in sys.modules if m.startswith(('kvpop_hf.testbed', 'kvpop_hf.utils.timing', "
-            "'kvpop_hf.utils.provenance', 'kvpop_hf.trainer'))))")
+            "print(sorted(m for m in sys.modules if m.startswith(('kvpop_lab', 'kvpop_hf.trainer'))))")
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert res.returncode == 0, res.stderr
     assert res.stdout.strip() == "[]", res.stdout
@@ -169,7 +169,7 @@ print(sorted(set(importers)), bound, [n for n in sys.modules if n.endswith("fenw
 
 
 HEAVY = ("triton", "matplotlib", "peft", "torch._dynamo", "torch._inductor", "transformers.modeling_utils",
-         "kvpop_hf.trainer", "kvpop_hf.testbed", "kvpop_hf.baselines.dms")
+         "kvpop_hf.trainer", "kvpop_lab.testbed", "kvpop_hf.baselines.dms")
 
 
 def test_import_kvpop_hf_is_light():
@@ -181,7 +181,7 @@ def test_import_kvpop_hf_is_light():
     assert res.stdout.strip() == "[]", res.stdout
     res = _run("import sys; from kvpop_hf import KVpopCache, KVpopConfig, build_scorer; "
                "print(sorted(m for m in sys.modules if m.startswith(('matplotlib', 'peft', 'kvpop_hf.trainer', "
-               "'kvpop_hf.testbed'))))")
+               "'kvpop_lab.testbed'))))")
     assert res.returncode == 0, res.stderr[-3000:]
     assert res.stdout.strip() == "[]", res.stdout
 
@@ -223,18 +223,39 @@ def test_console_commands_resolve_and_the_training_scripts_run_them():
     for command, target in scripts.items():
         module, _, attr = target.partition(":")
         assert callable(getattr(importlib.import_module(module), attr)), command
-    for name in ("retrofit", "train_dms", "train_kvp", "pretrain_teacher"):
+    for name in ("retrofit", "train_dms"):
         assert scripts["kvpop-" + name.replace("_", "-")] == f"kvpop_hf.cli.{name}:main"
         assert f"from kvpop_hf.cli.{name} import main" in (ROOT / "training" / f"{name}.py").read_text()
+    lab = tomllib.loads((ROOT / "benchmarks" / "pyproject.toml").read_text())["project"]
+    for name in ("train_kvp", "pretrain_teacher"):  # the laboratory's commands
+        assert lab["scripts"]["kvpop-" + name.replace("_", "-")] == f"kvpop_lab.{name}:main"
+        assert f"from kvpop_lab.{name} import main" in (ROOT / "training" / f"{name}.py").read_text()
+    for command, target in list(lab["scripts"].items()) + list(lab["entry-points"]["kvpop_hf.generated_data"].items()):
+        module, _, attr = target.partition(":")
+        assert callable(getattr(importlib.import_module(module), attr)), command
     res = _run("import sys, kvpop_hf; print(sorted(m for m in sys.modules if m.startswith('kvpop_hf.cli')))")
     assert res.returncode == 0 and res.stdout.strip() == "[]", res.stderr
 
 
 def test_no_script_edits_the_import_path():
-    """Tests and training scripts import the package and the test helpers as installed / as pytest's ``pythonpath``
-    sets them, never by editing the import path; benchmarks only where named here."""
+    """Tests, training scripts and benchmarks import the packages as installed, never by editing the import path."""
     needle = "sys." + "path"
-    allowed = {"benchmarks/flex_chunk_gpu_check.py", "benchmarks/lm_eval_throughput.py"}
-    found = sorted(str(p.relative_to(ROOT)) for folder in ("tests", "training", "benchmarks")
+    found = sorted(str(p.relative_to(ROOT)) for folder in ("tests", "training", "benchmarks", "examples", "kvpop_hf")
                    for p in (ROOT / folder).rglob("*.py") if needle in p.read_text())
-    assert [p for p in found if p not in allowed] == [], found
+    assert found == [], found
+
+
+def test_no_script_is_imported_as_a_library():
+    """What a benchmark script and a test share lives in the laboratory package (kvpop_lab); no module imports a
+    script of benchmarks/, training/ or examples/ by name."""
+    import ast
+
+    scripts = {p.stem for folder in ("benchmarks", "training", "examples") for p in (ROOT / folder).glob("*.py")}
+    found = []
+    for folder in ("tests", "benchmarks", "training", "examples", "kvpop_hf"):
+        for p in (ROOT / folder).rglob("*.py"):
+            for node in ast.walk(ast.parse(p.read_text())):
+                names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                    [node.module] if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module else []
+                found += [f"{p.relative_to(ROOT)}: {n}" for n in names if n.split(".")[0] in scripts]
+    assert found == [], found

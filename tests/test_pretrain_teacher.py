@@ -1,4 +1,4 @@
-"""CPU smoke test of training/pretrain_teacher.py and kvpop_hf.testbed.dense_eval (a few seconds)."""
+"""CPU smoke test of training/pretrain_teacher.py and kvpop_lab.testbed.dense_eval (a few seconds)."""
 
 from __future__ import annotations
 
@@ -77,8 +77,8 @@ def test_checkpoint_loads_and_dense_eval_runs(teacher_dir):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from kvpop_hf.testbed import FAMILIES, make_problem
-    from kvpop_hf.testbed.dense_eval import exact_match
+    from kvpop_lab.testbed import FAMILIES, make_problem
+    from kvpop_lab.testbed.dense_eval import exact_match
 
     model = AutoModelForCausalLM.from_pretrained(str(teacher_dir), dtype=torch.float32)
     tok = AutoTokenizer.from_pretrained(str(teacher_dir))
@@ -103,9 +103,9 @@ def test_dense_eval_scores_a_perfect_oracle():
     """A fake model that emits the reference target -> EM 1.0 on every family (left padding, eos stop)."""
     import torch
 
-    from kvpop_hf.testbed import FAMILIES, build_tokenizer, make_problem
-    from kvpop_hf.testbed.dense_eval import exact_match
-    from kvpop_hf.testbed.tasks import encode_plain
+    from kvpop_lab.testbed import FAMILIES, build_tokenizer, make_problem
+    from kvpop_lab.testbed.dense_eval import exact_match
+    from kvpop_lab.testbed.tasks import encode_plain
 
     tok = build_tokenizer()
     probs = [make_problem(f, length=150 + 40 * i, seed=i, **({"steps": 2} if f == "reasoning" else {}))
@@ -132,7 +132,7 @@ def test_dense_eval_scores_a_perfect_oracle():
 
 def test_batch_length_covers_both_ends_of_the_range():
     import random
-    from kvpop_hf.cli.pretrain_teacher import batch_length
+    from kvpop_lab.pretrain_teacher import batch_length
     rng = random.Random(0)
     seen = [batch_length(rng, 256, 1024, 128) for _ in range(2000)]
     assert set(seen) == {256, 384, 512, 640, 768, 896, 1024}
@@ -143,7 +143,7 @@ def test_batch_length_covers_both_ends_of_the_range():
 
 
 def test_mixture_weights_named_family_and_even_split_of_the_rest():
-    from kvpop_hf.cli.pretrain_teacher import mixture_weights
+    from kvpop_lab.pretrain_teacher import mixture_weights
     w = mixture_weights(0.5, 0.15, [("vt", 0.3)])
     assert w["vt"] == 0.3 and w["lookup"] == 0.15 and w["reasoning"] == 0.5
     assert w["niah_multikey"] == w["cwe"] == w["fwe"] == pytest.approx(0.05 / 3)

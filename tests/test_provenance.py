@@ -6,7 +6,7 @@ import subprocess
 
 import pytest
 
-from kvpop_hf.utils.provenance import git_commit
+from kvpop_lab.utils.provenance import git_commit
 
 pytestmark = pytest.mark.skipif(shutil.which("git") is None, reason="needs the git executable")
 

@@ -24,8 +24,8 @@ pytestmark = pytest.mark.skipif(not (TEACHER / "model.safetensors").is_file(), r
 def problem():
     from transformers import AutoTokenizer
 
-    from kvpop_hf.testbed import make_problem
-    from kvpop_hf.testbed.evaluate import training_example
+    from kvpop_lab.testbed import make_problem
+    from kvpop_lab.testbed.evaluate import training_example
 
     tok = AutoTokenizer.from_pretrained(TEACHER)
     p = make_problem("reasoning", length=1024, seed=2 ** 48, n_facts=10, steps=4)

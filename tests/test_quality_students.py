@@ -50,8 +50,8 @@ def test_student_keeps_its_measured_answers(name, monkeypatch):
 
     import kvpop_hf  # noqa: F401  (registers the "kvpop" attention)
     from kvpop_hf import KVpopCache
-    from kvpop_hf.testbed import make_problem
-    from kvpop_hf.testbed.dense_eval import exact_match
+    from kvpop_lab.testbed import make_problem
+    from kvpop_lab.testbed.dense_eval import exact_match
 
     folder, budget, measured = STUDENTS[name]
     monkeypatch.chdir(ROOT)  # the adapter names its base model relative to the repository root

@@ -1,4 +1,4 @@
-"""kvpop_hf.testbed.recall_bound: the vectorised causal recall bound equals its loop reference on random
+"""kvpop_lab.testbed.recall_bound: the vectorised causal recall bound equals its loop reference on random
 oracles; it is 1 for identical twins, (1 + overlap) / 2 for two twins, and no causal policy's mean recall over
 the twins exceeds it; reasoning twins share the context token for token and have correct traces."""
 
@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import load_benchmark
+from kvpop_lab.bench import causal_recall_bound
 
-from kvpop_hf.testbed import build_tokenizer, make_problem, reasoning_twin, training_example
-from kvpop_hf.testbed.analysis import oracle_topk_recall
-from kvpop_hf.testbed.recall_bound import causal_recall_bound, shared_prefix, twin_recall_rows
+from kvpop_lab.testbed import build_tokenizer, make_problem, reasoning_twin, training_example
+from kvpop_lab.testbed.analysis import oracle_topk_recall
+from kvpop_lab.testbed.recall_bound import causal_recall_bound, shared_prefix, twin_recall_rows
 from references import causal_recall_bound_reference
 from kvpop_hf.topk import running_topk
 
@@ -111,8 +111,8 @@ def test_reasoning_twin_refuses_what_has_no_twin():
 @pytest.mark.skipif(not (TEACHER / "model.safetensors").is_file(), reason="testbed teacher not committed")
 def test_twin_rows_on_the_testbed():
     from kvpop_hf import KVpopCache
-    from kvpop_hf.testbed.models import load_model
-    from kvpop_hf.testbed.policies import parse_budgets
+    from kvpop_lab.testbed.models import load_model
+    from kvpop_hf.policies import parse_budgets
     from transformers import AutoTokenizer
 
     model = load_model(str(TEACHER), torch.float32, torch.device("cpu"))
@@ -145,7 +145,7 @@ def test_twin_rows_on_the_testbed():
 ])
 def test_cli_refuses_bad_arguments(extra, message, capsys, tmp_path):
     with pytest.raises(SystemExit):
-        load_benchmark("causal_recall_bound").parse_args(["--model", str(TEACHER), "--out", str(tmp_path)]
+        causal_recall_bound.parse_args(["--model", str(TEACHER), "--out", str(tmp_path)]
                                                          + extra)
     assert message in capsys.readouterr().err
 
@@ -154,7 +154,7 @@ def test_cli_refuses_bad_arguments(extra, message, capsys, tmp_path):
 def test_cli_writes_its_table_csv_and_plot(tmp_path):
     import csv
 
-    load_benchmark("causal_recall_bound").main([
+    causal_recall_bound.main([
                  "--model", str(TEACHER), "--out", str(tmp_path), "--length", "512", "--n", "1", "--twins", "2",
                  "--window", "32", "--budgets", "0.88", "--oracle-kinds", "max,mean", "--scorer", f"kvpop={SCORER}",
                  "--baselines", "streaming", "--device", "cpu"])
@@ -169,7 +169,7 @@ def test_cli_writes_its_table_csv_and_plot(tmp_path):
 def test_each_student_is_recorded_once_however_many_budgets_share_it():
     from helpers import distinct_ids, tiny_model
 
-    from kvpop_hf.testbed.analysis import record_students
+    from kvpop_lab.testbed.analysis import record_students
 
     student, other = tiny_model(seed=0), tiny_model(seed=1)
     calls = []

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-from helpers import load_benchmark
+from kvpop_lab.bench import recall_vs_quality
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -31,7 +31,7 @@ def _eval_folder(path: Path, recall_rows=()):
 
 
 def test_points_are_read_from_both_recall_sources(tmp_path):
-    mod = load_benchmark("recall_vs_quality")
+    mod = recall_vs_quality
     ev = _eval_folder(tmp_path / "eval", recall_rows=[(492, 0.5), (492, 0.7), (246, 0.1)])
     prof = tmp_path / "profile"
     prof.mkdir()
@@ -49,7 +49,7 @@ def test_points_are_read_from_both_recall_sources(tmp_path):
 
 
 def test_bad_points_are_refused(tmp_path, capsys):
-    mod = load_benchmark("recall_vs_quality")
+    mod = recall_vs_quality
     ev = _eval_folder(tmp_path / "eval")
     with pytest.raises(SystemExit):
         mod.main(["--out", str(tmp_path / "o"), "--budget", "492", "--point", f"a={ev}:kvpop"])

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-import eval_table
-import merge_eval_runs
-import plot_probe_curves
+from kvpop_lab.bench import eval_table
+from kvpop_lab.bench import merge_eval_runs
+from kvpop_lab.bench import plot_probe_curves
 
 COLS = ["policy", "budget", "cr", "sinks", "window", "topk", "family", "em", "token_acc", "lookup_acc", "n",
         "n_target_tokens"]

@@ -44,7 +44,7 @@ def test_adapter_loads_both_ways_and_generates(monkeypatch):
     import kvpop_hf  # noqa: F401  (registers the "kvpop" attention)
     from kvpop_hf import KVpopCache
     from kvpop_hf.compat import with_cache
-    from kvpop_hf.testbed import make_problem
+    from kvpop_lab.testbed import make_problem
 
     folder, budget = STUDENTS["cr88"]
     monkeypatch.chdir(ROOT)  # the adapter names its base as checkpoints/testbed-4k-teacher

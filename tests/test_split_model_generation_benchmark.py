@@ -8,7 +8,7 @@ import csv
 
 import pytest
 
-import split_model_generation
+from kvpop_lab.bench import split_model_generation
 
 
 def test_split_run_matches_one_device(tmp_path):

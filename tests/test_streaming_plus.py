@@ -9,8 +9,8 @@ import torch
 from transformers import AutoModelForCausalLM, Qwen3Config
 
 from kvpop_hf import KVpopCache
-from kvpop_hf.testbed import build_tokenizer
-from kvpop_hf.testbed.evaluate import build_parser, main, plan_from_args
+from kvpop_lab.testbed import build_tokenizer
+from kvpop_lab.testbed.evaluate import build_parser, main, plan_from_args
 from kvpop_hf.trainer import KVpopTrainingArguments
 
 from kvpop_hf.cli import retrofit
@@ -121,7 +121,7 @@ def test_lora_adapter_folder_evaluates_as_its_merged_model(tmp_path):
 
     from peft import PeftModel
 
-    from kvpop_hf.testbed.models import holds_model, load_model, model_config
+    from kvpop_lab.testbed.models import holds_model, load_model, model_config
 
     teacher = _teacher(tmp_path)
     adapter = tmp_path / "adapter" / f"streaming_plus_b{B}"

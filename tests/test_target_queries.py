@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from helpers import distinct_ids, tiny_model
-from kvpop_hf.testbed.oracle import target_queries
+from kvpop_lab.testbed.oracle import target_queries
 from kvpop_hf.trainer import KVpopTrainer, KVpopTrainingArguments
 from kvpop_hf.trainer.targets import dense_causal_lse, future_attention_target, future_attention_target_reference
 

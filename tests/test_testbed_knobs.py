@@ -5,11 +5,12 @@ from pathlib import Path
 
 import pytest
 
-from kvpop_hf.testbed import build_tokenizer
-from kvpop_hf.testbed.evaluate import parse_knobs
-from kvpop_hf.testbed.policies import POLICIES, scan_checkpoints_dir
+from kvpop_lab.testbed import build_tokenizer
+from kvpop_lab.testbed.evaluate import parse_knobs
+from kvpop_hf.policies import POLICIES, scan_checkpoints_dir
 
 from kvpop_hf.cli import retrofit
+from kvpop_lab.testbed.training_rows import testbed_examples as build_examples
 
 
 def test_parse_knobs_values_and_errors():
@@ -24,8 +25,8 @@ def test_parse_knobs_values_and_errors():
 def test_retrofit_examples_follow_the_knobs():
     tok = build_tokenizer()
     knobs = parse_knobs(["reasoning.n_facts=7", "reasoning.steps=2"])
-    with_knobs = retrofit.testbed_examples(["reasoning"], tok, 512, 2, seed=0, knobs=knobs)
-    default = retrofit.testbed_examples(["reasoning"], tok, 512, 2, seed=0)
+    with_knobs = build_examples(["reasoning"], tok, 512, 2, seed=0, knobs=knobs)
+    default = build_examples(["reasoning"], tok, 512, 2, seed=0)
     assert all(len(e["input_ids"]) == 512 for e in with_knobs + default)
     fact = tok.convert_tokens_to_ids("fact")
     assert [int((e["input_ids"] == fact).sum()) for e in with_knobs] == [7, 7]
@@ -36,13 +37,13 @@ def test_retrofit_examples_follow_the_knobs():
 def test_retrofit_knob_on_a_jsonl_dataset_is_an_error(tmp_path):
     data = tmp_path / "d.jsonl"
     data.write_text('{"text": "a b c"}\n')
-    with pytest.raises(ValueError, match="--knob sets testbed generator knobs"):
+    with pytest.raises(ValueError, match="--knob sets the knobs of a generated source"):
         retrofit.main(["--model", str(tmp_path), "--dataset", str(data), "--knob", "reasoning.steps=4",
                        "--output_dir", str(tmp_path / "o"), "--use_cpu", "True", "--report_to", "none"])
 
 
 def test_oracle_eviction_rejects_bad_knobs_before_loading(tmp_path):
-    import oracle_eviction
+    from kvpop_lab.bench import oracle_eviction
 
     with pytest.raises(ValueError, match="FAMILY.KEY=VALUE"):
         oracle_eviction.main(["--out", str(tmp_path), "--model", str(tmp_path), "--knob", "steps=4"])
@@ -50,7 +51,7 @@ def test_oracle_eviction_rejects_bad_knobs_before_loading(tmp_path):
 
 @pytest.mark.parametrize("gammas", ["0.1", "-0.1,x"])
 def test_oracle_eviction_rejects_bad_log_gammas_before_loading(tmp_path, gammas, capsys):
-    import oracle_eviction
+    from kvpop_lab.bench import oracle_eviction
 
     with pytest.raises(SystemExit):
         oracle_eviction.main(["--out", str(tmp_path / "o"), "--model", str(tmp_path), f"--log-gammas={gammas}"])
@@ -63,7 +64,7 @@ def test_oracle_eviction_with_a_decay_adds_its_rows(tmp_path):
     oracle score leaves the recency order of StreamingLLM, which keeps less of the answer than the oracle."""
     import csv
 
-    import oracle_eviction
+    from kvpop_lab.bench import oracle_eviction
 
     root = Path(__file__).resolve().parents[1]
     oracle_eviction.main(["--out", str(tmp_path), "--model", str(root / "checkpoints/testbed-4k-teacher"),

@@ -8,7 +8,7 @@ from collections import Counter
 
 import pytest
 
-from kvpop_hf.testbed import (
+from kvpop_lab.testbed import (
     FAMILIES,
     build_tokenizer,
     count_tokens,
@@ -18,7 +18,7 @@ from kvpop_hf.testbed import (
     normalize,
     training_example,
 )
-from kvpop_hf.testbed import generate
+from kvpop_lab.testbed import generate
 
 LENGTHS = (512, 2048)
 SEEDS = (0, 1)
@@ -316,7 +316,7 @@ def test_cli(tmp_path, capsys):
 
 @pytest.mark.parametrize("length,knobs", [(256, {}), (1024, {"n_queries": 5}), (512, {"distractor_density": 0.5})])
 def test_lookup_drill_restates_queried_facts(tok, length, knobs):
-    from kvpop_hf.testbed import ALL_FAMILIES
+    from kvpop_lab.testbed import ALL_FAMILIES
 
     assert "lookup" in ALL_FAMILIES and "lookup" not in FAMILIES  # a training drill, not evaluated
     for seed in range(3):

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-import training_scale
+from kvpop_lab.bench import training_scale
 
 COMMON = ["--shape", "tiny", "--device", "cpu", "--steps", "1", "--window", "16", "--lora-rank", "4"]
 

@@ -1,4 +1,4 @@
-"""kvpop_hf.testbed.weight_delta: a student stored as the tensors that differ from its base loads bit for bit as
+"""kvpop_lab.testbed.weight_delta: a student stored as the tensors that differ from its base loads bit for bit as
 the full checkpoint did, through testbed.models.load_model; a changed, missing or mismatched base is refused."""
 
 import json
@@ -6,8 +6,8 @@ import json
 import pytest
 import torch
 
-from kvpop_hf.testbed.models import load_model
-from kvpop_hf.testbed.weight_delta import DELTA_CONFIG, is_weight_delta, save_weight_delta
+from kvpop_lab.testbed.models import load_model
+from kvpop_lab.testbed.weight_delta import DELTA_CONFIG, is_weight_delta, save_weight_delta
 from helpers import distinct_ids, tiny_model
 
 

@@ -1,6 +1,6 @@
-"""`kvpop-train-kvp`: the command-line front end in kvpop_hf/cli/train_kvp.py (``--help`` lists its flags)."""
+"""`kvpop-train-kvp`: the command-line front end in benchmarks/kvpop_lab/train_kvp.py (``--help`` lists its flags)."""
 
-from kvpop_hf.cli.train_kvp import main
+from kvpop_lab.train_kvp import main
 
 if __name__ == "__main__":
     raise SystemExit(main())

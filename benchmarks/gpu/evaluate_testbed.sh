@@ -8,12 +8,13 @@
 # benchmarks/gpu/retrofit_scorers.sh writes one), EVAL_N (default 20), LIMIT_S (time limit, default 300 s).
 set -u
 : "${OUT:?set OUT to an output directory}"
-export PYTHONUNBUFFERED=1 PYTHONPATH=. TOKENIZERS_PARALLELISM=false
+export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+source benchmarks/gpu/lab_env.sh
 TEACHER=${TEACHER:?set TEACHER to a 1024-token testbed teacher (benchmarks/gpu/pretrain_teacher.sh writes one)}; SCORERS=${SCORERS:?set SCORERS to a folder of scorer checkpoints}; L=1024; W=32
 T0=$(date +%s)
 stamp() { echo "[$(( $(date +%s) - T0 ))s] $*"; }
 mkdir -p "$OUT"
-timeout ${LIMIT_S:-300} python3 -m kvpop_hf.testbed.evaluate --model "$TEACHER" --out "$OUT/eval" --length $L \
+timeout ${LIMIT_S:-300} python3 -m kvpop_lab.testbed.evaluate --model "$TEACHER" --out "$OUT/eval" --length $L \
   --n ${EVAL_N:-20} --sinks 4 --window $W --budgets 0.75,0.88 --policies dense,streaming,knorm,random,kvpop_mlp,kvpop \
   --checkpoints-dir "$SCORERS" --batch-size 40 > "$OUT/eval.log" 2>&1
 stamp "eval exit $?"; tail -n 22 "$OUT/eval.log" | grep -E "^\|"

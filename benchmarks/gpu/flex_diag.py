@@ -41,8 +41,8 @@ import torch
 
 REPO = Path(__file__).resolve().parents[2]
 
-from kvpop_hf.utils.provenance import git_commit, versions  # noqa: E402
-from kvpop_hf.utils.timing import compiled_graphs, fmt, free, measure, quantiles, sync  # noqa: E402
+from kvpop_lab.utils.provenance import git_commit, versions  # noqa: E402
+from kvpop_lab.utils.timing import compiled_graphs, fmt, free, measure, quantiles, sync  # noqa: E402
 
 warnings.filterwarnings("ignore", message=r".*return_lse.*")
 warnings.filterwarnings("ignore", message=r".*flex_attention called without torch.compile.*")

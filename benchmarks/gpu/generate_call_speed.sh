@@ -21,7 +21,8 @@
 set -u
 : "${OUT:?set OUT to an output directory}"
 mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 PYTHONPATH=.
+export PYTHONUNBUFFERED=1
+source benchmarks/gpu/lab_env.sh
 [ "${STATIC_INPUT_LOG:-1}" = 1 ] && export TORCH_LOGS=cudagraph_static_inputs  # names the non-static CUDA-graph inputs
 extra=()
 [ "${COMPILE_REUSE:-1}" = 1 ] && extra+=(--compile-reuse "${COMPILE_DIR:-/tmp/kvpop_compile_cache}")

@@ -7,7 +7,8 @@
 # they finish, so a run cut by LIMIT_S keeps them.
 # Prefill at more contexts, with repeats, and the batch rows: benchmarks/gpu/prefill_speed.sh.
 set -u
-export PYTHONUNBUFFERED=1 PYTHONPATH=.
+export PYTHONUNBUFFERED=1
+source benchmarks/gpu/lab_env.sh
 timeout ${LIMIT_S:-590} python3 benchmarks/generation_speed.py --device cuda --shape qwen3-8b \
   --contexts ${CONTEXTS:-4096 131072} --static-contexts 4096 131072 --static-synthetic 131072 \
   --scorers ${SCORERS:-mlstm knorm} --profile-decode --leak-caches ${LEAK:-100} \

@@ -14,7 +14,8 @@
 # trace the Triton interpreter).
 set -u
 : "${OUT:?set OUT to an output directory}"
-export PYTHONUNBUFFERED=1 PYTHONPATH=.
+export PYTHONUNBUFFERED=1
+source benchmarks/gpu/lab_env.sh
 SHAPE=${SHAPE:-qwen3-8b}; DEVICE=${DEVICE:-cuda}; CONTEXTS=${CONTEXTS:-4096 131072}
 BASE="python3 benchmarks/generation_speed.py --device $DEVICE --shape $SHAPE"
 [ "$SHAPE" = tiny ] && BASE="$BASE --budget 4 16 44 --steps 3 --warmup 2 --prefill-chunk 128"

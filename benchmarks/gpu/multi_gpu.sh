@@ -7,7 +7,8 @@
 # SINGLE_S=150 DDP_S=120 FSDP_S=120 BUDGET=420 OUTER_S=430.
 # Results: $OUT/multi_gpu.md, multi_gpu.json, multi_gpu_loss.png, logs.tgz (stage logs + raw per-rank files).
 set -u
-export PYTHONUNBUFFERED=1 PYTHONPATH=. TOKENIZERS_PARALLELISM=false
+export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+source benchmarks/gpu/lab_env.sh
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 T0=$(date +%s)
 stamp() { echo "[$(( $(date +%s) - T0 ))s] $*"; }

@@ -4,7 +4,8 @@
 # dense rows say where they run out of memory). Usage: OUT=dir bash benchmarks/gpu/prefill_speed.sh
 # About 9 minutes: the batch rows compile the decode step once per batch size.
 set -u
-export PYTHONUNBUFFERED=1 PYTHONPATH=.
+export PYTHONUNBUFFERED=1
+source benchmarks/gpu/lab_env.sh
 timeout ${LIMIT_PREFILL_S:-200} python3 benchmarks/generation_speed.py --device cuda --shape qwen3-8b \
   --contexts ${CONTEXTS:-16384 32768 65536} --rows dynamic kvpop --scorers knorm mlp mlstm --prefill-only \
   --prefill-repeats 3 --profile-prefill --out-prefix "$OUT/prefill_speed" 2>&1 | grep -v -i warn \

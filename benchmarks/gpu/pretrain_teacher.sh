@@ -31,7 +31,8 @@
 # teacher) gives the commit.
 set -u
 : "${OUT:?set OUT to an output directory}"
-export PYTHONUNBUFFERED=1 PYTHONPATH=. TOKENIZERS_PARALLELISM=false
+export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+source benchmarks/gpu/lab_env.sh
 STAGE=${STAGE:-all}; L=1024; W=32
 T0=$(date +%s)
 stamp() { echo "[$(( $(date +%s) - T0 ))s] $*"; }
@@ -48,7 +49,7 @@ stage1() {
       > "$D/teacher_$name.log" 2>&1
     stamp "teacher $name exit $?"
     for EL in 512 1024; do
-      OMP_NUM_THREADS=2 timeout 100 python3 -m kvpop_hf.testbed.evaluate --model "$D/t_$name" --out "$D/eval_${name}_L$EL" \
+      OMP_NUM_THREADS=2 timeout 100 python3 -m kvpop_lab.testbed.evaluate --model "$D/t_$name" --out "$D/eval_${name}_L$EL" \
         --length $EL --n 30 --families reasoning --in-domain reasoning --policies dense --budgets 0.75 --window 32 \
         --batch-size 30 --no-progress > "$D/eval_${name}_L$EL.log" 2>&1
       stamp "eval $name L$EL exit $?"
@@ -76,7 +77,7 @@ stage2() {
       --workers 6 --log-every 250 --probe-every 250 --probe-n 16 --probe-len $L --eval-n 30 --eval-batch-size 60 \
       --tokens-per-batch 32768 --knob lookup.n_facts=16 "$@" > "$D/teacher_$name.log" 2>&1
     stamp "teacher $name exit $?"
-    timeout 100 python3 -m kvpop_hf.testbed.evaluate --model "$D/t_$name" --out "$D/eval_dense_$name" \
+    timeout 100 python3 -m kvpop_lab.testbed.evaluate --model "$D/t_$name" --out "$D/eval_dense_$name" \
       --length $L --n 30 --families reasoning --in-domain reasoning --policies dense --budgets 0.75 --window $W \
       --batch-size 30 --no-progress > "$D/eval_dense_$name.log" 2>&1
     stamp "dense eval $name exit $?"
@@ -110,7 +111,7 @@ stage3() {
     --tokens-per-batch 32768 --knob lookup.n_facts=16 --reasoning-weight 0.4 --lookup-weight 0.2 \
     > "$D/teacher.log" 2>&1
   stamp "teacher exit $?"; grep -E "trained|dense greedy EM" "$D/teacher.log"; grep -E "^probe step" "$D/teacher.log" | tail -3
-  timeout 100 python3 -m kvpop_hf.testbed.evaluate --model "$TEACHER" --out "$D/eval_dense" \
+  timeout 100 python3 -m kvpop_lab.testbed.evaluate --model "$TEACHER" --out "$D/eval_dense" \
     --length $L --n 30 --families reasoning --in-domain reasoning --policies dense --budgets 0.75 --window $W \
     --batch-size 30 --no-progress > "$D/eval_dense.log" 2>&1
   stamp "dense eval exit $?"; grep -E "^\| dense" "$D/eval_dense/table1.md"

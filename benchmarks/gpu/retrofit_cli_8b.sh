@@ -6,7 +6,8 @@
 # Usage: OUT=dir [SEQ_LEN=32768] [STEPS=4] [SCRATCH=/tmp/kvpop_retrofit_cli] bash benchmarks/gpu/retrofit_cli_8b.sh
 set -u
 : "${OUT:?set OUT to an output directory}"
-export PYTHONUNBUFFERED=1 PYTHONPATH=. TOKENIZERS_PARALLELISM=false
+export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+source benchmarks/gpu/lab_env.sh
 SEQ_LEN=${SEQ_LEN:-32768}
 STEPS=${STEPS:-4}
 SCRATCH=${SCRATCH:-/tmp/kvpop_retrofit_cli}
@@ -19,7 +20,7 @@ import json, random, sys, time
 from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, Qwen3Config
-from kvpop_hf.testbed import build_tokenizer
+from kvpop_lab.testbed import build_tokenizer
 model_dir, seq_len, steps = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
 t0 = time.time()
 tok = build_tokenizer()

@@ -18,7 +18,8 @@
 # EVAL_N=2 NEX=8.
 set -u
 : "${OUT:?set OUT to an output directory}"
-export PYTHONUNBUFFERED=1 PYTHONPATH=. TOKENIZERS_PARALLELISM=false
+export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+source benchmarks/gpu/lab_env.sh
 T=${TEACHER:?set TEACHER to a 1024-token testbed teacher (benchmarks/gpu/pretrain_teacher.sh writes one)}; L=1024; W=32; RS=${RS:-110}; N=${EVAL_N:-40}; DEVICE=${DEVICE:-cuda}
 SEED_BASE=${SEED_BASE:-$((2 ** 48 + 5000))}
 if [ "$DEVICE" = cpu ]; then TRAIN_DEV="--use_cpu True"; else TRAIN_DEV="--bf16"; fi
@@ -30,7 +31,7 @@ for arm in ${ARMS:-"reasoning:reasoning:tok mix:reasoning,vt:tok"}; do  # parsed
       "rplain:reasoning:plain)" >&2
     exit 2
   fi
-  if [ -n "$knobs" ] && ! python3 -c "import sys; from kvpop_hf.testbed.evaluate import parse_knobs as p
+  if [ -n "$knobs" ] && ! python3 -c "import sys; from kvpop_lab.testbed.evaluate import parse_knobs as p
 p(sys.argv[1].split('+'))" "$knobs" 2> /dev/null; then
     echo "ARMS entry '$arm': its knobs must be FAMILY.KEY=VALUE items joined by + (e.g." \
       "reasoning.distractor_density=0+reasoning.n_facts=20)" >&2
@@ -41,7 +42,7 @@ done
 [ -f "$T/config.json" ] || { echo "TEACHER=$T holds no model (config.json)" >&2; exit 2; }
 T0=$(date +%s)
 stamp() { echo "[$(( $(date +%s) - T0 ))s] $*"; }
-K88=$(python3 -c "from kvpop_hf.testbed.policies import parse_budgets as p; print(p('0.88', $L, 4, $W)[0].topk)") \
+K88=$(python3 -c "from kvpop_hf.policies import parse_budgets as p; print(p('0.88', $L, 4, $W)[0].topk)") \
   || { echo "python3 cannot import kvpop_hf" >&2; exit 2; }
 mkdir -p "$OUT"
 
@@ -61,7 +62,7 @@ retro() {  # name families scorer knobs
 for i in "${!NAMES[@]}"; do retro "${NAMES[$i]}" "${FAMS[$i]}" "${SCORERS[$i]}" "${KNOBS[$i]}" & done
 wait
 evaluate() {  # arm policies
-  timeout 300 python3 -m kvpop_hf.testbed.evaluate --model $T --out "$OUT/eval_$1" --length $L --n "$N" \
+  timeout 300 python3 -m kvpop_lab.testbed.evaluate --model $T --out "$OUT/eval_$1" --length $L --n "$N" \
     --seed-base "$SEED_BASE" --families vt,reasoning --in-domain reasoning --sinks 4 --window $W --budgets "${EVAL_BUDGETS:-0.75,0.88}" \
     --policies "$2" --scorer-checkpoint "kvpop_distill=$OUT/ckpt_$1/kvpop_distill_cr88" --batch-size 40 \
     --device "$DEVICE" --no-progress > "$OUT/eval_$1.log" 2>&1

@@ -16,7 +16,8 @@
 # The trace format changed after these runs: check out the commit above to reproduce a log.
 set -u
 : "${OUT:?set OUT to an output directory}"
-export PYTHONUNBUFFERED=1 PYTHONPATH=. TOKENIZERS_PARALLELISM=false OMP_NUM_THREADS=2
+export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false OMP_NUM_THREADS=2
+source benchmarks/gpu/lab_env.sh
 SET=${SET:-A-F}
 T0=$(date +%s)
 stamp() { echo "[$(( $(date +%s) - T0 ))s] $*"; }

@@ -52,7 +52,8 @@
 # leaves no long-range slot at 94%).
 set -u
 : "${OUT:?set OUT to an output directory}"
-export PYTHONUNBUFFERED=1 PYTHONPATH=. TOKENIZERS_PARALLELISM=false
+export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+source benchmarks/gpu/lab_env.sh
 # shellcheck source=benchmarks/mlstm_options.sh
 source "$(dirname "$0")/../mlstm_options.sh"
 STAGE=${STAGE:-teacher}; L=${LEN:-4096}; LO=${LO:-1024}; CLEN=${CLEN:-2560}; W=${WINDOW:-64}; N=${EVAL_N:-40}
@@ -63,12 +64,12 @@ KNOBS="--knob reasoning.n_facts=10 --knob reasoning.steps=4"
 T0=$(date +%s)
 stamp() { echo "[$(( $(date +%s) - T0 ))s] $*"; }
 left() { echo $(( DEADLINE - ($(date +%s) - T0) )); }
-topk() { python3 -c "from kvpop_hf.testbed.policies import parse_budgets as p; print(p('$1', $L, 4, $W)[0].topk)"; }
+topk() { python3 -c "from kvpop_hf.policies import parse_budgets as p; print(p('$1', $L, 4, $W)[0].topk)"; }
 mkdir -p "$OUT"
 
 evaluate() {  # out-dir seconds args...  (kvpop-eval of reasoning problems with the 4k knobs)
   local d=$1 s=$2; shift 2
-  OMP_NUM_THREADS=$TH timeout "$s" python3 -m kvpop_hf.testbed.evaluate --out "$d" --n "$N" \
+  OMP_NUM_THREADS=$TH timeout "$s" python3 -m kvpop_lab.testbed.evaluate --out "$d" --n "$N" \
     --families "${EVAL_FAMILIES// /,}" --in-domain reasoning --seed-base "$SEED_BASE" --sinks 4 --window $W $KNOBS \
     --batch-size 40 --device "$DEVICE" --no-progress "$@" > "$d.log" 2>&1
   local rc=$?; stamp "eval ${d##*/} exit $rc"; grep -E "^\| [a-z]" "$d/table1.md" 2>/dev/null

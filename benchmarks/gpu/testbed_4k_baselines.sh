@@ -34,7 +34,8 @@
 # DEVICE=cpu LEN=768 RS=5 EVAL_N=2 EBS=2 DEBS=2 NEX=8 THREADS=1 TRAIN_SLACK=900 DEADLINE=1200.
 set -u
 : "${OUT:?set OUT to an output directory}"
-export PYTHONUNBUFFERED=1 PYTHONPATH=. TOKENIZERS_PARALLELISM=false
+export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+source benchmarks/gpu/lab_env.sh
 L=${LEN:-4096}; W=${WINDOW:-32}; N=${EVAL_N:-40}; EBS=${EBS:-20}; DEBS=${DEBS:-10}; DBS=${DBS:-2}; NEX=${NEX:-1200}; RS=${RS:-240}
 SEED=${TRAIN_SEED:-0}; SFX=$([ "$SEED" = 0 ] || echo "_s$SEED")
 DW=${DMS_WEIGHT:-10}; DSFX=$([ "$DW" = 10 ] || echo "_w$DW")$SFX
@@ -46,18 +47,18 @@ T0=$(date +%s)
 stamp() { echo "[$(( $(date +%s) - T0 ))s] $*"; }
 left() { local s=$(( DEADLINE - ($(date +%s) - T0) )); echo $(( s > 1 ? s : 1 )); }
 tokens() {  # B of a budget ratio, from kvpop_hf's own parse_budgets
-  python3 -c "from kvpop_hf.testbed.policies import parse_budgets as p; print(p('$1', $L, 4, $W)[0].B)"; }
+  python3 -c "from kvpop_hf.policies import parse_budgets as p; print(p('$1', $L, 4, $W)[0].B)"; }
 mkdir -p "$OUT/ckpt"
 for d in "$TEACHER" ${KVP_CKPTS:+"$KVP_CKPTS/rl" "$KVP_CKPTS/supervised"}; do
   [ -d "$d" ] || { echo "missing $d" >&2; exit 2; }
 done
-python3 -c "from kvpop_hf.testbed.policies import parse_budgets as p
+python3 -c "from kvpop_hf.policies import parse_budgets as p
 print('budgets:', ', '.join(f'{b.spec}: B = {b.B}, k = {b.topk}' for b in p('$(printf '0.%s,' ${BUDGETS:-75 88 94})'[:-1], $L, 4, $W)))" \
   || { echo "python3 cannot import kvpop_hf" >&2; exit 2; }
 
 evaluate() {  # out-dir seconds args...  (kvpop-eval of reasoning problems with the 4k knobs)
   local d=$1 s=$2; shift 2
-  OMP_NUM_THREADS=$TH timeout "$s" python3 -m kvpop_hf.testbed.evaluate --out "$d" --n "$N" --families reasoning \
+  OMP_NUM_THREADS=$TH timeout "$s" python3 -m kvpop_lab.testbed.evaluate --out "$d" --n "$N" --families reasoning \
     --in-domain reasoning --seed-base "${SEED_BASE:-281474976710656}" --length $L --sinks 4 --window $W $KNOBS \
     --batch-size "$EBS" --device "$DEVICE" \
     --no-progress "$@" > "$d.log" 2>&1

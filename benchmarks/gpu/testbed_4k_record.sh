@@ -69,7 +69,7 @@ evaluate() {
   OUT=$OUT/kv STAGE=evaluate TEACHER=$T WINDOW=64 EVAL_N=$N SEED_BASE=$FRESH DEADLINE=$DL THREADS=1 \
     CKPT_DIRS="$(echo "$WORK"/kv/ckpt_*)" bash "$HERE/testbed_4k.sh" > "$OUT/stage_evaluate_kv.log" 2>&1 &
   # the trained baselines on the same problems
-  local E="python3 -m kvpop_hf.testbed.evaluate --length ${LEN:-4096} --seed-base $FRESH --in-domain reasoning --sinks 4 --window 64 $KNOB_ARGS --device ${DEVICE:-cuda} --no-progress"
+  local E="python3 -m kvpop_lab.testbed.evaluate --length ${LEN:-4096} --seed-base $FRESH --in-domain reasoning --sinks 4 --window 64 $KNOB_ARGS --device ${DEVICE:-cuda} --no-progress"
   mkdir -p "$OUT/bl"
   (OMP_NUM_THREADS=1 timeout $((DL - 20)) $E --model $T --n $N --families reasoning \
     --out "$OUT/bl/eval_streaming_plus" --budgets "${SP_BUDGETS:-0.88,0.94}" \

@@ -10,7 +10,8 @@
 # KVPOP_GIT_COMMIT names the commit in the results when the tree travels without its git history.
 set -u
 : "${OUT:?set OUT to an output directory}"
-export PYTHONUNBUFFERED=1 PYTHONPATH=. TOKENIZERS_PARALLELISM=false OMP_NUM_THREADS=8
+export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false OMP_NUM_THREADS=8
+source benchmarks/gpu/lab_env.sh
 SEQ_LENS=${SEQ_LENS:-16384,32768}
 ROWS=${ROWS:-lora_sft,lora_distill,kvpop_scorer_only:mlstm,kvpop_distill:mlstm,kvpop_distill:mlp}
 LIMIT_S=${LIMIT_S:-540}

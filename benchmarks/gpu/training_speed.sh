@@ -10,7 +10,8 @@
 # (benchmarks/gpu/teacher_recipe_sweep.sh, SET=G-J); CUDA_VISIBLE_DEVICES picks the GPU.
 set -u
 : "${OUT:?set OUT to an output directory}"
-export PYTHONUNBUFFERED=1 PYTHONPATH=. TOKENIZERS_PARALLELISM=false OMP_NUM_THREADS=4
+export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false OMP_NUM_THREADS=4
+source benchmarks/gpu/lab_env.sh
 T0=$(date +%s)
 stamp() { echo "[$(( $(date +%s) - T0 ))s] $*"; }
 mkdir -p "$OUT"

@@ -1,9 +1,8 @@
-"""What the training commands share: argument checks made before any work, the testbed's training rows, the
-train-and-save sequence and the process-group teardown of a command."""
+"""What the training commands share: argument checks made before any work, the train-and-save sequence and the
+process-group teardown of a command."""
 
 from __future__ import annotations
 
-import random
 import types
 from dataclasses import dataclass
 
@@ -37,23 +36,6 @@ def check_time_arguments(script) -> None:
     if getattr(script, "lr_decay_by_time", False) and not script.max_train_seconds:
         raise ValueError("--lr_decay_by_time decays the learning rate over --max_train_seconds; "
                          "set --max_train_seconds too (or drop --lr_decay_by_time).")
-
-
-def testbed_examples(families, tokenizer, seq_len, n, seed, knobs=None):
-    """``n`` teacher-forced examples of exactly ``seq_len`` tokens; ``knobs``: ``{family: {knob: value}}``."""
-    from ..testbed import make_problem, training_example
-
-    rng = random.Random(seed)
-    out = []
-    while len(out) < n:
-        family = families[len(out) % len(families)]
-        problem = make_problem(family, length=seq_len, seed=rng.randrange(1 << 30), **(knobs or {}).get(family, {}))
-        ex = training_example(problem, tokenizer, mode="trace")
-        ids, labels = ex["input_ids"], ex["labels"]
-        if len(ids) < seq_len:
-            continue  # generator undershot: skip rather than pad
-        out.append({"input_ids": torch.tensor(ids[:seq_len]), "labels": torch.tensor(labels[:seq_len])})
-    return out
 
 
 def examples_needed(num_examples, args) -> int:

@@ -34,10 +34,11 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, HfArgumentParser
 
 from ..data import KVpopDataArguments, load_source, prepare_dataset
+from ..data.generated import generated_rows, generator_for
 from ..trainer import KVpopTrainer, KVpopTrainingArguments
 from ..trainer.lora import lora_student, require_peft
 from ..trainer.merged_save import check_merged_dtype
-from .common import check_bf16_device, check_time_arguments, examples_needed, run_cli, testbed_examples, train_and_save
+from .common import check_bf16_device, check_time_arguments, examples_needed, run_cli, train_and_save
 
 
 @dataclass
@@ -67,15 +68,11 @@ class ScriptArguments:
 
 
 def build_data(data_args, script, args, tokenizer):
-    """The training rows: generated testbed problems, or a ``datasets`` source prepared by
-    :func:`kvpop_hf.data.prepare_dataset` (every data error raised here, before the model loads)."""
-    if data_args.dataset.startswith("testbed:"):
-        from ..testbed.evaluate import parse_knobs
-
-        families = data_args.dataset.split(":", 1)[1].split(",")
-        knobs = parse_knobs(script.knob, families)
-        return testbed_examples(families, tokenizer, data_args.seq_len, examples_needed(script.num_examples, args),
-                                script.problem_seed, knobs)
+    """The training rows: a generated source (``NAME:SPEC``, :mod:`kvpop_hf.data.generated`), or a ``datasets``
+    source prepared by :func:`kvpop_hf.data.prepare_dataset` (every data error raised here, before the model loads)."""
+    if generator_for(data_args.dataset) is not None:
+        return generated_rows(data_args.dataset, tokenizer, data_args.seq_len,
+                              examples_needed(script.num_examples, args), script.problem_seed, script.knob)
     if data_args.streaming and args.max_steps <= 0:
         raise ValueError("--streaming reads the split as a stream of unknown length: set --max_steps.")
     raw = load_source(data_args.dataset, data_args.dataset_config, data_args.split, data_args.streaming)
@@ -88,9 +85,9 @@ def train(argv=None, callbacks=None):
     parser = HfArgumentParser((ScriptArguments, KVpopDataArguments, KVpopTrainingArguments))
     script, data_args, args = parser.parse_args_into_dataclasses(args=argv)
     check_time_arguments(script)  # before any work
-    if script.knob and not data_args.dataset.startswith("testbed:"):
-        raise ValueError(f"--knob sets testbed generator knobs; --dataset {data_args.dataset!r} is not "
-                         "testbed:<families>.")
+    if script.knob and generator_for(data_args.dataset) is None:
+        raise ValueError(f"--knob sets the knobs of a generated source; --dataset {data_args.dataset!r} is not "
+                         "NAME:SPEC of one (e.g. testbed:reasoning).")
     if script.lora_rank > 0:
         require_peft()  # before loading anything
     if script.dtype not in ("float32", "bfloat16"):

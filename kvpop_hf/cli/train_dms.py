@@ -30,7 +30,8 @@ from ..baselines.dms import target_eviction_rate
 from ..baselines.dms.trainer import DMSTrainer, DMSTrainingArguments
 from ..trainer.lora import lora_student
 from ..trainer.merged_save import check_merged_dtype
-from .common import check_bf16_device, check_time_arguments, examples_needed, run_cli, testbed_examples, train_and_save
+from ..data.generated import generated_rows, generator_for
+from .common import check_bf16_device, check_time_arguments, examples_needed, run_cli, train_and_save
 
 
 @dataclass
@@ -68,14 +69,11 @@ def train(argv=None, callbacks=None):
     script, args = parser.parse_args_into_dataclasses(args=argv)
     if not 0.0 < script.compression < 1.0:
         raise ValueError(f"--compression must be in (0, 1), got {script.compression}.")
-    if not script.dataset.startswith("testbed:"):
-        raise ValueError(f"--dataset must be testbed:<families>, got {script.dataset!r}.")
+    if generator_for(script.dataset) is None:
+        raise ValueError(f"--dataset must be a generated source NAME:SPEC (e.g. testbed:reasoning), got "
+                         f"{script.dataset!r}.")
     check_merged_dtype(script.merged_dtype)  # before any work
     check_time_arguments(script)
-    from ..testbed.evaluate import parse_knobs
-
-    families = script.dataset.split(":", 1)[1].split(",")
-    knobs = parse_knobs(script.knob, families)
     if script.max_train_seconds and args.ramp_seconds is None:
         args.ramp_seconds = args.ramp_fraction * script.max_train_seconds
     length = script.budget_length or script.seq_len
@@ -84,9 +82,9 @@ def train(argv=None, callbacks=None):
     print(f"DMS target: B = {budget} of {length} tokens per head on average -> eviction rate "
           f"{args.target_eviction:.4f} over tokens t >= {args.sinks}", file=sys.stderr)
     tokenizer = AutoTokenizer.from_pretrained(script.model)
+    data = generated_rows(script.dataset, tokenizer, script.seq_len, examples_needed(script.num_examples, args),
+                          script.problem_seed, script.knob)  # data errors before the model loads
     model = AutoModelForCausalLM.from_pretrained(script.model, dtype=torch.float32)
-    data = testbed_examples(families, tokenizer, script.seq_len, examples_needed(script.num_examples, args),
-                            script.problem_seed, knobs)
     return train_and_save(DMSTrainer, lora_student(model, script.lora_rank), args, data, tokenizer, script, callbacks)
 
 

@@ -129,8 +129,7 @@ def markdown_table(rows: Sequence[dict], title: str = "lm-eval: quality vs KV bu
 
 def plot_table(rows: Sequence[dict], path: Path) -> None:
     """The average metric vs compression ratio (or B where a ratio is unknown), one line per policy."""
-    from ..testbed.plotting import pyplot
-    from ..testbed.report import _line_styles
+    from ..plotting import line_styles, pyplot
 
     plt = pyplot(path)  # None without matplotlib: a printed note, the tables are written anyway
     if plt is None:
@@ -146,7 +145,7 @@ def plot_table(rows: Sequence[dict], path: Path) -> None:
             continue
         x = d["cr"] if use_cr else (float(b) if b.isdigit() else float("nan"))
         by.setdefault(p, []).append((x, d["avg"]))
-    styles = _line_styles(sorted(by))
+    styles = line_styles(sorted(by))
     for p, pts in sorted(by.items()):
         pts.sort()
         ax.plot([x for x, _ in pts], [y for _, y in pts], label=p, **styles[p])
@@ -166,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     import shlex
     from datetime import datetime, timezone
 
-    from ..utils.provenance import git_commit
+    from importlib.metadata import version
 
     ap = argparse.ArgumentParser(prog="kvpop-lm-eval-table", description=__doc__.split("\n")[0])
     ap.add_argument("runs", nargs="+", help="lm-eval --output_path folders, one per policy and budget")
@@ -184,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
         w = csv.DictWriter(fh, fieldnames=CSV_COLUMNS)
         w.writeheader()
         w.writerows(rows)
-    header = (f"`kvpop-lm-eval-table {shlex.join(argv)}` (commit {git_commit()}, "
+    header = (f"`kvpop-lm-eval-table {shlex.join(argv)}` (kvpop-hf {version('kvpop-hf')}, "
               f"{datetime.now(timezone.utc).strftime('%Y-%m-%d %H:%M UTC')})\n\n")
     md = markdown_table(rows)
     (out / "table.md").write_text(header + md)

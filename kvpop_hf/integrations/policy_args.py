@@ -3,7 +3,7 @@ weights load (the lm-evaluation-harness ``kvpop`` model reads its ``model_args``
 
 Arguments:
 
-* ``policy``: any name of :data:`kvpop_hf.testbed.policies.POLICIES` (``dense``, ``streaming``, ``knorm``,
+* ``policy``: any name of :data:`kvpop_hf.policies.POLICIES` (``dense``, ``streaming``, ``knorm``,
   ``snapkv``, ``kvpop``, ...).
 * ``scorer``: a checkpoint folder (or Hub repo id) for the learned policies; for policies that bring their own
   weights (``kvpop_distill``, ``streaming_plus``, ``dms``, ...) it is the model folder and defaults to ``pretrained``.
@@ -44,7 +44,7 @@ class PolicyArgs:
 
     @property
     def dense(self) -> bool:
-        from ..testbed.policies import POLICIES
+        from ..policies import POLICIES
 
         return POLICIES[self.policy].dense
 
@@ -62,7 +62,7 @@ class PolicyArgs:
 
     def budget(self, n_ctx: int) -> tuple[int, int, int] | None:
         """``(sinks, window, topk)`` for a request with ``n_ctx`` real context tokens; None for dense and DMS."""
-        from ..testbed.policies import POLICIES
+        from ..policies import POLICIES
 
         if self.dense or self.policy == "dms":
             return None
@@ -81,7 +81,7 @@ class PolicyArgs:
 
     def make_cache(self, n_ctx: int):
         """A fresh ``past_key_values`` for one request or batch (None = transformers' dense cache)."""
-        from ..testbed.policies import POLICIES
+        from ..policies import POLICIES
 
         if self.dense:
             return None
@@ -139,7 +139,7 @@ def parse_policy_args(model_config, pretrained: str | None = None, policy: str =
     """
     from ..cache import _check_model_shape
     from ..config import model_config_of
-    from ..testbed.policies import POLICIES, load_prototype
+    from ..policies import POLICIES, load_prototype
 
     policy = str(policy).strip()
     if policy not in POLICIES:

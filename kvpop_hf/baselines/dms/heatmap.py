@@ -32,7 +32,7 @@ def load_maps(path) -> list[tuple[int, list[list[float]], float]]:
 
 
 def plot(path, out_png) -> None:
-    from ...testbed.plotting import pyplot
+    from ...plotting import pyplot
 
     plt = pyplot(out_png)
     if plt is None:

@@ -1,6 +1,6 @@
 """Closed vocabulary shared by the task generators and the testbed tokenizer.
 
-Everything the generators in :mod:`kvpop_hf.testbed.tasks` can emit is built
+Everything the generators in :mod:`kvpop_lab.testbed.tasks` can emit is built
 from the pieces defined here:
 
 * ``FIXED_WORDS`` -- the handful of English template words and punctuation

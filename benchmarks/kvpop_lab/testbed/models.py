@@ -34,7 +34,7 @@ def model_config(path):
 def load_model(path: str, dtype, device):
     """The causal LM at ``path`` in ``dtype`` on ``device``, in eval mode, with the ``kvpop`` attention (every
     query of a prompt chunk sees exactly its own fixed-budget set; stock attention would not). A folder stored as
-    a weight delta of its base model (:mod:`kvpop_hf.testbed.weight_delta`) is rebuilt from it; a PEFT adapter
+    a weight delta of its base model (:mod:`kvpop_lab.testbed.weight_delta`) is rebuilt from it; a PEFT adapter
     folder loads its base model with the adapter applied (transformers does this when ``peft`` is installed)."""
     from transformers import AutoModelForCausalLM
 

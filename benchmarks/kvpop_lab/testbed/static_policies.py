@@ -1,8 +1,8 @@
 """The static-priority policies of the oracle-recall benchmarks (``benchmarks/oracle_recall_profile.py``,
 ``benchmarks/causal_recall_bound.py``): heuristics, scorer-only checkpoints on the dense model's keys, and
 distilled students on their own, at every budget, as the ``(policy, budget, cache[, own_model])`` tuples that
-:func:`kvpop_hf.testbed.analysis.oracle_recall_rows` and
-:func:`kvpop_hf.testbed.recall_bound.twin_recall_rows` take."""
+:func:`kvpop_lab.testbed.analysis.oracle_recall_rows` and
+:func:`kvpop_lab.testbed.recall_bound.twin_recall_rows` take."""
 
 from __future__ import annotations
 
@@ -66,7 +66,7 @@ def parse_log_gammas(ap: argparse.ArgumentParser, text: str) -> list[float]:
 def static_policies(args: argparse.Namespace, model, budgets, sinks: int, window: int, device) -> list[tuple]:
     """The policies named by ``args`` (see :func:`add_policy_args`) at each of ``budgets``. A student's model is
     loaded once (float32, on ``device``) and shared by its budgets and decays."""
-    from .. import KVpopCache
+    from kvpop_hf import KVpopCache
     from .models import load_model
 
     scored, students = [], {}
@@ -99,7 +99,7 @@ def benchmark_setup(args: argparse.Namespace):
 
     from .evaluate import parse_knobs
     from .models import load_model
-    from .policies import parse_budgets
+    from kvpop_hf.policies import parse_budgets
     from .tasks import make_problem
 
     budgets = parse_budgets(args.budgets, args.length, args.sinks, args.window)

@@ -1,8 +1,8 @@
 """CLI: print or write testbed problems as JSONL.
 
-    python -m kvpop_hf.testbed.generate --family reasoning --n 5 --length 2048 --seed 0
-    python -m kvpop_hf.testbed.generate --family niah_multikey --knob value_kind=uuid --out x.jsonl
-    python -m kvpop_hf.testbed.generate --family mix --n 100 --length 512:2048
+    python -m kvpop_lab.testbed.generate --family reasoning --n 5 --length 2048 --seed 0
+    python -m kvpop_lab.testbed.generate --family niah_multikey --knob value_kind=uuid --out x.jsonl
+    python -m kvpop_lab.testbed.generate --family mix --n 100 --length 512:2048
 
 Problem ``i`` uses seed ``seed + i`` (``--family mix`` uses :func:`mixture`
 seeded with ``seed`` and draws lengths uniformly from ``LO:HI``). Each line

@@ -2,9 +2,9 @@
 
 Every generator returns a :class:`Problem` whose ``prompt`` ends exactly where
 the model has to start generating. All text is *canonical* (see
-:mod:`kvpop_hf.testbed.vocab`): whitespace-separated words, punctuation as
+:mod:`kvpop_lab.testbed.vocab`): whitespace-separated words, punctuation as
 separate words, ``"\\n"`` between lines, so it tokenizes without ``<unk>``
-and round-trips through :func:`kvpop_hf.testbed.tokenizer.normalize`.
+and round-trips through :func:`kvpop_lab.testbed.tokenizer.normalize`.
 
 Length convention
 -----------------
@@ -386,7 +386,7 @@ def reasoning_twin(problem: Problem, seed: int | random.Random) -> Problem:
 
     The twin's prompt shares every token up to the first ``rule :`` line with ``problem``'s and has the same
     length (a rule line and a trace line cost the same tokens whatever their names and values). A causal
-    policy therefore decides the same for both up to there; :mod:`kvpop_hf.testbed.recall_bound` uses this to
+    policy therefore decides the same for both up to there; :mod:`kvpop_lab.testbed.recall_bound` uses this to
     bound the oracle top-k recall any such policy can reach. Only problems with the rules after the body
     (``rules_first=False``) have twins."""
     if problem.family != "reasoning":

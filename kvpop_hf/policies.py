@@ -86,7 +86,7 @@ def _dense(model_config, sinks, window, topk, checkpoint=None):
 
 def _heuristic(scorer: str, **scorer_kwargs) -> PolicyFactory:
     def factory(model_config, sinks, window, topk, checkpoint=None):
-        from ..cache import KVpopCache
+        from .cache import KVpopCache
 
         return KVpopCache(model_config, sinks=sinks, window=window, topk=topk, scorer=scorer,
                           scorer_kwargs=dict(scorer_kwargs) or None)
@@ -108,7 +108,7 @@ def _snapkv(model_config, sinks, window, topk, checkpoint=None):
 def _learned(model_config, sinks, window, topk, checkpoint=None):
     """Fresh cache from a checkpoint (a path / repo id, or a prototype KVpopCache from
     :func:`load_prototype`, whose scorer weights are shared, read-only, by all caches)."""
-    from ..cache import KVpopCache
+    from .cache import KVpopCache
 
     if checkpoint is None:
         raise ValueError("This policy needs a scorer checkpoint.")
@@ -123,7 +123,7 @@ def _learned(model_config, sinks, window, topk, checkpoint=None):
 
 def _dms(model_config, sinks, window, topk, checkpoint=None):
     """A fresh DMSCache from a DMS checkpoint (its gate, sinks and window; ``topk`` does not apply)."""
-    from ..baselines.dms import DMSCache, DMSPrototype
+    from .baselines.dms import DMSCache, DMSPrototype
 
     if checkpoint is None:
         raise ValueError("The DMS policy needs a checkpoint written by training/train_dms.py.")
@@ -132,7 +132,7 @@ def _dms(model_config, sinks, window, topk, checkpoint=None):
 
 
 def _load_dms(path):
-    from ..baselines.dms import DMSCache
+    from .baselines.dms import DMSCache
 
     return DMSCache.from_pretrained(path)
 
@@ -312,7 +312,7 @@ def parse_checkpoint_specs(specs: list[str]) -> dict[tuple[str, str | None], str
 def scan_checkpoints_dir(root: str | Path) -> dict[tuple[str, str | None], str]:
     """Subdirectories ``<policy>[_cr<NN>|_b<B>]`` holding a ``kvpop_config.json``, for registered
     learned policies (e.g. ``kvpop_mlp_cr75``, ``kvpop_cr88``, ``kvpop_immediate``)."""
-    from ..hub import CONFIG_NAME
+    from .hub import CONFIG_NAME
 
     root = Path(root)
     if not root.is_dir():
@@ -340,7 +340,7 @@ def resolve_checkpoint(checkpoints: dict[tuple[str, str | None], str], policy: s
 
 def load_prototype(policy: str, path: str):
     """Load a checkpoint once (no model shape yet) and check it is what ``policy`` expects."""
-    from ..cache import KVpopCache
+    from .cache import KVpopCache
 
     try:
         if POLICIES[policy].loader is not None:

@@ -4,7 +4,7 @@ A LoRA retrofit merged into the weights changes only the adapted projections (th
 layer for ``training/retrofit.py``), so a testbed student shares most of its ``model.safetensors`` with the
 teacher it was distilled from. :func:`save_weight_delta` keeps only the differing tensors:
 ``model_delta.safetensors`` plus ``model_delta.json`` naming the base folder (relative to the student's) and the
-SHA-256 of the base's ``model.safetensors``; :func:`load_model` (:mod:`kvpop_hf.testbed.models`) rebuilds the
+SHA-256 of the base's ``model.safetensors``; :func:`load_model` (:mod:`kvpop_lab.testbed.models`) rebuilds the
 student from the two, bit for bit. A changed or missing base is refused with an error that says so.
 """
 

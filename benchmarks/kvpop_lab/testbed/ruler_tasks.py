@@ -1,6 +1,6 @@
-"""RULER-style needle tasks beyond :func:`~kvpop_hf.testbed.tasks.niah_multikey`: several values for one key
+"""RULER-style needle tasks beyond :func:`~kvpop_lab.testbed.tasks.niah_multikey`: several values for one key
 (multi-value) and several keys asked at once (multi-query). Same text conventions, length convention and seeding as
-:mod:`kvpop_hf.testbed.tasks`; the answer lists the values (in order of appearance, or in the question's order)
+:mod:`kvpop_lab.testbed.tasks`; the answer lists the values (in order of appearance, or in the question's order)
 joined by ``" , "``, scored by exact match like every testbed family.
 """
 

@@ -1,4 +1,4 @@
-"""Quality of KV-eviction policies on the testbed: ``python -m kvpop_hf.testbed.evaluate`` (``kvpop-eval``).
+"""Quality of KV-eviction policies on the testbed: ``python -m kvpop_lab.testbed.evaluate`` (``kvpop-eval``).
 
 Example (the testbed teacher, two budgets, learned scorers from a checkpoints folder)::
 
@@ -12,7 +12,7 @@ For every family (default: all five) ``--n`` problems of ``--length`` tokens are
 retrofit script's ``randrange(2**30)`` training seeds). Each policy x budget gets:
 
 * ``em``: greedy exact match of the whole target (reasoning: trace + answer) with a fresh cache per
-  batch (:func:`kvpop_hf.testbed.dense_eval.exact_match`);
+  batch (:func:`kvpop_lab.testbed.dense_eval.exact_match`);
 * ``token_acc``: teacher-forced next-token accuracy on the reference target tokens (+ ``<eos>``),
   micro-averaged over tokens; ``<bos> prompt target <eos>`` goes through the model with the policy's
   cache in one forward (or ``--chunk`` tokens at a time). With ``attn_implementation="kvpop"`` every
@@ -21,7 +21,7 @@ retrofit script's ``randrange(2**30)`` training seeds). Each policy x budget get
 Budgets: ratios (``0.75`` -> ``B = round(0.25 * length)``) or token counts; ``topk = B - sinks - window``.
 Learned scorers: ``--scorer-checkpoint POLICY[@TAG]=DIR`` (TAG: ``cr75``, ``b256``, ``0.75`` or
 ``256``; none = any budget) and/or ``--checkpoints-dir DIR`` with subfolders ``<policy>[_cr<NN>|_b<B>]``
-(``kvpop_mlp_cr75``, ``kvpop_cr88``, ``kvpop_immediate`` ...); see :mod:`kvpop_hf.testbed.policies`.
+(``kvpop_mlp_cr75``, ``kvpop_cr88``, ``kvpop_immediate`` ...); see :mod:`kvpop_hf.policies`.
 Policies with their own weights (``streaming_plus``: sinks + window, model distilled at the budget) take a
 model directory as checkpoint (``--checkpoints-dir checkpoints`` finds ``streaming_plus_cr75`` ...) and are
 evaluated with that model, one at a time; ``--model`` serves every other policy and ``--analysis``.
@@ -46,9 +46,9 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from ..compat import with_cache
+from kvpop_hf.compat import with_cache
 from . import analysis, report
-from . import policies as pol
+from kvpop_hf import policies as pol
 from .models import LastModel, holds_model, load_model
 from .models import model_config as checkpoint_model_config
 from .oracle import oracle_kind_arg

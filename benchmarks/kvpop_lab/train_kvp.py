@@ -32,12 +32,12 @@ from pathlib import Path
 
 import torch
 
-from ..baselines.kvp.metric import FRACTIONS, auc_cost_per_head, cost_table, eval_points, write_cost_csv
-from ..baselines.kvp.supervised import LOSSES
-from ..baselines.kvp.train import KVPTrainConfig, KVPTrainer
-from ..cache import KVpopCache
-from ..scorers import build_scorer
-from ..utils.provenance import git_commit, versions
+from kvpop_hf.baselines.kvp.metric import FRACTIONS, auc_cost_per_head, cost_table, eval_points, write_cost_csv
+from kvpop_hf.baselines.kvp.supervised import LOSSES
+from kvpop_hf.baselines.kvp.train import KVPTrainConfig, KVPTrainer
+from kvpop_hf.cache import KVpopCache
+from kvpop_hf.scorers import build_scorer
+from kvpop_lab.utils.provenance import git_commit, versions
 
 STATE = "train_state.pt"
 
@@ -104,7 +104,7 @@ def check_device(device: str) -> None:
 
 def trace_knobs(args) -> dict[str, dict]:
     """``--knob`` as ``{family: {knob: value}}``; a knob of a family not in ``--families`` is an error."""
-    from ..testbed.evaluate import parse_knobs
+    from .testbed.evaluate import parse_knobs
 
     fams = [f for f in args.families.split(",") if f]
     knobs = parse_knobs(args.knob, fams)
@@ -118,7 +118,7 @@ def trace_knobs(args) -> dict[str, dict]:
 def load_traces(args):
     """(train, heldout, model config) on ``--device``: from --traces-file if it exists, else recorded from
     --model (the file holds them on the CPU)."""
-    from ..baselines.kvp.train import traces_to
+    from kvpop_hf.baselines.kvp.train import traces_to
 
     train, heldout, config = _load_traces(args)
     return traces_to(train, args.device), traces_to(heldout, args.device), config
@@ -141,7 +141,7 @@ def _load_traces(args):
         return data["train"], data["heldout"], config
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from ..testbed.kvp_traces import testbed_traces
+    from .testbed.kvp_traces import testbed_traces
 
     tok = AutoTokenizer.from_pretrained(args.model)
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).eval().to(args.device)
@@ -156,7 +156,7 @@ def _load_traces(args):
 
 
 def train(args, traces, config, out: Path) -> KVpopCache:
-    from ..config import model_shape, require_full_attention
+    from kvpop_hf.config import model_shape, require_full_attention
 
     require_full_attention(config, "KVP training")
     L, H, D = model_shape(config)
@@ -205,7 +205,7 @@ def train(args, traces, config, out: Path) -> KVpopCache:
 
 def evaluate(args, heldout, config, policies: dict, out: Path) -> dict:
     """Normalised AUC cost per head on the held-out traces, pure ranking and with the cache's protection."""
-    from ..config import model_shape, require_full_attention
+    from kvpop_hf.config import model_shape, require_full_attention
 
     require_full_attention(config, "KVP training")
     L, H, D = model_shape(config)

@@ -2,7 +2,7 @@
 
 :func:`exact_match` generates greedily after each ``problem.prompt`` (batched,
 left padding, stopping at ``<eos>``), extracts the answer with
-:func:`~kvpop_hf.testbed.tokenizer.extract_answer` and compares it with
+:func:`~kvpop_lab.testbed.tokenizer.extract_answer` and compares it with
 ``normalize(problem.answer)``. A ``cache_factory`` lets the same loop run with
 an eviction cache (a fresh ``past_key_values`` per batch); ``None`` = dense.
 """
@@ -14,7 +14,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from ..compat import cache_kwarg
+from kvpop_hf.compat import cache_kwarg
 from .tasks import Problem
 from .tokenizer import count_tokens, extract_answer, normalize
 

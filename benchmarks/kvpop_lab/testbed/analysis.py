@@ -27,15 +27,15 @@ from typing import Any, Sequence
 
 import torch
 
-from ..cache import KVpopCache
-from ..compat import with_cache
-from ..dense_attention import causal_attention
-from ..priority import decayed_priorities
-from ..topk import running_topk
-from ..trainer.priorities import sequence_priorities
+from kvpop_hf.cache import KVpopCache
+from kvpop_hf.compat import with_cache
+from kvpop_hf.dense_attention import causal_attention
+from kvpop_hf.priority import decayed_priorities
+from kvpop_hf.topk import running_topk
+from kvpop_hf.trainer.priorities import sequence_priorities
 from .models import load_model
-from .policies import POLICIES
-from .plotting import pyplot
+from kvpop_hf.policies import POLICIES
+from kvpop_hf.plotting import pyplot
 from .report import averages
 from .tasks import Problem, training_example
 
@@ -142,7 +142,7 @@ def oracle_recall_rows(model, tokenizer, problems: Sequence[Problem], scored: Se
     ``oracle_recall_top<m>``); ``mass``: also the share of the oracle's kept attention (column ``oracle_mass``);
     see :func:`oracle_topk_recall`.
 
-    The oracle is :func:`kvpop_hf.testbed.oracle.oracle_table`: ``kind`` ``"mean"`` (the paper's target) or
+    The oracle is :func:`kvpop_lab.testbed.oracle.oracle_table`: ``kind`` ``"mean"`` (the paper's target) or
     ``"max"`` future attention, from every later query (``queries="all"``) or only from those that generate
     the reference answer (``"target"``). ``oracle_decay``: the oracle's running top-k is taken over the oracle with
     each policy's own recency decay added (its ``log_gamma`` and decay step, none for a policy without one), i.e.
@@ -378,7 +378,7 @@ def run_all(model, tokenizer, plan, out: Path, args, progress: bool = True,
     ``model``'s oracle, and generate with their own model for the heatmap; the other policies with their own weights
     (``streaming_plus``: no long-range slots, ``dms``: no ranking) get neither. The heatmap shows the best policy
     by exact match (``rows``) at the highest compression (:func:`heatmap_run`). ``students``: the evaluation's
-    :class:`~kvpop_hf.testbed.models.LastModel`, which loads the students (its held one is not loaded again)."""
+    :class:`~kvpop_lab.testbed.models.LastModel`, which loads the students (its held one is not loaded again)."""
     problems = plan.problems["reasoning"][: args.analysis_n]
     evict = [r for r in plan.runs if r.budget is not None and not r.own_model]
     own_runs = [r for r in plan.runs if r.budget is not None and r.own_model and isinstance(r.prototype, KVpopCache)

@@ -5,14 +5,14 @@ A causal policy decides at query ``q`` from the tokens ``0..q`` alone (a static 
 scorer, every heuristic of this package). The future-attention oracle does not: it ranks a token by the
 attention it will get from queries that come later, e.g. the ones that answer a question asked at the end.
 Take ``m`` *twins* -- sequences equal up to position ``shared`` (the same context, a different question:
-:func:`kvpop_hf.testbed.tasks.reasoning_twin`). At a query ``q < shared`` the policy keeps one set ``K`` of
+:func:`kvpop_lab.testbed.tasks.reasoning_twin`). At a query ``q < shared`` the policy keeps one set ``K`` of
 ``k`` tokens for all twins, while twin ``i``'s oracle keeps ``O_i``. Then
 
     mean_i |K & O_i| / k  <=  (1 / (m k)) * (sum of the k largest c_t),   c_t = #{i : t in O_i}
 
 (pick the ``k`` tokens that most oracles keep). With two twins this is ``(1 + |O_1 & O_2| / k) / 2``. At
 ``q >= shared`` the policy may know the question; there the bound is 1. Averaged over the queries the recall
-counts (:func:`kvpop_hf.testbed.analysis.oracle_topk_recall`: every query where eviction happens), it bounds
+counts (:func:`kvpop_lab.testbed.analysis.oracle_topk_recall`: every query where eviction happens), it bounds
 the twins' mean oracle top-k recall for every causal policy, learned or not.
 
 :func:`causal_recall_bound` computes the bound; :func:`twin_recall_rows` runs both the bound and given scorers'
@@ -26,7 +26,7 @@ from typing import Sequence
 
 import torch
 
-from ..topk import running_topk
+from kvpop_hf.topk import running_topk
 
 __all__ = ["causal_recall_bound", "shared_prefix", "twin_recall_rows"]
 
@@ -88,10 +88,10 @@ def twin_recall_rows(model, tokenizer, problems: Sequence, twins: int, scored: S
                      queries: str = "target", seed: int = 0, progress: bool = True) -> list[dict]:
     """Per (oracle kind, policy, budget, layer, KV head): the causal bound (policy ``"causal_bound"``) and each
     scored policy's oracle top-k recall, both over the same ``twins`` sequences of every problem (the problem
-    and ``twins - 1`` :func:`~kvpop_hf.testbed.tasks.reasoning_twin` s), averaged over problems.
+    and ``twins - 1`` :func:`~kvpop_lab.testbed.tasks.reasoning_twin` s), averaged over problems.
 
     ``scored``: ``(policy, budget, cache)`` or ``(policy, budget, cache, own_model)`` as in
-    :func:`kvpop_hf.testbed.analysis.oracle_recall_rows`; each budget in them also gets the bound. ``kinds``:
+    :func:`kvpop_lab.testbed.analysis.oracle_recall_rows`; each budget in them also gets the bound. ``kinds``:
     oracle kinds (``"max"``, ``"mean"``, ``"p<x>"``); ``queries``: ``"target"`` (the queries that produce the
     answer) or ``"all"``."""
     from .analysis import cache_priorities, oracle_recall_shares, record_qkv, record_students

@@ -1,6 +1,6 @@
 """A small, closed-vocabulary HF tokenizer for the testbed tasks (built offline).
 
-Model: ``tokenizers`` WordPiece over :func:`kvpop_hf.testbed.vocab.vocabulary`
+Model: ``tokenizers`` WordPiece over :func:`kvpop_lab.testbed.vocab.vocabulary`
 with a whitespace-split pre-tokenizer. Template words and pseudo-words are one
 token each; numbers, variable names (``x17``) and UUID-like strings are spelled
 one character per token (``x ##1 ##7``). ``"\\n"`` is mapped to a dedicated

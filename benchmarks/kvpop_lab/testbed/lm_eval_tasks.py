@@ -1,6 +1,6 @@
 """The testbed and RULER-style families as lm-evaluation-harness tasks over local files.
 
-``python -m kvpop_hf.testbed.lm_eval_tasks --out tasks/ --tokenizer Qwen/Qwen3-8B --families reasoning,vt --lengths
+``python -m kvpop_lab.testbed.lm_eval_tasks --out tasks/ --tokenizer Qwen/Qwen3-8B --families reasoning,vt --lengths
 4096,16384 --n 40`` writes, per (family, length), ``kvpop_<family>_<length>.yaml`` and ``.jsonl`` (one problem a
 line: ``prompt``, ``answer``, ``family``, ``seed``, ``n_tokens``), a group ``kvpop_testbed.yaml`` over all of them and
 ``utils.py`` (loads the jsonl beside it; scores with :func:`process_results`). Run them with
@@ -10,12 +10,12 @@ line: ``prompt``, ``answer``, ``family``, ``seed``, ``n_tokens``), a group ``kvp
 * Length: ``<bos> prompt target <eos>`` has at most ``length`` tokens of ``--tokenizer``. The generators count
   testbed-tokenizer tokens; for another tokenizer the generator's length is rescaled (a few regenerations) until the
   count in that tokenizer fits, so the problems of one seed differ between tokenizers but not between runs.
-* Families: ``reasoning``, ``vt``, ``niah_multikey``, ``cwe``, ``fwe`` (:mod:`kvpop_hf.testbed.tasks`),
+* Families: ``reasoning``, ``vt``, ``niah_multikey``, ``cwe``, ``fwe`` (:mod:`kvpop_lab.testbed.tasks`),
   ``niah_single`` (``niah_multikey`` with one needle, RULER's single needle), ``niah_multivalue`` and
-  ``niah_multiquery`` (:mod:`kvpop_hf.testbed.ruler_tasks`; the answer lists the values, exact match on the list).
+  ``niah_multiquery`` (:mod:`kvpop_lab.testbed.ruler_tasks`; the answer lists the values, exact match on the list).
 * Scoring: greedy ``generate_until`` to ``<eos>`` with ``max_gen_toks`` = the longest reference target of the task
   + 9 tokens (kvpop-eval's margin); the answer is read from the generation with
-  :func:`~kvpop_hf.testbed.tokenizer.extract_answer` and compared with the normalized answer (kvpop-eval's exact
+  :func:`~kvpop_lab.testbed.tokenizer.extract_answer` and compared with the normalized answer (kvpop-eval's exact
   match). With ``--repeats n`` (and ``--temperature``) each problem is sampled ``n`` times: ``exact_match`` is the
   mean over the ``n`` rollouts (pass@1 estimated from ``n``), ``pass_at_k`` is 1 when any rollout is right.
 """
@@ -61,10 +61,10 @@ def _make(gen: str, length: int, seed: int, **knobs):
         raise ValueError(f"{gen}: unknown knob(s) {bad}; valid knobs: {', '.join(valid)}")
     return fn(seed, length=length, **knobs)
 
-_UTILS = '''"""Loader and metric of the kvpop testbed tasks (written by kvpop_hf.testbed.lm_eval_tasks)."""
+_UTILS = '''"""Loader and metric of the kvpop testbed tasks (written by kvpop_lab.testbed.lm_eval_tasks)."""
 from pathlib import Path
 
-from kvpop_hf.testbed.lm_eval_tasks import load_jsonl, process_results  # noqa: F401
+from kvpop_lab.testbed.lm_eval_tasks import load_jsonl, process_results  # noqa: F401
 
 
 def load_docs(data_file, **_):
@@ -193,7 +193,7 @@ def export_tasks(out: str | Path, tokenizer, families: Sequence[str], lengths: S
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m kvpop_hf.testbed.lm_eval_tasks", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m kvpop_lab.testbed.lm_eval_tasks", description=__doc__.split("\n")[0])
     ap.add_argument("--out", required=True, help="folder for the task YAML, jsonl data and utils.py")
     ap.add_argument("--tokenizer", required=True, help="tokenizer folder or Hub id the lengths are measured in")
     ap.add_argument("--families", default="reasoning,vt,niah_multikey",

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Sequence
 
 
 def pyplot(path: Path | str):
@@ -21,3 +22,13 @@ def pyplot(path: Path | str):
     import matplotlib.pyplot as plt
 
     return plt
+
+
+def line_styles(policies: Sequence[str]) -> dict[str, dict]:
+    """A distinct colour (tab20) and marker per policy, learned ones drawn solid and the rest dashed."""
+    import matplotlib
+
+    colours = matplotlib.colormaps["tab20"].colors
+    markers = "osD^v<>pXh*"
+    return {p: dict(color=colours[i % 20], marker=markers[i % len(markers)],
+                    ls="-" if p.startswith(("kvpop", "kvp")) else "--") for i, p in enumerate(policies)}

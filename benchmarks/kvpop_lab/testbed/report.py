@@ -16,8 +16,8 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from ..utils.provenance import git_commit, versions
-from .plotting import pyplot
+from kvpop_lab.utils.provenance import git_commit, versions
+from kvpop_hf.plotting import line_styles, pyplot
 
 __all__ = ["write_results_csv", "quality_table", "plot_quality", "build_meta", "md_header", "git_commit",
            "averages"]
@@ -114,7 +114,7 @@ def plot_quality(rows: Sequence[dict], path: Path) -> None:
                     ax.axhline(d[key], ls="--", color="k", lw=1, label=f"{p} (full cache)")
                 continue
             by_policy.setdefault(p, []).append((d["cr"], d[key]))
-        styles = _line_styles(sorted(by_policy))
+        styles = line_styles(sorted(by_policy))
         for p, pts in by_policy.items():
             pts.sort()
             ax.plot([x for x, _ in pts], [y for _, y in pts], label=p, **styles[p])
@@ -127,16 +127,6 @@ def plot_quality(rows: Sequence[dict], path: Path) -> None:
     fig.tight_layout(rect=(0, 0, 0.86, 1))
     fig.savefig(path, dpi=120)
     plt.close(fig)
-
-
-def _line_styles(policies: Sequence[str]) -> dict[str, dict]:
-    """A distinct colour (tab20) and marker per policy, learned ones drawn solid and the rest dashed."""
-    import matplotlib
-
-    colours = matplotlib.colormaps["tab20"].colors
-    markers = "osD^v<>pXh*"
-    return {p: dict(color=colours[i % 20], marker=markers[i % len(markers)],
-                    ls="-" if p.startswith(("kvpop", "kvp")) else "--") for i, p in enumerate(policies)}
 
 
 # -- metadata ----------------------------------------------------------------------------------------
@@ -163,7 +153,7 @@ def build_meta(argv, args, plan, timings, device, dtype) -> dict:
         runs.append(d)
     return {
         "command": command_line(argv),
-        "argv": [sys.executable, "-m", "kvpop_hf.testbed.evaluate", *argv],
+        "argv": [sys.executable, "-m", "kvpop_lab.testbed.evaluate", *argv],
         "git_commit": git_commit(),
         "versions": _versions(),
         "model": args.model,
