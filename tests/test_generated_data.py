@@ -43,3 +43,14 @@ def test_bad_testbed_specs_are_refused(spec, knobs, msg):
 
     with pytest.raises(ValueError, match=msg):
         generated_rows(f"testbed:{spec}", build_tokenizer(), 256, 1, seed=0, knobs=knobs)
+
+
+def test_the_commands_check_spec_and_knobs_before_loading_anything(tmp_path):
+    from kvpop_hf.cli import retrofit, train_dms
+
+    nothing = str(tmp_path / "no-model")
+    common = ["--seq_len", "256", "--output_dir", str(tmp_path / "o"), "--report_to", "none"]
+    with pytest.raises(ValueError, match="unknown ones"):
+        retrofit.train(["--model", nothing, "--dataset", "testbed:nosuch"] + common)
+    with pytest.raises(ValueError, match="FAMILY.KEY=VALUE"):
+        train_dms.train(["--model", nothing, "--dataset", "testbed:reasoning", "--knob", "steps=4"] + common)

@@ -34,7 +34,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, HfArgumentParser
 
 from ..data import KVpopDataArguments, load_source, prepare_dataset
-from ..data.generated import generated_rows, generator_for
+from ..data.generated import check_generated, generated_rows, generator_for
 from ..trainer import KVpopTrainer, KVpopTrainingArguments
 from ..trainer.lora import lora_student, require_peft
 from ..trainer.merged_save import check_merged_dtype
@@ -85,7 +85,9 @@ def train(argv=None, callbacks=None):
     parser = HfArgumentParser((ScriptArguments, KVpopDataArguments, KVpopTrainingArguments))
     script, data_args, args = parser.parse_args_into_dataclasses(args=argv)
     check_time_arguments(script)  # before any work
-    if script.knob and generator_for(data_args.dataset) is None:
+    if generator_for(data_args.dataset) is not None:
+        check_generated(data_args.dataset, script.knob)  # before the tokenizer loads
+    elif script.knob:
         raise ValueError(f"--knob sets the knobs of a generated source; --dataset {data_args.dataset!r} is not "
                          "NAME:SPEC of one (e.g. testbed:reasoning).")
     if script.lora_rank > 0:

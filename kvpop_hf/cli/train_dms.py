@@ -30,7 +30,7 @@ from ..baselines.dms import target_eviction_rate
 from ..baselines.dms.trainer import DMSTrainer, DMSTrainingArguments
 from ..trainer.lora import lora_student
 from ..trainer.merged_save import check_merged_dtype
-from ..data.generated import generated_rows, generator_for
+from ..data.generated import check_generated, generated_rows, generator_for
 from .common import check_bf16_device, check_time_arguments, examples_needed, run_cli, train_and_save
 
 
@@ -72,6 +72,7 @@ def train(argv=None, callbacks=None):
     if generator_for(script.dataset) is None:
         raise ValueError(f"--dataset must be a generated source NAME:SPEC (e.g. testbed:reasoning), got "
                          f"{script.dataset!r}.")
+    check_generated(script.dataset, script.knob)
     check_merged_dtype(script.merged_dtype)  # before any work
     check_time_arguments(script)
     if script.max_train_seconds and args.ramp_seconds is None:
@@ -83,7 +84,7 @@ def train(argv=None, callbacks=None):
           f"{args.target_eviction:.4f} over tokens t >= {args.sinks}", file=sys.stderr)
     tokenizer = AutoTokenizer.from_pretrained(script.model)
     data = generated_rows(script.dataset, tokenizer, script.seq_len, examples_needed(script.num_examples, args),
-                          script.problem_seed, script.knob)  # data errors before the model loads
+                          script.problem_seed, script.knob)
     model = AutoModelForCausalLM.from_pretrained(script.model, dtype=torch.float32)
     return train_and_save(DMSTrainer, lora_student(model, script.lora_rank), args, data, tokenizer, script, callbacks)
 

@@ -4,8 +4,9 @@ installs under the entry-point group ``kvpop_hf.generated_data``.
 The laboratory package (``pip install -e ./benchmarks``, distribution ``kvpop-lab``) installs ``testbed``:
 ``--dataset testbed:reasoning,vt`` builds seeded problems of those families. A generator is a callable
 ``rows(spec, tokenizer, seq_len, n, seed, knobs) -> list[dict]`` returning ``n`` rows of ``input_ids`` and
-``labels`` (1-D ``LongTensor``s of ``seq_len`` tokens); ``knobs`` are the ``--knob FAMILY.KEY=VALUE`` strings,
-which the generator checks. The library itself imports no generator by name.
+``labels`` (1-D ``LongTensor``s of ``seq_len`` tokens); ``knobs`` are the ``--knob FAMILY.KEY=VALUE`` strings.
+A generator may carry ``rows.check(spec, knobs)``, which the commands call before loading anything (a bad spec
+or knob is a ValueError there). The library itself imports no generator by name.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import re
 from importlib.metadata import entry_points
 from pathlib import Path
 
-__all__ = ["GROUP", "generated_rows", "generator_for"]
+__all__ = ["GROUP", "check_generated", "generated_rows", "generator_for"]
 
 GROUP = "kvpop_hf.generated_data"
 _NAME = re.compile(r"^(?P<name>[A-Za-z_][\w-]+):(?P<spec>.*)$")  # 2+ characters: "c:\\data" is a path
@@ -50,3 +51,14 @@ def generated_rows(dataset: str, tokenizer, seq_len: int, n: int, seed: int, kno
         raise ValueError(f"--dataset {dataset!r} is not NAME:SPEC of a generated source.")
     generator, spec = found
     return generator(spec, tokenizer, seq_len, n, seed, list(knobs))
+
+
+def check_generated(dataset: str, knobs=()) -> None:
+    """Check ``NAME:SPEC`` and its knobs before any loading (the generator's ``check``, where it has one)."""
+    found = generator_for(dataset)
+    if found is None:
+        raise ValueError(f"--dataset {dataset!r} is not NAME:SPEC of a generated source.")
+    generator, spec = found
+    check = getattr(generator, "check", None)
+    if check is not None:
+        check(spec, list(knobs))

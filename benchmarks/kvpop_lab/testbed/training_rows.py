@@ -29,11 +29,20 @@ def testbed_examples(families, tokenizer, seq_len, n, seed, knobs=None) -> list[
     return out
 
 
-def testbed_rows(spec: str, tokenizer, seq_len: int, n: int, seed: int, knobs=()) -> list[dict]:
-    """The entry point: ``spec`` is the comma-separated families, ``knobs`` the ``FAMILY.KEY=VALUE`` strings."""
+def check_testbed_spec(spec: str, knobs=()) -> tuple[list[str], dict]:
+    """``spec`` (comma-separated families) and the ``FAMILY.KEY=VALUE`` knobs, checked: (families, parsed knobs)."""
     families = [f for f in spec.split(",") if f]
     unknown = sorted(set(families) - set(ALL_FAMILIES))
     if not families or unknown:
         raise ValueError(f"--dataset testbed:{spec} names no family or unknown ones {unknown}; the families are "
                          f"{', '.join(ALL_FAMILIES)}.")
-    return testbed_examples(families, tokenizer, seq_len, n, seed, parse_knobs(list(knobs), families))
+    return families, parse_knobs(list(knobs), families)
+
+
+def testbed_rows(spec: str, tokenizer, seq_len: int, n: int, seed: int, knobs=()) -> list[dict]:
+    """The entry point: ``spec`` is the comma-separated families, ``knobs`` the ``FAMILY.KEY=VALUE`` strings."""
+    families, parsed = check_testbed_spec(spec, knobs)
+    return testbed_examples(families, tokenizer, seq_len, n, seed, parsed)
+
+
+testbed_rows.check = check_testbed_spec  # called by the training commands before they load anything
