@@ -1,13 +1,14 @@
 """kvpop-hf: learned fixed-budget KV-cache eviction (KVpop, arXiv:2607.05061) for Hugging Face transformers.
 
 Importing the package registers the ``"kvpop"`` attention implementation with transformers (at once where
-transformers' model code is already imported, else as soon as it is: ``kvpop_hf/registration.py``). The names
-below are imported on first use, so ``import kvpop_hf`` loads neither transformers' model stack nor the trainer,
+transformers' model code is already imported, else as soon as it is: ``kvpop_hf/registration.py``), and the
+baselines' scorer names in ``SCORERS`` (``kvpop_hf/baselines/__init__.py``, by path). The names below are imported on first use, so ``import kvpop_hf`` loads neither transformers' model stack nor the trainer,
 the testbed, Triton or matplotlib.
 """
 
 from importlib import import_module
 
+from . import baselines  # noqa: F401  (the baselines register their scorers in SCORERS, by path)
 from .registration import register_attention, register_when_transformers_loads
 
 register_when_transformers_loads()
@@ -21,7 +22,8 @@ _LAZY = {
     "fused_compile_config": ".fused_projections",
     "prefill_in_chunks": ".prefill",
     "run_ahead_sample": ".run_ahead",
-    "SCORERS": ".scorers",
+    "SCORERS": ".scorer_registry",
+    "register_scorer": ".scorer_registry",
     "Scorer": ".scorers",
     "build_scorer": ".scorers",
     "KVpopTrainer": ".trainer",
@@ -44,6 +46,6 @@ def __dir__():
 
 
 __all__ = ["Backends", "KVpopCache", "KVpopConfig", "fuse_projection_storage", "fused_compile_config",
-           "prefill_in_chunks", "run_ahead_sample", "Scorer", "SCORERS", "build_scorer", "KVpopTrainer",
-           "KVpopTrainingArguments", "register_attention"]
+           "prefill_in_chunks", "run_ahead_sample", "Scorer", "SCORERS", "register_scorer", "build_scorer",
+           "KVpopTrainer", "KVpopTrainingArguments", "register_attention"]
 __version__ = "0.1.0"

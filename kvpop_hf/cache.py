@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import sys
 
 import torch
 from transformers.cache_utils import Cache
@@ -13,7 +12,6 @@ from .allocation import longest_sequence
 from .backends import Backends
 from .config import KVpopConfig, model_config_of, model_shape
 from .layer_types import config_layer_fields, default_layers, layer_plan
-from .baselines.attention_policies.layer import DynamicScoreLayer
 from .layer import KVpopLayer
 from .scorers import Scorer, build_scorer, scorer_name
 from .tensor_parallel import local_kv_heads, slice_heads, slice_scorer, split_model_or_config
@@ -120,8 +118,8 @@ class KVpopCache(Cache):
         self.shared = KVpopShared(cfg, scorer, log_gamma, self.tp_kv_heads, self.backends)
         self.shared.max_positions = longest_sequence(model_config)  # bounds the slots each layer allocates
         # attention-based policies (TOVA, H2O, SnapKV) re-score entries every step: their own storage class
-        layer_cls = DynamicScoreLayer if self.scorer.dynamic else KVpopLayer
-        if layer_cls is DynamicScoreLayer and cfg.log_gamma is not None:
+        layer_cls = self.scorer.layer_class or KVpopLayer
+        if self.scorer.dynamic and cfg.log_gamma is not None:
             raise ValueError(f"`log_gamma` (recency decay of static priorities) does not apply to the attention-based "
                              f"policy {cfg.scorer!r}, whose scores change every step; leave it None.")
         super().__init__(layers=self._build_layers(model_config, layer_cls))
@@ -320,21 +318,6 @@ def _state_bytes(layers) -> int:
             tensors += list((getattr(layer, name, None) or {}).values())
         total += sum(t.numel() * t.element_size() for t in tensors if isinstance(t, torch.Tensor))
     return total
-
-
-def user_stacklevel() -> int:
-    """The ``stacklevel`` that points a warning at the first caller outside kvpop_hf, transformers, torch and
-    the ``kernels`` package through which transformers >= 5.25 calls its layers (a warning raised inside a
-    model's forward would otherwise point into library code)."""
-    import transformers
-
-    modules = (torch, transformers, sys.modules[__package__], sys.modules.get("kernels"))
-    internal = tuple(os.path.dirname(os.path.abspath(m.__file__)) + os.sep
-                     for m in modules if getattr(m, "__file__", None))
-    frame, level = sys._getframe(1), 1
-    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(internal):
-        frame, level = frame.f_back, level + 1
-    return level
 
 
 def kv_tensor_bytes(cache: Cache) -> int:

@@ -26,7 +26,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from .kernels import next_pow2, require_triton
+from .kernels import lazy_kernel, next_pow2
 
 __all__ = ["decode_attention_for", "decode_attention_reference", "decode_attention_triton", "split_count",
            "split_decode_kernel"]
@@ -42,17 +42,11 @@ def decode_attention_reference(query, key, value, seen, scaling):
     return out.reshape(b, 1, hq, value.shape[-1])
 
 
-_split_decode = None  # the Triton kernel, once split_decode_kernel() has defined it
-
-
-def split_decode_kernel():
+@lazy_kernel("decode_attention_triton (Backends.decode_attention='triton')",
+             hint="; or choose Backends(decode_attention='torch') (KVPOP_DECODE_ATTENTION=torch)")
+def split_decode_kernel(triton, tl):
     """The split-KV Triton kernel, defined on the first call (importing this module does not import triton);
     ImportError naming the fix without triton."""
-    global triton, tl, _split_decode  # module globals: Triton resolves a kernel's names there
-    if _split_decode is not None:
-        return _split_decode
-    triton, tl = require_triton("decode_attention_triton (Backends.decode_attention='triton')",
-                                hint="; or choose Backends(decode_attention='torch') (KVPOP_DECODE_ATTENTION=torch)")
 
     @triton.jit
     def _split_decode(q, k, v, seen, m_out, l_out, acc_out, scale_log2, H, B, SPLIT,

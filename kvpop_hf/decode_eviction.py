@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import torch
 
-from .kernels import next_pow2, require_triton
+from .kernels import lazy_kernel, next_pow2
 
 __all__ = ["eviction_for", "evict_and_insert_reference", "evict_and_insert_triton", "evict_insert_kernel", "read_entry",
            "ring_slot", "slot_entry"]
@@ -88,17 +88,11 @@ def evict_and_insert_reference(keys, values, pos, prio, seen, k_new, v_new, p_le
     prio.scatter_(2, slot, p_new.view(b, h, 1).float())
 
 
-_evict_insert = None  # the Triton kernel, once evict_insert_kernel() has defined it
-
-
-def evict_insert_kernel():
+@lazy_kernel("evict_and_insert_triton (Backends.decode_eviction='triton')",
+             hint="; or choose Backends(decode_eviction='torch') (KVPOP_DECODE_EVICTION=torch)")
+def evict_insert_kernel(triton, tl):
     """The fused eviction kernel, defined on the first call (importing this module does not import triton);
     ImportError naming the fix without triton."""
-    global triton, tl, _evict_insert  # module globals: Triton resolves a kernel's names there
-    if _evict_insert is not None:
-        return _evict_insert
-    triton, tl = require_triton("evict_and_insert_triton (Backends.decode_eviction='triton')",
-                                hint="; or choose Backends(decode_eviction='torch') (KVPOP_DECODE_EVICTION=torch)")
 
     @triton.jit
     def _evict_insert(keys, values, pos, prio, seen, k_new, v_new, p_leave, p_new, H, B,

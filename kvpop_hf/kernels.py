@@ -2,14 +2,16 @@
 reference runs is chosen in kvpop_hf/backends.py).
 
 triton is optional (the ``gpu`` extra; CUDA builds of torch on Linux install it). kvpop_hf imports it only when a
-kernel is first used: a kernel's module defines its kernels then, through :func:`require_triton`, which names the
-fix when triton is missing. (torch's dynamo, which transformers imports, may import an installed triton itself.)"""
+kernel is first used: a kernel's module defines its kernels then, in a function decorated with :func:`lazy_kernel`
+(which imports triton through :func:`require_triton`, naming the fix when it is missing). (torch's dynamo, which
+transformers imports, may import an installed triton itself.)"""
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 
-__all__ = ["MISSING_TRITON", "next_pow2", "require_triton", "triton_available"]
+__all__ = ["MISSING_TRITON", "lazy_kernel", "next_pow2", "require_triton", "triton_available"]
 
 MISSING_TRITON = ("{what} needs the `triton` package, which is not installed: `pip install \"kvpop-hf[gpu]\"` (or "
                   "`pip install triton`; CUDA builds of torch on Linux install it){hint}.")
@@ -28,6 +30,30 @@ def require_triton(what: str = "This Triton kernel of kvpop_hf", hint: str = "")
     except ImportError as e:
         raise ImportError(MISSING_TRITON.format(what=what, hint=hint)) from e
     return triton, tl
+
+
+def lazy_kernel(what: str, hint: str = ""):
+    """Decorator for ``define(triton, tl)``, a function that defines a Triton kernel (``@triton.jit``) and returns
+    it: the decorated function takes no arguments, imports triton on its first call (an ImportError naming the fix,
+    with ``what`` and ``hint``, without triton; the next call tries again), runs ``define`` once and returns that
+    kernel from then on; ``.defined()`` says whether it has run. ``triton`` and ``tl`` are also bound as globals of
+    ``define``'s module: that is where Triton looks up a kernel's names (``tl.constexpr`` annotations, which
+    ``from __future__ import annotations`` leaves as strings, included)."""
+    def wrap(define):
+        kernels = []
+
+        @functools.wraps(define)
+        def kernel():
+            if not kernels:
+                triton, tl = require_triton(what, hint)
+                define.__globals__.update(triton=triton, tl=tl)
+                kernels.append(define(triton, tl))
+            return kernels[0]
+
+        kernel.defined = lambda: bool(kernels)
+        return kernel
+
+    return wrap
 
 
 def next_pow2(n: int) -> int:

@@ -14,6 +14,8 @@ import warnings
 
 import torch
 
+from .stacklevel import user_stacklevel
+
 
 def canonical_device(device) -> torch.device:
     device = torch.device(device)
@@ -94,8 +96,6 @@ class KVpopShared:
         cache had to drop tokens inside it (stored entries + chunk > budget), so its queries saw more than their
         budget; ``padding_unseen``, a batch of several rows whose position ids transformers did not pass to
         ``update``, so left padding could not be checked. A chunk that evicted nothing was attended exactly."""
-        from .cache import user_stacklevel
-
         reasons = {
             "evicted": evicted and (
                 "KVpopCache: a multi-token chunk is attended with a stock attention implementation while the cache "

@@ -5,7 +5,7 @@ import torch
 from torch.nn import functional as F
 
 from helpers import reference_priorities
-from kvpop_hf.scorers import KeyDiffScorer
+from kvpop_hf.baselines.keydiff import KeyDiffScorer
 
 
 def test_priorities_follow_the_rule():

@@ -6,7 +6,7 @@ import torch
 
 from helpers import reference_priorities, tiny_model
 from kvpop_hf import KVpopCache
-from kvpop_hf.scorers import LagKVScorer
+from kvpop_hf.baselines.lagkv import LagKVScorer
 
 
 def spread(x, window):

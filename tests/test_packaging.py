@@ -159,8 +159,8 @@ def spy(name, globals=None, *args, **kwargs):
 builtins.__import__ = spy
 import kvpop_hf, kvpop_hf.decode_attention as a, kvpop_hf.decode_eviction as e, kvpop_hf.topk
 import kvpop_hf.scorers.mlstm_decode_triton as m
-kernels = {a: "_split_decode", e: "_evict_insert", m: "_mlstm_decode"}
-bound = [x.__name__ for x, k in kernels.items() if getattr(x, k) is not None or "tl" in vars(x)]
+kernels = {a: "split_decode_kernel", e: "evict_insert_kernel", m: "mlstm_decode_kernel"}
+bound = [x.__name__ for x, k in kernels.items() if getattr(x, k).defined() or "tl" in vars(x)]
 print(sorted(set(importers)), bound, [n for n in sys.modules if n.endswith("fenwick_triton")])
 """
     res = _run(code)

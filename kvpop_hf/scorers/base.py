@@ -19,7 +19,7 @@ from torch import nn
 class Scorer(nn.Module):
     """Base class. Subclasses implement :meth:`score` (stateless) or the stateful trio.
 
-    Three class attributes say what kind of scorer it is; the cache, its layers and the trainer read them
+    Four class attributes say what kind of scorer it is; the cache, its layers and the trainer read them
     (a subclass sets those that differ from the defaults here)."""
 
     stateful: bool = False
@@ -33,8 +33,13 @@ class Scorer(nn.Module):
 
     dynamic: bool = False
     """True: scores come from the model's attention probabilities, not from keys and values alone
-    (:class:`kvpop_hf.baselines.attention_policies.policies.AttentionPolicy`); ``KVpopCache`` then builds its layers
-    as :class:`~kvpop_hf.baselines.attention_policies.layer.DynamicScoreLayer`."""
+    (:class:`kvpop_hf.baselines.attention_policies.policies.AttentionPolicy`), and the scorer names the cache layer
+    that stores its entries (``layer_class``)."""
+
+    layer_class: type | None = None
+    """The class of ``KVpopCache``'s layers for this scorer (constructed as ``layer_class(shared, layer_idx)``);
+    None: :class:`kvpop_hf.layer.KVpopLayer`. The attention-based policies bring
+    :class:`~kvpop_hf.baselines.attention_policies.layer.DynamicScoreLayer`."""
 
     def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int):
         super().__init__()

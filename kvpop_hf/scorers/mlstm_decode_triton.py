@@ -28,7 +28,7 @@ import math
 import torch
 
 from ..decode_eviction import read_entry
-from ..kernels import next_pow2, require_triton
+from ..kernels import lazy_kernel, next_pow2
 from ..priority import decayed_priorities
 
 __all__ = ["mlstm_decode_kernel", "mlstm_decode_priority_reference", "mlstm_decode_priority_triton"]
@@ -45,17 +45,12 @@ def mlstm_decode_priority_reference(scorer, layer_idx: int, state, keys, values,
     return decayed_priorities(r, pos_r.clamp_min(0), log_gamma, decay_step)
 
 
-_mlstm_decode = None  # the Triton kernel, once mlstm_decode_kernel() has defined it
-
-
-def mlstm_decode_kernel():
+@lazy_kernel("mlstm_decode_priority_triton (Backends.mlstm_step='triton')",
+             hint="; or choose Backends(mlstm_step='torch') (KVPOP_MLSTM_STEP=torch)")
+def mlstm_decode_kernel(triton, tl):
     """The fused mLSTM decode-step kernel, defined on the first call (importing this module does not import
     triton); ImportError naming the fix without triton."""
-    global triton, tl, _project, _gate, _mlstm_decode  # module globals: Triton resolves a kernel's names there
-    if _mlstm_decode is not None:
-        return _mlstm_decode
-    triton, tl = require_triton("mlstm_decode_priority_triton (Backends.mlstm_step='triton')",
-                                hint="; or choose Backends(mlstm_step='torch') (KVPOP_MLSTM_STEP=torch)")
+    global _project, _gate  # module globals: the kernel calls them, and Triton resolves its names there
 
     @triton.jit
     def _project(xk, xv, w, od, odv, ods, md, mdv, mds, D: tl.constexpr, DV: tl.constexpr, DS: tl.constexpr):

@@ -20,28 +20,23 @@ the model is the base model (``kvpop_config.json``'s ``base_model``), and resumi
 
 from __future__ import annotations
 
-import copy
 import json
-import math
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 from torch import nn
-from torch.profiler import record_function
-from transformers import Trainer, TrainingArguments
+from transformers import TrainingArguments
 
 from .. import hub
 from ..config import KVpopConfig, model_shape
 from ..layer_types import config_layer_fields, layer_plan
 from ..scorers import build_scorer
 from .chunked_distillation import chunked_lm_loss
+from .distillation import DistillationTrainer, StudentPass
 from .hidden_states import head_weights, lm_head_of, unwrap_model
-from .merged_save import save_weights_as
 from .student import TRAIN_ATTN_NAME, StudentSettings, student_forward
 from .targets import reduce_power
-from .teacher_distillation import (distillation_from_hidden, final_logit_softcap, supervised_positions,
-                                   teacher_hidden_states)
+from .teacher_distillation import final_logit_softcap, supervised_positions
 
 SCORER_ATTR = "kvpop_scorer"
 LEARNED_SCORERS = ("mlp", "mlstm")
@@ -155,7 +150,7 @@ class KVpopTrainingArguments(TrainingArguments):
                            base_model=getattr(model_config, "_name_or_path", None) or None)
 
 
-class KVpopTrainer(Trainer):
+class KVpopTrainer(DistillationTrainer):
     """A `transformers.Trainer` that retrofits KVpop scorers (and optionally distils the backbone).
 
     Args:
@@ -170,9 +165,11 @@ class KVpopTrainer(Trainer):
 
     Rows of different lengths are padded on the right by `kvpop_hf.data.KVpopDataCollator` (the default
     ``data_collator``); padded positions take no part in the targets, the boundary loss or the distillation.
+    The shared sequence (teacher, step order, saves, resuming) is `DistillationTrainer`'s; the scorer (and the
+    decay, with ``log_gamma``) are its parts.
     """
 
-    loss_is_scaled_for_ga = False  # we return the mean loss of one micro-batch
+    train_attn_implementation = TRAIN_ATTN_NAME
 
     def __init__(self, model=None, args: KVpopTrainingArguments = None, teacher_model=None, scorer=None,
                  data_args=None, **kwargs):
@@ -186,34 +183,17 @@ class KVpopTrainer(Trainer):
             kwargs[key] = ensure_prepared(kwargs.get(key), tokenizer, data_args)
         if kwargs.get("data_collator") is None:
             kwargs["data_collator"] = KVpopDataCollator(getattr(tokenizer, "pad_token_id", None) or 0)
-        base = unwrap_model(model)
-        self.kvpop_config = args.kvpop_config(base.config)
+        self.kvpop_config = args.kvpop_config(unwrap_model(model).config)
         cfg = self.kvpop_config
         if scorer is None:
             scorer = build_scorer(cfg.scorer, cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, **cfg.scorer_kwargs)
-        scorer.requires_grad_(True)
         # the scorer lives inside the model so that optimisers, DDP/FSDP and checkpoints see it
-        base.add_module(SCORER_ATTR, scorer)
+        parts = {SCORER_ATTR: scorer.requires_grad_(True)}
         if args.log_gamma is not None:
             lg = torch.full((cfg.num_layers, cfg.num_kv_heads), float(args.log_gamma))
-            base.register_parameter(LOG_GAMMA_ATTR, nn.Parameter(lg, requires_grad=args.learn_decay))
-        self.is_peft = hasattr(model, "disable_adapter")
-        if not args.train_backbone:
-            for name, p in base.named_parameters():
-                if not name.startswith((SCORER_ATTR, LOG_GAMMA_ATTR)):
-                    p.requires_grad_(False)
-            teacher_model = None
-        elif teacher_model is None and not self.is_peft and args.distill_weight > 0:
-            teacher_model = copy.deepcopy(base)
-            for attr in (SCORER_ATTR, LOG_GAMMA_ATTR):
-                if hasattr(teacher_model, attr):
-                    delattr(teacher_model, attr)
-        if teacher_model is not None:
-            teacher_model.requires_grad_(False).eval()
-        self.teacher_model = teacher_model
-        base.set_attn_implementation(TRAIN_ATTN_NAME)
-        super().__init__(model=model, args=args, **kwargs)
-        self.model_accepts_loss_kwargs = False
+            parts[LOG_GAMMA_ATTR] = nn.Parameter(lg, requires_grad=args.learn_decay)
+        super().__init__(model, args, parts, teacher_model, distil=args.distill_weight > 0,
+                         train_backbone=args.train_backbone, **kwargs)
         self.settings = StudentSettings(sinks=args.sinks, window=args.window, topk=args.topk,
                                         decay_step=args.decay_step, tau=args.tau, omega=args.omega,
                                         target_lse=args.target_lse, target_agg=args.target_agg,
@@ -221,157 +201,69 @@ class KVpopTrainer(Trainer):
                                         topk_backend=args.topk_backend, attention_backend=args.attention_backend,
                                         target_backend=args.target_backend, attention_layout=args.attention_layout,
                                         targets=args.scorer in LEARNED_SCORERS)
-        self._kvpop_logs: dict[str, list[float]] = {}
 
     # -- parts --------------------------------------------------------------------------------
     @property
     def scorer(self):
-        return getattr(unwrap_model(self.model), SCORER_ATTR)
+        return self.part(SCORER_ATTR)
 
     def _log_gamma(self, model):
         return getattr(unwrap_model(model), LOG_GAMMA_ATTR, None)
 
-    def create_optimizer(self, model=None):
-        if self.optimizer is None and self.args.scorer_learning_rate is not None:
-            self.optimizer = two_group_optimizer(self, (SCORER_ATTR, LOG_GAMMA_ATTR), self.args.scorer_learning_rate)
-            return self.optimizer
-        return super().create_optimizer(model) if model is not None else super().create_optimizer()
+    def parts_learning_rate(self) -> float | None:
+        return self.args.scorer_learning_rate
 
-    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+    # -- the step -------------------------------------------------------------------------------
+    def student_pass(self, model, inputs) -> StudentPass:
         ids = inputs["input_ids"]
         self.max_seq_len_seen = max(getattr(self, "max_seq_len_seen", 0), ids.shape[1])
         real = right_padding_mask(inputs.get("attention_mask"))  # [B, S] bool or None (no padding)
         labels = inputs.get("labels")
         if real is not None:  # padded positions are never supervised, whatever the batch's labels hold there
             labels = (ids if labels is None else labels).masked_fill(~real, -100)
-        args = self.args
-        # Student first, teacher second: a LoRA teacher pass disables the adapters, and PEFT turns their
-        # requires_grad off meanwhile. Under FSDP2 the first forward of the run fixes each shard group's
-        # gradient dtype from the parameters that require grad at that moment; if that first forward were
-        # the teacher's, groups would get none and the bf16 gradients would later fail to land on the fp32
-        # shards (pytorch/pytorch#186998).
         token_mask = supervised_positions(labels)
-        if args.target_queries == "labels" and token_mask is None:
+        if self.args.target_queries == "labels" and token_mask is None:
             raise ValueError("target_queries='labels' needs labels in the batch (the supervised positions).")
-        query_mask = token_mask if args.target_queries == "labels" else real
+        query_mask = token_mask if self.args.target_queries == "labels" else real
         query_mask = query_mask if self.settings.targets else None
         # No full-vocabulary logits: the student returns its final hidden states and the LM head is applied
         # chunk by chunk inside the losses (chunked_distillation.py).
         outputs, record, hidden = student_forward(model, self.scorer, self.settings, self._log_gamma(model),
                                                   query_mask=query_mask, valid_queries=real, return_hidden=True,
                                                   layers=self.kvpop_config.layers, input_ids=ids)
-        distil = args.distill_weight > 0 and args.train_backbone
-        with record_function("kvpop.teacher_forward"):
-            teacher_hidden = teacher_hidden_states(model, self.teacher_model, ids) if distil else None
+        return StudentPass(outputs, hidden, record, labels, token_mask)
+
+    def training_loss(self, model, student: StudentPass, teacher_hidden):
+        args, record = self.args, student.record
         logs = {}  # name -> 0-d tensor, read back in one transfer at the end
-        loss = hidden.new_zeros((), dtype=torch.float32)
+        loss = student.hidden.new_zeros((), dtype=torch.float32)
         if self.settings.targets:
             b_loss = torch.stack(list(record.boundary.values())).mean()
             loss = args.boundary_weight * b_loss
             logs["boundary_loss"] = b_loss
         if teacher_hidden is not None:
-            with record_function("kvpop.distillation"):
-                d_loss = distillation_from_hidden(model, self.teacher_model, hidden, teacher_hidden,
-                                                  args.distill_temperature, token_mask)
+            d_loss = self.distillation_loss(model, student, teacher_hidden)
             loss = loss + args.distill_weight * d_loss
             logs["distill_loss"] = d_loss
-        elif not args.train_backbone and labels is not None:
+        elif not args.train_backbone and student.labels is not None:
             with torch.no_grad():
-                logs["student_lm_loss"] = chunked_lm_loss(hidden, *head_weights(lm_head_of(model)), labels,
-                                                          softcap=final_logit_softcap(model))
+                logs["student_lm_loss"] = chunked_lm_loss(student.hidden, *head_weights(lm_head_of(model)),
+                                                          student.labels, softcap=final_logit_softcap(model))
         if self.settings.targets:
             logs["teacher_topk_recall"] = torch.stack(list(record.teacher_recall.values())).nanmean()
             for li, r in record.teacher_recall.items():
                 logs[f"teacher_topk_recall/layer_{li}"] = r
             logs["teacher_keep_rate"] = torch.stack(list(record.keep_rate.values())).nanmean()
-        if logs:
-            values = torch.stack([v.detach().float().to(loss.device) for v in logs.values()]).tolist()
-            for key, value in zip(logs, values):
-                self._kvpop_logs.setdefault(key, []).append(value)
-        if return_outputs:
-            outputs.logits = lm_head_of(model)(hidden)  # evaluation asks for them (small batches)
-            return loss, outputs
-        return loss
-
-    def log(self, logs, start_time=None):
-        for key, values in self._kvpop_logs.items():
-            finite = [v for v in values if not math.isnan(v)]
-            if finite:
-                logs[key] = sum(finite) / len(finite)
-        self._kvpop_logs = {}
-        if start_time is None:
-            return super().log(logs)
-        return super().log(logs, start_time)
+        return loss, logs
 
     # -- checkpoints: model files + KVpop files in the same directory -------------------------------
-    def _save(self, output_dir=None, state_dict=None):
-        output_dir = output_dir if output_dir is not None else self.args.output_dir
-        if not self.args.train_backbone:  # the backbone is the unchanged base model: save what training made
-            self._save_scorer_only(output_dir)
-            return
-        if state_dict is None:
-            state_dict = self.model.state_dict()
-        state_dict = {k: v for k, v in state_dict.items() if SCORER_ATTR not in k and LOG_GAMMA_ATTR not in k}
-        base = unwrap_model(self.model)
-        scorer = base._modules.pop(SCORER_ATTR)
-        lg = base._parameters.pop(LOG_GAMMA_ATTR, None)
-        attn = base.config._attn_implementation
-        base.config._attn_implementation = "sdpa"  # the saved config loads anywhere
-        try:
-            super()._save(output_dir, state_dict=state_dict)
-        finally:
-            base.config._attn_implementation = attn
-            base.add_module(SCORER_ATTR, scorer)
-            if lg is not None:
-                base.register_parameter(LOG_GAMMA_ATTR, lg)
-        hub.save(output_dir, self.kvpop_config, scorer, None if lg is None else lg.detach())
+    def save_parts(self, output_dir, parts):
+        lg = parts.get(LOG_GAMMA_ATTR)
+        hub.save(output_dir, self.kvpop_config, parts[SCORER_ATTR], None if lg is None else lg.detach())
 
-    def _save_scorer_only(self, output_dir):
-        """The scorer (and decay) and the tokenizer; no copy of the frozen backbone."""
-        if not self.args.should_save:
-            return
-        Path(output_dir).mkdir(parents=True, exist_ok=True)
-        base = unwrap_model(self.model)
-        lg = base._parameters.get(LOG_GAMMA_ATTR)
-        hub.save(output_dir, self.kvpop_config, base._modules[SCORER_ATTR], None if lg is None else lg.detach())
-        if self.processing_class is not None:
-            self.processing_class.save_pretrained(output_dir)
-
-    def save_merged_model(self, output_dir=None, dtype: torch.dtype | None = None):
-        """Write a plain model directory: LoRA adapters merged into the weights (``merge_and_unload``, the
-        trainer's model is replaced by the merged one), ``config.json`` + ``model.safetensors`` (weights cast
-        to ``dtype`` if given), the tokenizer and the KVpop files, so ``AutoModelForCausalLM.from_pretrained(d)``
-        loads the student."""
-        output_dir = output_dir if output_dir is not None else self.args.output_dir
-        if not self.is_world_process_zero():
-            return
-        model = self.accelerator.unwrap_model(self.model) if hasattr(self, "accelerator") else self.model
-        if hasattr(model, "merge_and_unload"):
-            model = model.merge_and_unload()
-            self.model = model
-        base = unwrap_model(model)
-        scorer = base._modules.pop(SCORER_ATTR)
-        lg = base._parameters.pop(LOG_GAMMA_ATTR, None)
-        attn = base.config._attn_implementation
-        base.config._attn_implementation = "sdpa"
-        try:
-            save_weights_as(base, output_dir, dtype)
-        finally:
-            base.config._attn_implementation = attn
-            base.add_module(SCORER_ATTR, scorer)
-            if lg is not None:
-                base.register_parameter(LOG_GAMMA_ATTR, lg)
-        for name in ("adapter_model.safetensors", "adapter_config.json"):  # a stale adapter would shadow the model
-            (Path(output_dir) / name).unlink(missing_ok=True)
-        if self.processing_class is not None:
-            self.processing_class.save_pretrained(output_dir)
-        hub.save(output_dir, self.kvpop_config, scorer, None if lg is None else lg.detach())
-
-    def _load_from_checkpoint(self, resume_from_checkpoint, model=None):
-        if self.args.train_backbone:  # a scorer-only checkpoint holds no backbone: the loaded one is unchanged
-            super()._load_from_checkpoint(resume_from_checkpoint, model)
-        _, state, log_gamma = hub.load(resume_from_checkpoint)
-        hub.load_scorer_state(self.scorer, state, resume_from_checkpoint)
+    def load_parts(self, checkpoint_dir):
+        _, state, log_gamma = hub.load(checkpoint_dir)
+        hub.load_scorer_state(self.scorer, state, checkpoint_dir)
         lg = self._log_gamma(self.model)
         if lg is not None and log_gamma is not None:
             with torch.no_grad():
@@ -403,17 +295,3 @@ def right_padding_mask(attention_mask: torch.Tensor | None) -> torch.Tensor | No
     if bool((lengths == 0).any()):
         raise ValueError("a row of the batch has no tokens (all padding): drop empty rows from the dataset.")
     return real
-
-
-def two_group_optimizer(trainer: Trainer, names: tuple[str, ...], lr: float):
-    """The trainer's optimizer class over two groups: the trainable parameters whose name contains one of
-    ``names`` (learning rate ``lr``, no weight decay; a scorer or a gate) and every other trainable one
-    (the trainer's learning rate and weight decay; LoRA adapters or the backbone)."""
-    own = [p for n, p in trainer.model.named_parameters() if p.requires_grad and any(k in n for k in names)]
-    ids = {id(p) for p in own}
-    other = [p for p in trainer.model.parameters() if p.requires_grad and id(p) not in ids]
-    optim_cls, optim_kwargs = Trainer.get_optimizer_cls_and_kwargs(trainer.args, trainer.model)
-    groups = [{"params": own, "lr": lr, "weight_decay": 0.0}]
-    if other:
-        groups.append({"params": other, "weight_decay": trainer.args.weight_decay})
-    return optim_cls(groups, **optim_kwargs)

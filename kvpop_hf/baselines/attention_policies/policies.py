@@ -22,14 +22,17 @@ import torch
 from torch.nn import functional as F
 
 from ...scorers.base import Scorer, check_scorer_option
+from .layer import DynamicScoreLayer
 
 NEG_INF = float("-inf")
 
 
 class AttentionPolicy(Scorer):
-    """Base of the dynamic-score policies (``dynamic = True`` selects the dynamic layer)."""
+    """Base of the dynamic-score policies: their scores change every step, so KVpopCache stores their entries in
+    :class:`~.layer.DynamicScoreLayer`."""
 
     dynamic = True
+    layer_class = DynamicScoreLayer
     decode_scores = True  # whether a decode step's attention probabilities are needed
 
     def score(self, layer_idx, keys, values, positions):
