@@ -1,6 +1,5 @@
 """One compiled-FlexAttention helper serves the inference attention and the training passes."""
 
-import pytest
 import torch
 from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
