@@ -20,7 +20,7 @@ def _flex_fns(device_type: str):
     (kvpop_hf/flex_compiled.py)."""
     from .flex_compiled import compiled_create_block_mask, compiled_flex
 
-    return compiled_flex(device_type), compiled_create_block_mask(device_type)
+    return compiled_flex(device_type, None), compiled_create_block_mask(device_type, None)
 
 
 def flex_chunk_attention(plan, query, key, value, scaling, backends: Backends | None = None):

@@ -242,6 +242,11 @@ def test_the_trainer_takes_its_backends_from_the_record(tmp_path, monkeypatch):
         args(tmp_path)
 
     monkeypatch.setenv("KVPOP_TRAIN_ATTENTION", "flex")
+    from transformers import HfArgumentParser  # the command line's flag (kvpop-retrofit --backends JSON)
+
+    parsed, = HfArgumentParser(KVpopTrainingArguments).parse_args_into_dataclasses(
+        args=["--output_dir", str(tmp_path), "--scorer", "mlp", "--backends", '{"target_pass": "flex"}'])
+    assert parsed.backends == {"target_pass": "flex"}
     a = args(tmp_path, backends=Backends(running_topk="wavelet"))
     assert a.backends == {"running_topk": "wavelet"}  # kept as the given fields: TrainingArguments stay JSON
     json.loads(a.to_json_string())
