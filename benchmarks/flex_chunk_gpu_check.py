@@ -3,8 +3,9 @@
     python benchmarks/flex_chunk_gpu_check.py [--out results.json] [--budget-s 180]
 
 Checks, per arch and dtype: whole-prompt and mixed-size chunked prefill, and left-padded generate with
-prefill_chunk_size, flex vs dense (and vs fp32 CPU dense); the CUDA running-top-k cutoff (Triton)
-vs the plain reference on random plans; then, time permitting, one larger chunk (timing, peak memory).
+prefill_chunk_size, flex vs dense (and vs fp32 CPU dense); each variant of the chunk cutoff on CUDA
+(``Backends._chunk_cutoff``: blocked, and the torch / wavelet / Triton running top-k sweeps) vs the plain
+reference on random plans; then, time permitting, one larger chunk (timing, peak memory).
 """
 
 from __future__ import annotations
@@ -55,9 +56,12 @@ def compare(name, a, b, ref_cpu=None):
     return d
 
 
+CUTOFF_VARIANTS = ("blocked", "torch", "wavelet", "triton")
+
+
 def cutoff_checks(dev):
     g = torch.Generator().manual_seed(0)
-    bad = 0
+    bad = dict.fromkeys(CUTOFF_VARIANTS, 0)
     for trial in range(20):
         b, h = 2, 4
         n_old, L = int(torch.randint(0, 300, (1,), generator=g)), int(torch.randint(1, 300, (1,), generator=g))
@@ -74,9 +78,11 @@ def cutoff_checks(dev):
         pos[:, :, n_old:] = qpos[:, None]
         order = torch.stack([torch.randperm(C, generator=g) for _ in range(b * h)]).view(b, h, C)
         args = [x.to(dev) for x in (pos, order, qpos)] + [s, w, k]
-        fast = chunk_cutoff(*args)  # Triton Fenwick on CUDA
-        bad += int(not torch.equal(fast, chunk_cutoff_reference(*args)))
-    log(check="cutoff_triton_vs_reference", trials=20, mismatches=bad)
+        ref = chunk_cutoff_reference(*args)
+        for variant in CUTOFF_VARIANTS:
+            bad[variant] += int(not torch.equal(chunk_cutoff(*args, backend=variant), ref))
+    for variant in CUTOFF_VARIANTS:
+        log(check=f"cutoff_{variant}_vs_reference", trials=20, mismatches=bad[variant])
 
 
 def model_checks(dev, archs=("qwen3", "llama"), dtypes=("float32", "bfloat16", "float16")):

@@ -181,7 +181,7 @@ def layer_section(args, S, device, dtype, bench: Bench, rec: Recorder, state: di
     prio = torch.randn(1, Hkv, S, generator=gen).to(device)
     sinks, window = args.sinks, args.window
     groups = H // Hkv
-    tb = args.topk_backend
+    tb = args.running_topk
 
     with torch.no_grad():
         # (a) dense teacher attention
@@ -323,7 +323,8 @@ def full_model_section(args, seq_lens, device, dtype, bench: Bench, rec: Recorde
         sec = f"full S={S}"
         budget = int(S // args.compression)
         topk = max(1, budget - args.sinks - args.window)
-        settings = StudentSettings(sinks=args.sinks, window=args.window, topk=topk, topk_backend=args.topk_backend)
+        settings = StudentSettings(sinks=args.sinks, window=args.window, topk=topk,
+                                   backends={"running_topk": args.running_topk})
         gen = torch.Generator(device="cpu").manual_seed(args.seed + 7 * S)
         ids = torch.randint(0, args.vocab, (1, S), generator=gen).to(device)
 
@@ -459,7 +460,8 @@ def parse_args(argv=None):
     p.add_argument("--sinks", type=int, default=4)
     p.add_argument("--window", type=int, default=256)
     p.add_argument("--compression", type=float, default=8.0, help="budget B = S / compression; topk = B - sinks - window")
-    p.add_argument("--topk-backend", default="auto", help="running top-k backend used inside (b)/(f)/full model")
+    p.add_argument("--running-topk", default="auto", choices=("auto", "torch", "wavelet", "triton"),
+                   help="Backends.running_topk used inside (b)/(f)/full model (docs/backends.md)")
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--repeats", type=int, default=10)
     p.add_argument("--reference-repeats", type=int, default=5, help="cap on repeats for (d) (S x S maps)")

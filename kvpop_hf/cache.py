@@ -58,8 +58,8 @@ class KVpopCache(Cache):
         log_gamma, decay_step: optional recency decay shared by all heads.
         scorer_kwargs: keyword arguments of the scorer (e.g. ``{"hidden": 64}`` for "mlp").
         backends: which implementation runs each fast path, a :class:`~kvpop_hf.backends.Backends` or a dict of
-            its fields (docs/backends.md); unset fields come from ``KVPOP_*`` environment variables, else the
-            device's default. A runtime choice: not part of the saved config.
+            its fields (docs/backends.md; the layers run its inference fields); unset fields come from ``KVPOP_*``
+            environment variables, else the device's default. A runtime choice: not part of the saved config.
         offloading: must stay False (see ``OFFLOADING_UNSUPPORTED``); each layer's ``offload()``/``prefetch()`` move
             all of its tensors (keys, values, positions, priorities, counters, scorer state).
 

@@ -12,32 +12,30 @@ from __future__ import annotations
 
 from torch.nn import functional as F
 
-from .backends import Backends
-
-_DYNAMIC = {"auto": None, "true": True, "false": False}
+from .backends import INFERENCE_FIELDS, Backends
 
 
-def _flex_fns(device_type: str, flex_dynamic: str = "auto"):
-    """``(flex_attention, create_block_mask)``, compiled on CUDA with ``dynamic`` from ``flex_dynamic``
-    (``auto``: torch's default; kvpop_hf/flex_compiled.py)."""
+def _flex_fns(device_type: str):
+    """``(flex_attention, create_block_mask)``, compiled on CUDA with torch's default ``dynamic``
+    (kvpop_hf/flex_compiled.py)."""
     from .flex_compiled import compiled_create_block_mask, compiled_flex
 
-    dynamic = _DYNAMIC[flex_dynamic]
-    return compiled_flex(device_type, dynamic), compiled_create_block_mask(device_type, dynamic)
+    return compiled_flex(device_type, None), compiled_create_block_mask(device_type, None)
 
 
 def flex_chunk_attention(plan, query, key, value, scaling, backends: Backends | None = None):
     """FlexAttention over the chunk's candidates. ``backends`` (resolved; default: the device's) gives the block
-    mask: ``interval`` (the default) reorders the candidates so that each query block visits about ``B / 128``
-    key blocks (kvpop_hf/interval_mask.py), ``tiled`` keeps plan order with the rank/cutoff block flags,
-    ``create`` uses ``create_block_mask``; and the cutoff (``chunk_cutoff``) and ``flex_dynamic``."""
-    backends = backends or Backends.defaults(query.device)
+    mask (``_flex_block_mask``): ``interval`` (the default) reorders the candidates so that each query block visits
+    about ``B / 128`` key blocks (kvpop_hf/interval_mask.py), the variants ``tiled`` (plan order with the
+    rank/cutoff block flags) and ``create`` (``create_block_mask``) keep plan order; and the cutoff
+    (``_chunk_cutoff``)."""
+    backends = backends or Backends.defaults(query.device, INFERENCE_FIELDS)
     b, hq, L, _ = query.shape
     hkv, C = key.shape[1], key.shape[2]
     groups = hq // hkv
-    flex, make_block_mask = _flex_fns(query.device.type, backends.flex_dynamic)
-    cm = plan.compact(backend=backends.chunk_cutoff)
-    layout = backends.flex_block_mask
+    flex, make_block_mask = _flex_fns(query.device.type)
+    cm = plan.compact(backend=backends._chunk_cutoff)
+    layout = backends._flex_block_mask
     if layout == "interval":
         from .interval_mask import interval_block_mask, interval_chunk_mask, interval_layout
 

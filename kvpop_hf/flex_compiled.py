@@ -7,9 +7,8 @@ One compiled function per ``(device type, dynamic)``, made on first use:
   shape gives kernels specialised to it; dynamo's recompile limit is raised, for these calls only
   (``torch._dynamo.config.patch`` around each call, the global config is left alone), so that the shapes x
   grad modes x mask codes never exceed it (past it, torch.compile silently falls back to eager flex);
-* inference (torch's default ``dynamic=None``, or ``Backends.flex_dynamic`` ``true``/``false``,
-  docs/backends.md): the candidates of a prompt chunk grow with every chunk, so after the first shape torch
-  recompiles once with dynamic shapes instead of once per length.
+* inference (torch's default ``dynamic=None``): the candidates of a prompt chunk grow with every chunk, so
+  after the first shape torch recompiles once with dynamic shapes instead of once per length.
 """
 
 from __future__ import annotations
@@ -42,8 +41,8 @@ def compiled_flex(device_type: str, dynamic: bool | None = None):
 
 @functools.lru_cache(maxsize=None)
 def compiled_create_block_mask(device_type: str, dynamic: bool | None = None):
-    """``create_block_mask``, compiled like :func:`compiled_flex` (only ``Backends.flex_block_mask="create"`` uses
-    it)."""
+    """``create_block_mask``, compiled like :func:`compiled_flex` (only the private variant
+    ``Backends(_flex_block_mask="create")`` uses it)."""
     from torch.nn.attention.flex_attention import create_block_mask
 
     return _compiled(create_block_mask, device_type, dynamic)

@@ -12,12 +12,12 @@ where ``cutoff_j`` is the rank of the k-th best candidate eligible at ``q_j`` (`
 ``k`` are eligible, ``-1`` if ``k == 0``). A padding query (``q_j < 0``) sees only its own new
 token, candidate ``n_old + j``. That is exactly ``ChunkPlan.visibility()``.
 
-``cutoff`` is computed with the running top-k machinery of :mod:`kvpop_hf.topk` through a small
-adapter (:func:`chunk_cutoff`): candidates are laid out as a sequence sorted by eligibility time
-(position), with priority ``-rank`` so that the sequence's priority ranks are the plan's ranks, and
-the running top-k with ``sinks=0, window=1`` answers "k-th best among the first ``n`` candidates"
-for every ``n``; query ``j`` reads it at ``n_j = #{c : s <= p_c <= q_j - w}`` (a ``searchsorted``).
-On CUDA the Fenwick-tree Triton kernel makes this ``O(C log C)`` time and ``O(C)`` memory per head.
+``cutoff`` comes from :func:`chunk_cutoff`: by default :func:`blocked_chunk_cutoff`, in parallel over
+blocks of queries; its variants run the running top-k machinery of :mod:`kvpop_hf.topk` instead:
+candidates are laid out as a sequence sorted by eligibility time (position), with priority ``-rank`` so
+that the sequence's priority ranks are the plan's ranks, and the running top-k with ``sinks=0, window=1``
+answers "k-th best among the first ``n`` candidates" for every ``n``; query ``j`` reads it at
+``n_j = #{c : s <= p_c <= q_j - w}`` (a ``searchsorted``). :func:`chunk_cutoff_reference` is the plain count.
 """
 
 from __future__ import annotations
@@ -70,28 +70,21 @@ def ranks_of(order: torch.Tensor) -> torch.Tensor:
     return torch.empty_like(order).scatter_(-1, order, torch.arange(C, device=order.device).expand_as(order))
 
 
-def _topk_backend(device: torch.device, backend: str | None) -> str:
-    """The cutoff backend for tensors on ``device``: ``backend``, or ``"auto"`` for None, resolved for the device
-    like ``Backends.chunk_cutoff`` (``blocked`` on every device; ``triton`` refused without Triton, or off CUDA
-    without the interpreter)."""
-    from .backends import resolve_choice
-
-    return resolve_choice("chunk_cutoff", "auto" if backend is None else backend, device)
-
-
 def chunk_cutoff(pos: torch.Tensor, order: torch.Tensor, query_pos: torch.Tensor, sinks: int, window: int,
-                 topk: int, backend: str | None = None, rank: torch.Tensor | None = None) -> torch.Tensor:
+                 topk: int, backend: str = "blocked", rank: torch.Tensor | None = None) -> torch.Tensor:
     """``cutoff [b,h,L]`` (int64) via the running top-k (see module docstring).
 
     pos ``[b,h,C]``, order ``[b,h,C]`` (candidate indices, best first), query_pos ``[b,L]``.
-    ``backend``: ``"blocked"`` (the default on every device, :func:`blocked_chunk_cutoff`: parallel over query
-    blocks) or a :func:`kvpop_hf.topk.running_topk` backend (``"torch"``, ``"wavelet"``, ``"triton"``: a running
-    top-k per head); None or ``"auto"``: the device's default (``Backends.chunk_cutoff``, docs/backends.md).
+    ``backend`` (the private variant ``Backends._chunk_cutoff``): ``"blocked"`` (the default,
+    :func:`blocked_chunk_cutoff`: parallel over query blocks) or a :func:`kvpop_hf.topk.running_topk` backend
+    (``"torch"``, ``"wavelet"``, ``"triton"``: a running top-k sweep per head); each equals
+    :func:`chunk_cutoff_reference` (tests/test_flex_chunk_attention.py).
     ``rank``: :func:`ranks_of` ``(order)`` when the caller has it already.
     """
+    from .backends import resolve_choice
     from .topk import running_topk
 
-    backend = _topk_backend(pos.device, backend)
+    backend = resolve_choice("_chunk_cutoff", backend, pos.device)
     if backend == "blocked":
         return blocked_chunk_cutoff(pos, order, query_pos, sinks, window, topk, rank=rank)
     b, h, C = pos.shape
@@ -199,7 +192,7 @@ def chunk_cutoff_reference(pos: torch.Tensor, order: torch.Tensor, query_pos: to
 
 
 def compact_chunk_mask(pos, order, query_pos, sinks, window, topk, reference: bool = False,
-                       backend: str | None = None) -> CompactChunkMask:
+                       backend: str = "blocked") -> CompactChunkMask:
     b, h, C = pos.shape
     L = query_pos.shape[-1]
     dev = pos.device

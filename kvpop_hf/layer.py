@@ -21,6 +21,7 @@ import torch
 from transformers.cache_utils import CacheLayerMixin
 
 from .allocation import check_fits, layer_bytes, slots_for_topk, too_large
+from .backends import INFERENCE_FIELDS
 from .chunk_attention import attend_chunk
 from .decode_attention import decode_attention_for
 from .decode_eviction import eviction_for, read_entry, ring_slot
@@ -111,11 +112,11 @@ class ChunkPlan:
         own[..., torch.arange(L), n_old + torch.arange(L)] = True
         return torch.where(q < 0, own, vis)
 
-    def compact(self, reference: bool = False, backend: str | None = None):
+    def compact(self, reference: bool = False, backend: str = "blocked"):
         """The same visibility without an ``[L x C]`` mask: a :class:`kvpop_hf.flex_mask.CompactChunkMask`
         (``cand_rank``/``cand_pos [b,h,C]``, ``query_pos [b,L]``, ``cutoff [b,h,L]``) whose ``mask_mod``
-        equals ``visibility()``. ``cutoff`` comes from the running top-k (``O(C log C)`` on CUDA);
-        ``reference=True`` uses the plain ``O(L*C)`` count instead."""
+        equals ``visibility()``. ``cutoff`` comes from :func:`kvpop_hf.flex_mask.chunk_cutoff` (``backend``: its
+        variant); ``reference=True`` uses the plain ``O(L*C)`` count instead."""
         from .flex_mask import compact_chunk_mask
 
         return compact_chunk_mask(self.pos, self.order, self.query_pos, self.sinks, self.window, self.topk,
@@ -228,8 +229,8 @@ class KVpopLayer(CacheLayerMixin):
         self.tokens = self.tokens.to(self.device)
         self.scorer = scorer = self.shared.scorers.on(self.device)  # this layer's device: nothing moves per step
         self.state = scorer.init_state(self.layer_idx, b, self.device) if scorer.stateful else None
-        # the implementations, chosen once for this device (docs/backends.md)
-        self.backends = backends = self.shared.backends.resolve(self.device)
+        # the inference implementations, chosen once for this device (docs/backends.md)
+        self.backends = backends = self.shared.backends.resolve(self.device, INFERENCE_FIELDS)
         self._evict = eviction_for(backends.decode_eviction)
         self._decode_attention = decode_attention_for(backends.decode_attention)
         # the scorer's fused decode step, or None: the torch path

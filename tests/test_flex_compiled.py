@@ -1,6 +1,5 @@
 """One compiled-FlexAttention helper serves the inference attention and the training passes."""
 
-import pytest
 import torch
 from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
@@ -21,8 +20,6 @@ def test_one_compiled_function_per_device_and_policy():
     train, infer = sparse_attention._flex(cuda), chunk_attention._flex_fns("cuda")[0]
     assert train is compiled_flex("cuda", TRAINING_DYNAMIC) and train is sparse_attention._flex(cuda)
     assert infer is compiled_flex("cuda", None) and infer is not train and infer is not flex_attention
-    assert chunk_attention._flex_fns("cuda", "true")[0] is compiled_flex("cuda", True)
-    assert chunk_attention._flex_fns("cuda", "false")[0] is train
 
 
 def test_the_training_flex_raises_the_recompile_limit_for_its_calls_only(monkeypatch):

@@ -70,3 +70,28 @@ def test_dms_rows_cpu(tmp_path):
     kv = {r["context"]: r for r in rows if r["cache"] == "kvpop-knorm" and r["mode"] == "eager"}
     assert float(dms["200"]["cache_mb"]) > 0 and float(kv["200"]["cache_mb"]) > 0
     assert "kept_per_head" in prefix.with_suffix(".md").read_text()
+
+
+def test_the_run_backends_are_a_record_not_the_environment():
+    """--mlstm-step and a kernel that disagreed with its reference reach the caches as a Backends record; the
+    run leaves the environment as it found it."""
+    import os
+    from types import SimpleNamespace
+
+    import torch
+
+    from kvpop_hf import Backends
+
+    before = dict(os.environ)
+    notes = []
+    agreed = ("eviction kernel check on cuda: 20/20 random states equal", "decode attention check (agreed)",
+              "mLSTM step kernel check (agreed)")
+    cuda = torch.device("cuda")
+    assert generation_speed.run_backends(SimpleNamespace(mlstm_step="torch"), cuda, *agreed, notes) == \
+        Backends(mlstm_step="torch")
+    assert notes == ["mLSTM decode step: the torch path"]
+    disagreed = ("eviction kernel check on cuda: 19/20 random states equal",
+                 "decode attention check (disagreed: this run decodes with the reference)", "mLSTM (disagreed)")
+    record = generation_speed.run_backends(SimpleNamespace(mlstm_step="triton"), cuda, *disagreed, notes)
+    assert record == Backends(mlstm_step="torch", decode_eviction="torch", decode_attention="torch")
+    assert dict(os.environ) == before

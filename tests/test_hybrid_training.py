@@ -36,8 +36,8 @@ def test_student_forward_matches_the_cache_and_the_teacher_matches_eager(name):
         dense = model(ids, **with_cache(model, DynamicCache(config=model.config))).logits
     model.set_attn_implementation("kvpop_train")
     layers = cache.kvpop_config.layers
-    for backend in ("flex", "reference"):
-        st = StudentSettings(decay_step=4, attention_backend=backend, **BUDGET)
+    for backend in ("flex", "dense"):
+        st = StudentSettings(decay_step=4, backends={"train_attention": backend}, **BUDGET)
         with torch.no_grad():
             out, rec = student_forward(model, cache.scorer, st, cache.log_gamma, layers=layers, input_ids=ids)
         torch.testing.assert_close(out.logits, expect, atol=5e-5, rtol=0)

@@ -83,6 +83,7 @@ def test_default_segment():
 
 
 def test_unknown_layout_is_refused(tmp_path):
-    with pytest.raises(ValueError, match="attention_layout must be 'interval' or 'analytic'"):
+    refused = r"Backends\(_train_block_mask=...\) must be one of \('interval', 'analytic'\)"
+    with pytest.raises(ValueError, match=refused):
         KVpopTrainingArguments(output_dir=str(tmp_path), sinks=2, window=4, topk=4, scorer="mlp",
-                               attention_layout="sorted")
+                               backends={"_train_block_mask": "sorted"})

@@ -105,6 +105,7 @@ import torch
 import kvpop_hf
 from helpers import tiny_model
 from kvpop_hf import Backends, KVpopCache
+from kvpop_hf.backends import INFERENCE_FIELDS
 from kvpop_hf.compat import with_cache
 from kvpop_hf.decode_attention import decode_attention_for, split_decode_kernel
 from kvpop_hf.scorers.mlstm_decode_triton import mlstm_decode_priority_reference  # noqa: F401
@@ -117,13 +118,13 @@ with torch.no_grad():
     for i in range(12):
         model(torch.tensor([[5 + i]]), **with_cache(model, cache))
 assert cache.get_seq_length() == 21
-assert cache.layers[0].backends == Backends.defaults("cpu")
+assert cache.layers[0].backends == Backends.defaults("cpu", INFERENCE_FIELDS)
 running_topk(torch.randn(2, 16), 1, 2, 3)
 assert not [m for m in sys.modules if m.startswith("kvpop_hf") and m.endswith("fenwick_triton")]
 errors = []
 calls = [lambda: running_topk(torch.randn(2, 16), 1, 2, 3, backend="triton"), split_decode_kernel,
          lambda: decode_attention_for("triton"), lambda: Backends(mlstm_step="triton").resolve("cpu"),
-         lambda: Backends().resolve("cuda"), lambda: Backends(chunk_cutoff="triton").resolve("cpu")]
+         lambda: Backends().resolve("cuda"), lambda: Backends(_chunk_cutoff="triton").resolve("cpu")]
 for call in calls:
     try:
         call()

@@ -8,7 +8,8 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from helpers import distinct_ids, tiny_model
-from kvpop_hf import KVpopCache
+from kvpop_hf import Backends, KVpopCache
+from kvpop_hf.backends import CHOICES, env_var
 from kvpop_hf.compat import with_cache
 from kvpop_hf.trainer import KVpopTrainer, KVpopTrainingArguments, StudentSettings, student_forward
 
@@ -36,8 +37,8 @@ def test_student_forward_matches_cache():
         with torch.no_grad():
             expect = model(ids, **with_cache(model, cache)).logits
         model.set_attn_implementation("kvpop_train")
-        for backend in ("flex", "reference"):
-            st = StudentSettings(decay_step=4, attention_backend=backend, **BUDGET)
+        for backend in ("flex", "dense"):
+            st = StudentSettings(decay_step=4, backends={"train_attention": backend}, **BUDGET)
             with torch.no_grad():
                 out, rec = student_forward(model, cache.scorer, st, cache.log_gamma, input_ids=ids)
             got = out.logits
@@ -150,9 +151,9 @@ def test_max_target_trains_and_bad_combinations(tmp_path):
     with pytest.raises(ValueError, match="target_reduce: reduce must be 'mean', 'max' or 'p<x>'"):
         args(tmp_path, target_reduce="sum")
     with pytest.raises(ValueError, match="chunked target pass"):
-        args(tmp_path, target_reduce="p4", target_backend="flex")
+        args(tmp_path, target_reduce="p4", backends={"target_pass": "flex"})
     with pytest.raises(ValueError, match="chunked target pass"):
-        args(tmp_path, target_reduce="max", target_backend="flex")
+        args(tmp_path, target_reduce="max", backends='{"target_pass": "flex"}')
     model = tiny_model("qwen3", attn="sdpa")
     data = dataset(n=2, length=48) * 8
     a = args(tmp_path, train_backbone=False, max_steps=30, learning_rate=1e-2, scorer="mlp", scorer_kwargs="{}",
@@ -185,7 +186,7 @@ def test_student_forward_uses_the_max_target(monkeypatch):
     losses = {}
     for reduce in ("mean", "max", "p4"):
         calls.clear()
-        st = StudentSettings(attention_backend="reference", target_reduce=reduce, **BUDGET)
+        st = StudentSettings(backends={"train_attention": "dense"}, target_reduce=reduce, **BUDGET)
         with torch.no_grad():
             _, rec = student_forward(model, cache.scorer, st, None, input_ids=ids)
         losses[reduce] = torch.stack([rec.boundary[i] for i in sorted(rec.boundary)])
@@ -219,3 +220,53 @@ def test_mlstm_trains_with_the_token_term_unless_told_otherwise(tmp_path):
     # the scorer class keeps the paper's readout: a checkpoint config that does not name the option loads as trained
     from kvpop_hf.scorers import build_scorer
     assert build_scorer("mlstm", 2, 2, 8).token_readout is False
+
+
+def test_the_trainer_takes_its_backends_from_the_record(tmp_path, monkeypatch):
+    """args.backends (a Backends, a dict or JSON): a bad choice is refused with the allowed values when the
+    arguments are built; KVPOP_<FIELD> gives the default, an explicit field wins; the trainer resolves the record
+    once, for args.device, before it touches the model, and a later change of the environment reaches nothing."""
+    import kvpop_hf.topk as topk
+
+    for name in CHOICES:
+        monkeypatch.delenv(env_var(name), raising=False)
+    with pytest.raises(ValueError, match=r"Backends\(running_topk=...\) must be one of \('auto', 'torch', 'wavelet', "
+                                         r"'triton'\), got 'fenwick'"):
+        args(tmp_path, backends={"running_topk": "fenwick"})
+    with pytest.raises(ValueError, match=r"Unknown backends \['attention_backend'\]; the choices are"):
+        args(tmp_path, backends='{"attention_backend": "flex"}')
+    with pytest.raises(ValueError, match="backends must be a JSON object"):
+        args(tmp_path, backends="running_topk=torch")
+    monkeypatch.setenv("KVPOP_TRAIN_ATTENTION", "sparse")
+    with pytest.raises(ValueError, match=r"KVPOP_TRAIN_ATTENTION must be one of \('auto', 'dense', 'flex'\)"):
+        args(tmp_path)
+
+    monkeypatch.setenv("KVPOP_TRAIN_ATTENTION", "flex")
+    from transformers import HfArgumentParser  # the command line's flag (kvpop-retrofit --backends JSON)
+
+    parsed, = HfArgumentParser(KVpopTrainingArguments).parse_args_into_dataclasses(
+        args=["--output_dir", str(tmp_path), "--scorer", "mlp", "--backends", '{"target_pass": "flex"}'])
+    assert parsed.backends == {"target_pass": "flex"}
+    a = args(tmp_path, backends=Backends(running_topk="wavelet"))
+    assert a.backends == {"running_topk": "wavelet"}  # kept as the given fields: TrainingArguments stay JSON
+    json.loads(a.to_json_string())
+    trainer = KVpopTrainer(model=tiny_model("qwen3", attn="sdpa"), args=a, train_dataset=dataset())
+    assert trainer.settings.backends == Backends(running_topk="wavelet", train_attention="flex", target_pass="chunked",
+                                                 _train_block_mask="interval")
+    explicit = KVpopTrainer(model=tiny_model("qwen3", attn="sdpa"), train_dataset=dataset(),
+                            args=args(tmp_path, backends={"train_attention": "dense"}))
+    assert explicit.settings.backends.train_attention == "dense"
+
+    monkeypatch.setenv("KVPOP_RUNNING_TOPK", "torch")  # read at resolve time only: the trainer keeps its wavelet
+    calls = []
+    wavelet = topk.running_topk_wavelet
+    monkeypatch.setattr(topk, "running_topk_wavelet", lambda *a: calls.append("wavelet") or wavelet(*a))
+    with torch.no_grad():
+        trainer.compute_loss(trainer.model, trainer.data_collator(dataset(n=1)))
+    assert calls and set(calls) == {"wavelet"}
+
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    model = tiny_model("qwen3", attn="sdpa")
+    with pytest.raises(RuntimeError, match=r"running_topk backend 'triton' runs on CUDA.*KVPOP_RUNNING_TOPK=torch"):
+        KVpopTrainer(model=model, args=args(tmp_path, backends={"running_topk": "triton"}), train_dataset=dataset())
+    assert not hasattr(model, "kvpop_scorer")  # refused before any work

@@ -30,14 +30,14 @@ def test_collator_pads_on_the_right_with_mask_and_ignored_labels():
         KVpopDataCollator()([{"input_ids": []}])
 
 
-@pytest.mark.parametrize("backend", ["reference", "flex"])
+@pytest.mark.parametrize("backend", ["dense", "flex"])
 def test_padded_rows_give_each_real_position_what_the_row_alone_gives(backend):
     model = tiny_model("qwen3")
     model.set_attn_implementation("kvpop_train")
     from kvpop_hf.scorers import build_scorer
 
     scorer = build_scorer("mlstm", 2, 2, 16, state_dim=8)
-    st = StudentSettings(attention_backend=backend, decay_step=4, **BUDGET)
+    st = StudentSettings(backends={"train_attention": backend}, decay_step=4, **BUDGET)
     rows = [distinct_ids(1, 40, seed=1)[0], distinct_ids(1, 23, seed=2)[0]]
     batch = KVpopDataCollator(0)([{"input_ids": r} for r in rows])
     real = batch["attention_mask"].bool()
@@ -48,13 +48,13 @@ def test_padded_rows_give_each_real_position_what_the_row_alone_gives(backend):
             torch.testing.assert_close(out.logits[b, :len(r)], alone.logits[0], atol=2e-5, rtol=0)
 
 
-@pytest.mark.parametrize("backends", [dict(), dict(attention_backend="flex", target_backend="flex")])
+@pytest.mark.parametrize("backends", [{}, {"train_attention": "flex", "target_pass": "flex"}])
 def test_a_padded_row_trains_as_the_row_alone(tmp_path, backends):
     """compute_loss (boundary loss + distillation, targets over the real queries only) on a row padded to a
     longer batch equals compute_loss on the row alone: CPU defaults (reference sparse attention, chunked target
     pass) and the FlexAttention sparse attention and transposed target pass (the CUDA defaults)."""
     model = tiny_model("qwen3", attn="sdpa")
-    trainer = KVpopTrainer(model=model, args=_args(tmp_path, log_gamma=-0.2, decay_step=4, **backends),
+    trainer = KVpopTrainer(model=model, args=_args(tmp_path, log_gamma=-0.2, decay_step=4, backends=backends),
                            train_dataset=[{"input_ids": distinct_ids(1, 30)[0]}])
     row = distinct_ids(1, 30, seed=3)[0]
     alone = KVpopDataCollator(0)([{"input_ids": row}])

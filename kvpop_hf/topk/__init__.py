@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import torch
 
+from ..backends import resolve_choice
 from .reference import (
     RunningTopK,
     _validate,
@@ -36,8 +37,6 @@ __all__ = [
     "running_topk_wavelet",
     "sparse_mask_reference",
 ]
-
-_BACKENDS = ("auto", "torch", "reference", "triton", "wavelet")
 
 
 def running_topk_triton(prio: torch.Tensor, sinks: int, window: int, k: int) -> RunningTopK:
@@ -58,21 +57,16 @@ def running_topk(
     Args:
         prio: ``[..., S]`` float priorities (e.g. ``[B, H, S]``).
         sinks: ``>= 0``; window: ``>= 1``; k: ``>= 0``.
-        backend: ``"auto"`` (``"wavelet"`` if ``prio.is_cuda``, else
-            ``"torch"``), ``"torch"``/``"reference"`` (vectorised O(S^2)
-            reference), ``"wavelet"`` (wavelet matrix, parallel over queries,
-            any device) or ``"triton"`` (Fenwick-tree kernel, one sequential
-            program per row; on CPU only through the Triton interpreter, for
-            tests).
+        backend: ``Backends.running_topk`` (kvpop_hf/backends.py): ``"torch"`` (vectorised O(S^2) reference),
+            ``"wavelet"`` (wavelet matrix, parallel over queries, any device) or ``"triton"`` (Fenwick-tree
+            kernel, one sequential program per row; on CPU only through the Triton interpreter, for tests);
+            ``"auto"``: the device's default (``"wavelet"`` on CUDA, else ``"torch"``).
 
     Returns:
         :class:`RunningTopK` with ``[..., S]`` tensors.
     """
-    if backend not in _BACKENDS:
-        raise ValueError(f"backend must be one of {_BACKENDS}, got {backend!r}")
     _validate(prio, sinks, window, k)
-    if backend == "auto":
-        backend = "wavelet" if prio.is_cuda else "torch"
+    backend = resolve_choice("running_topk", backend, prio.device)
     if backend == "wavelet":
         return running_topk_wavelet(prio, sinks, window, k)
     if backend == "triton":

@@ -25,6 +25,7 @@ from torch.profiler import record_function
 from transformers import AttentionInterface, AttentionMaskInterface
 
 from ..attention_variants import AttentionVariant, causal_visible, variant_attention
+from ..backends import TRAINING_FIELDS, Backends
 from ..dense_attention import causal_attention
 from ..priority import decayed_priorities
 from ..topk import RunningTopK, running_topk
@@ -52,12 +53,15 @@ class StudentSettings:
     target_reduce: str = "mean"  # mean (paper) | max | p<x> power mean (max and p<x>: chunked target pass only)
     target_queries: str = "all"  # all (paper) | labels: only queries whose next token is supervised count
     target_eps: float = 1e-6
-    topk_backend: str = "auto"
-    attention_backend: str = "auto"  # flex | reference | auto (flex unless CPU autograd, unsupported there)
-    attention_layout: str = "interval"  # flex key order: interval (.interval_layout) | analytic (position order)
-    target_backend: str = "auto"  # flex | chunked | auto (flex on CUDA, chunked on CPU)
+    # the training implementations: a Backends or a dict of its fields (running_topk, train_attention,
+    # target_pass; docs/backends.md), resolved for each device a forward meets (KVpopTrainer passes it resolved)
+    backends: Backends | dict | None = None
     teacher_recall_queries: int = 8  # queries sampled per layer by teacher_topk_recall
     targets: bool = True  # False: no target pass / boundary loss (fixed scorer: only the backbone trains)
+
+    def __post_init__(self):
+        self.backends = Backends.coerce(self.backends)
+        self.backends.check_target_reduce(self.target_reduce)
 
 
 @dataclass
@@ -97,7 +101,7 @@ class StudentCall:
     (FSDP's mixed-precision cast of forward inputs) pass it on as is, so the layers fill this call's record.
     """
 
-    __slots__ = ("scorer", "log_gamma", "settings", "record", "query_mask", "valid_queries", "layers")
+    __slots__ = ("scorer", "log_gamma", "settings", "record", "query_mask", "valid_queries", "layers", "_backends")
 
     def __init__(self, scorer, log_gamma, settings: StudentSettings, record: StudentRecord, query_mask=None,
                  valid_queries=None, layers=None):
@@ -105,6 +109,15 @@ class StudentCall:
         self.query_mask, self.valid_queries = query_mask, valid_queries
         # model layer index -> scorer layer of the KVpop layers (None: every layer, scorer layer = model layer)
         self.layers = None if layers is None else {int(i): j for j, i in enumerate(layers)}
+        self._backends = {}  # device -> the settings' backends resolved for it
+
+    def backends(self, device: torch.device) -> Backends:
+        """The training backends for tensors on ``device``: ``settings.backends`` resolved, once per call and
+        device (a record that is resolved already reads no environment)."""
+        if device not in self._backends:
+            st = self.settings
+            self._backends[device] = st.backends.resolve(device, TRAINING_FIELDS, st.target_reduce)
+        return self._backends[device]
 
     def scorer_layer(self, layer_idx: int) -> int | None:
         """The scorer layer of decoder layer ``layer_idx``, None where the layer is not a KVpop layer."""
@@ -188,6 +201,7 @@ def kvpop_train_attention(module, query, key, value, attention_mask, scaling=Non
     li = module.layer_idx  # records are kept per decoder layer
     lg = None if log_gamma is None else log_gamma[si]
     saved = record.decisions.get(li)  # set: this is the backward pass's recomputation of the layer
+    backends = call.backends(query.device)
     with record_function("kvpop.scoring"):
         def score(k, v):
             return sequence_priorities(scorer, si, k, v, st.window, lg, st.decay_step)
@@ -197,21 +211,17 @@ def kvpop_train_attention(module, query, key, value, attention_mask, scaling=Non
                                        known=None if saved is None else saved.priorities)
     if saved is None:
         with record_function("kvpop.running_topk"):
-            topk = running_topk(prio.detach(), st.sinks, st.window, st.topk, backend=st.topk_backend)
+            topk = running_topk(prio.detach(), st.sinks, st.window, st.topk, backend=backends.running_topk)
         student = RunningTopK(rank=topk.rank.to(torch.int32), cutoff=topk.cutoff.to(torch.int32),
                               boundary=None, keep_new=None)
     else:
         student = saved.student
-    backend = st.attention_backend
-    if backend == "auto":
-        needs_grad = torch.is_grad_enabled() and (query.requires_grad or key.requires_grad)
-        backend = "reference" if (query.device.type == "cpu" and needs_grad) else "flex"
     with record_function("kvpop.sparse_attention"):
-        if backend == "flex":
+        if backends.train_attention == "flex":
             block_mask = saved.block_mask if saved is not None else None
             if block_mask is None:
                 block_mask = sparse_attention_block_mask(student, st.sinks, st.window, query.shape[1] // key.shape[1],
-                                                         method=st.attention_layout)
+                                                         method=backends._train_block_mask)
             out, lse = sparse_attention(query, key, value, student, st.sinks, st.window, scaling, block_mask=block_mask,
                                         softcap=variant.softcap)
         else:
@@ -234,18 +244,16 @@ def kvpop_train_attention(module, query, key, value, attention_mask, scaling=Non
         q_d, k_d = query.detach(), key.detach()
         lse_used = lse.detach() if st.target_lse == "sparse" else dense_causal_lse(
             q_d, k_d, scaling, softcap=variant.softcap, sinks=variant.sinks)
-        backend = st.target_backend
-        if backend == "auto":
-            backend = "flex" if query.is_cuda and st.target_reduce == "mean" else "chunked"
         qmask = None if call.query_mask is None else call.query_mask.to(q_d.device)
         r_tgt = future_attention_target(q_d, k_d, lse_used, st.window, eps=st.target_eps, agg=st.target_agg,
-                                        scale=scaling, backend=backend, reduce=st.target_reduce, query_mask=qmask,
+                                        scale=scaling, backend=backends.target_pass, reduce=st.target_reduce,
+                                        query_mask=qmask,
                                         softcap=variant.softcap)
         S = r_tgt.shape[-1]
         p_tgt = r_tgt if lg is None else decayed_priorities(r_tgt, torch.arange(S, device=r_tgt.device),
                                                             lg.detach(), st.decay_step)
         with record_function("kvpop.running_topk"):
-            teacher = running_topk(p_tgt, st.sinks, st.window, st.topk, backend=st.topk_backend)
+            teacher = running_topk(p_tgt, st.sinks, st.window, st.topk, backend=backends.running_topk)
         omega = None
         valid = teacher.boundary >= 0
         if call.valid_queries is not None:  # padded queries of a right-padded batch: no decision, no loss

@@ -28,6 +28,7 @@ from torch import nn
 from transformers import TrainingArguments
 
 from .. import hub
+from ..backends import TRAINING_FIELDS, Backends
 from ..config import KVpopConfig, model_shape
 from ..layer_types import config_layer_fields, layer_plan
 from ..scorers import build_scorer
@@ -75,12 +76,10 @@ class KVpopTrainingArguments(TrainingArguments):
                 "has a label, i.e. those that produce the supervised answer; needs labels)."})
     scorer_learning_rate: float | None = field(default=None, metadata={"help": "Scorer LR (default: learning_rate)."})
     train_backbone: bool = field(default=True, metadata={"help": "False: train the scorer only (no teacher needed)."})
-    topk_backend: str = field(default="auto", metadata={"help": "Running top-k: auto (wavelet on CUDA, torch on CPU) | wavelet | triton | torch."})
-    attention_backend: str = field(default="auto", metadata={"help": "Student sparse attention: auto | flex | reference."})
-    target_backend: str = field(default="auto", metadata={"help": "Transposed target pass: auto | flex | chunked."})
-    attention_layout: str = field(default="interval", metadata={
-        "help": "Key order of the flex sparse attention: interval (keys reordered so a query block visits about "
-                "B/128 mostly full key blocks) | analytic (position order: every block below the diagonal)."})
+    backends: dict | str | None = field(default=None, metadata={
+        "help": "The training implementations, fields of kvpop_hf.Backends (docs/backends.md) as a JSON object, e.g. "
+                "'{\"running_topk\": \"triton\"}' (in Python also a Backends or a dict); a field not given: its "
+                "KVPOP_<FIELD> environment variable, else auto. Resolved once, for args.device, by KVpopTrainer."})
 
     def __post_init__(self):
         if self.gradient_checkpointing:
@@ -120,12 +119,7 @@ class KVpopTrainingArguments(TrainingArguments):
             raise ValueError(f"target_reduce: {err}.") from None
         if self.target_queries not in ("all", "labels"):
             raise ValueError(f"target_queries must be 'all' or 'labels', got {self.target_queries!r}.")
-        if self.target_reduce != "mean" and self.target_backend == "flex":
-            raise ValueError(f"target_reduce={self.target_reduce!r} runs on the chunked target pass; use "
-                             "target_backend='auto' or 'chunked' (FlexAttention's transposed pass yields a "
-                             "log-sum-exp, not a max or a power mean).")
-        if self.attention_layout not in ("interval", "analytic"):
-            raise ValueError(f"attention_layout must be 'interval' or 'analytic', got {self.attention_layout!r}.")
+        self.backends = _backends_given(self.backends, self.target_reduce)
         if self.learn_decay and self.log_gamma is None:
             raise ValueError("learn_decay=True needs an initial log_gamma (< 0).")
         try:
@@ -138,6 +132,10 @@ class KVpopTrainingArguments(TrainingArguments):
             kwargs.setdefault("token_readout", True)
         self.scorer_kwargs = json.dumps(kwargs)
 
+    def training_backends(self) -> Backends:
+        """The training fields of ``backends`` resolved for ``self.device`` (docs/backends.md)."""
+        return Backends.coerce(self.backends).resolve(self.device, TRAINING_FIELDS, self.target_reduce)
+
     def kvpop_config(self, model_config) -> KVpopConfig:
         """The checkpoint's config: KVpop on the full-attention layers (the sliding-window and linear-attention
         layers of a hybrid keep their own cache, docs/hybrid_models.md), which ``layers`` lists."""
@@ -148,6 +146,19 @@ class KVpopTrainingArguments(TrainingArguments):
                            decay_step=self.decay_step, num_layers=layers, num_kv_heads=heads, head_dim=head_dim,
                            **fields,
                            base_model=getattr(model_config, "_name_or_path", None) or None)
+
+
+def _backends_given(value, target_reduce: str) -> dict:
+    """``KVpopTrainingArguments.backends`` (a Backends, a dict of its fields, a JSON object or None) checked and
+    kept as the dict of its given fields (JSON-serialisable, as TrainingArguments are saved)."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"backends must be a JSON object of kvpop_hf.Backends fields: {err}") from err
+    record = Backends.coerce(value)
+    record.check_target_reduce(target_reduce)
+    return record.given()
 
 
 class KVpopTrainer(DistillationTrainer):
@@ -175,6 +186,7 @@ class KVpopTrainer(DistillationTrainer):
                  data_args=None, **kwargs):
         if not isinstance(args, KVpopTrainingArguments):
             raise ValueError("KVpopTrainer needs `args=KVpopTrainingArguments(...)`.")
+        backends = args.training_backends()  # every choice concrete (and checked) before any work
         from ..data import KVpopDataCollator
         from ..data.prepare import ensure_prepared
 
@@ -198,9 +210,7 @@ class KVpopTrainer(DistillationTrainer):
                                         decay_step=args.decay_step, tau=args.tau, omega=args.omega,
                                         target_lse=args.target_lse, target_agg=args.target_agg,
                                         target_reduce=args.target_reduce, target_queries=args.target_queries,
-                                        topk_backend=args.topk_backend, attention_backend=args.attention_backend,
-                                        target_backend=args.target_backend, attention_layout=args.attention_layout,
-                                        targets=args.scorer in LEARNED_SCORERS)
+                                        backends=backends, targets=args.scorer in LEARNED_SCORERS)
 
     # -- parts --------------------------------------------------------------------------------
     @property

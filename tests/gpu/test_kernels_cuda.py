@@ -106,9 +106,9 @@ def test_fused_mlstm_step(device, dtype, delayed, token, decay):
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_cache_decoding_with_the_kernels_matches_the_torch_path(device, dtype, monkeypatch):
+def test_cache_decoding_with_the_kernels_matches_the_torch_path(device, dtype):
     """A KVpopCache decoding token by token on CUDA (all three kernels: the default there) == the same with
-    ``KVPOP_*=torch``: the same tokens kept (positions bit-equal) and close logits. One layer: its keys, and so
+    ``backends`` ``torch``: the same tokens kept (positions bit-equal) and close logits. One layer: its keys, and so
     its priorities and evictions, do not depend on the attention's rounding (with more layers, TF32/bf16
     differences in one layer's output could flip a near-tie in the next one's eviction)."""
     from helpers import distinct_ids, tiny_model
@@ -120,9 +120,9 @@ def test_cache_decoding_with_the_kernels_matches_the_torch_path(device, dtype, m
     ids = distinct_ids(2, 60, seed=3).to(device)
     runs = {}
     for mode in ("auto", "torch"):
-        for var in ("KVPOP_MLSTM_STEP", "KVPOP_DECODE_EVICTION", "KVPOP_DECODE_ATTENTION"):
-            monkeypatch.setenv(var, mode)
-        cache = KVpopCache(model.config, sinks=2, window=4, topk=10, scorer="mlstm", log_gamma=-0.3, decay_step=5)
+        backends = dict.fromkeys(("mlstm_step", "decode_eviction", "decode_attention"), mode)
+        cache = KVpopCache(model.config, sinks=2, window=4, topk=10, scorer="mlstm", log_gamma=-0.3, decay_step=5,
+                           backends=backends)
         with torch.no_grad():
             logits = torch.cat([model(ids[:, i:i + 1], **with_cache(model, cache)).logits
                                 for i in range(ids.shape[1])], 1)

@@ -369,6 +369,24 @@ def check_decode_attention(device, dtype, config, B, trials: int = 8) -> str:
             f"batch 1, {B} slots, eager call incl. launches: " + ", ".join(f"{n} {t:.1f} us" for n, t in us.items()))
 
 
+def run_backends(args, device, eviction_note: str, attention_note: str, mlstm_note: str, notes: list) -> Backends:
+    """The backends of every KVpop cache of the run: ``--mlstm-step``, and the torch reference of a kernel that
+    disagreed with it in the checks above (a note says so); the other fields as the library chooses."""
+    chosen = {"mlstm_step": args.mlstm_step} if args.mlstm_step else {}
+    if "disagreed" in mlstm_note:
+        chosen["mlstm_step"] = "torch"
+        notes.append("the mLSTM step kernel disagreed: this run decodes with the torch scorer (mlstm_step=torch)")
+    if "20/20" not in eviction_note and device.type == "cuda":
+        chosen["decode_eviction"] = "torch"
+        notes.append("the eviction kernel disagreed: this run decodes with the torch reference (decode_eviction=torch)")
+    if "disagreed" in attention_note:
+        chosen["decode_attention"] = "torch"
+    backends = Backends(**chosen)
+    step = backends.resolve(device, ("mlstm_step",)).mlstm_step
+    notes.append("mLSTM decode step: " + ("the fused kernel" if step == "triton" else "the torch path"))
+    return backends
+
+
 # ----------------------------------------------------------------------------------------- synthetic fill
 def fill_kvpop(cache: KVpopCache, model, mask: torch.Tensor) -> None:
     """A warm KVpopCache without prefill: the state ``prefill_in_chunks(model, cache, ids, n, mask)`` leaves, with
@@ -461,8 +479,8 @@ def main(argv=None) -> int:
                          "context) and print their CUDA-graph replays and launches outside a graph")
     ap.add_argument("--compile-backend", default="inductor", help="torch.compile backend of the compiled rows")
     ap.add_argument("--mlstm-step", choices=["torch", "triton"], default=None,
-                    help="the mLSTM scorer's decode step: its torch path or the fused kernel (sets KVPOP_MLSTM_STEP "
-                         "for the run; default: the library's choice, the fused kernel on CUDA)")
+                    help="the mLSTM scorer's decode step: its torch path or the fused kernel (Backends.mlstm_step of "
+                         "every KVpop cache of the run; default: the library's choice, the fused kernel on CUDA)")
     ap.add_argument("--from-csv", default=None,
                     help="redraw the table and plot of an earlier run's CSV (its command and commit are kept)")
     ap.add_argument("--out-prefix", default=None)
@@ -470,8 +488,6 @@ def main(argv=None) -> int:
     if args.from_csv:
         return redraw(Path(args.from_csv), Path(args.out_prefix or Path(args.from_csv).with_suffix("")), args)
 
-    if args.mlstm_step:
-        os.environ["KVPOP_MLSTM_STEP"] = args.mlstm_step
     device = torch.device(args.device)
     dtype = getattr(torch, args.dtype or ("bfloat16" if device.type == "cuda" else "float32"))
     prefix = Path(args.out_prefix or REPO / "results" / "generation_speed" / device.type)
@@ -505,17 +521,7 @@ def main(argv=None) -> int:
     mlstm_note = check_mlstm_step_kernel(device, dtype, model.config, args.budget)
     notes += [eviction_note, attention_note, mlstm_note]
     print(f"  {eviction_note}\n  {attention_note}\n  {mlstm_note}", flush=True)
-    if "disagreed" in mlstm_note:
-        os.environ["KVPOP_MLSTM_STEP"] = "torch"
-        notes.append("the mLSTM step kernel disagreed: this run decodes with the torch scorer (KVPOP_MLSTM_STEP=torch)")
-    notes.append("mLSTM decode step: " + ("the fused kernel" if Backends().resolve(device).mlstm_step == "triton"
-                                          else "the torch path"))
-    if "20/20" not in eviction_note and device.type == "cuda":
-        os.environ["KVPOP_DECODE_EVICTION"] = "torch"
-        notes.append("the eviction kernel disagreed: this run decodes with the torch reference "
-                     "(KVPOP_DECODE_EVICTION=torch)")
-    if "disagreed" in attention_note:
-        os.environ["KVPOP_DECODE_ATTENTION"] = "torch"
+    backends = run_backends(args, device, eviction_note, attention_note, mlstm_note, notes)
     static_ctx = set(args.static_contexts if args.static_contexts is not None
                      else [min(args.contexts), max(args.contexts)])
 
@@ -628,7 +634,7 @@ def main(argv=None) -> int:
         """A new cache of a row's kind: ``dynamic`` or ``kvpop-<scorer>`` at the benchmark's budget."""
         if name == "dynamic":
             return DynamicCache(config=model.config)
-        return KVpopCache(model.config, sinks=s, window=w, topk=k, scorer=name[6:])
+        return KVpopCache(model.config, sinks=s, window=w, topk=k, scorer=name[6:], backends=backends)
 
     def prefill_row(ctx, name, cache, pre_s, base, read_b):
         record(ctx, 1, name, "prefill", [float("nan")], pre_s, peak(device) - base, allocated(device) - base, read_b)

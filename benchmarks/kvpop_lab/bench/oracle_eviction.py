@@ -27,6 +27,7 @@ from kvpop_lab.testbed import make_problem, training_example
 from kvpop_lab.testbed.dense_eval import exact_match
 from kvpop_lab.testbed.evaluate import DEFAULT_SEED_BASE, parse_knobs, token_accuracy
 from kvpop_lab.testbed.oracle import OracleScorer, oracle_kind_arg, oracle_table, target_queries
+from kvpop_hf.backends import Backends
 from kvpop_hf.policies import parse_budgets
 from kvpop_lab.testbed.report import quality_table, write_results_csv
 from kvpop_lab.testbed.static_policies import parse_log_gammas
@@ -84,7 +85,7 @@ def main(argv=None) -> None:
         ex = training_example(p, tok)
         ids = torch.tensor([ex["input_ids"]], device=device)
         qmask = target_queries(torch.tensor([ex["labels"]], device=device)) if args.queries == "target" else None
-        table = oracle_table(model, ids, args.window, backend="flex" if device.type == "cuda" else "chunked",
+        table = oracle_table(model, ids, args.window, backend=Backends.defaults(device, ("target_pass",)).target_pass,
                              kind=args.kind, query_mask=qmask)
         for b, g in runs:
             def factory(b=b, g=g):

@@ -27,6 +27,7 @@ from typing import Any, Sequence
 
 import torch
 
+from kvpop_hf.backends import Backends
 from kvpop_hf.cache import KVpopCache
 from kvpop_hf.compat import with_cache
 from kvpop_hf.dense_attention import causal_attention
@@ -156,7 +157,7 @@ def oracle_recall_rows(model, tokenizer, problems: Sequence[Problem], scored: Se
     """
     device = next(model.parameters()).device
     acc: dict[tuple, list[torch.Tensor]] = {}
-    backend = "flex" if device.type == "cuda" else "chunked"
+    backend = Backends.defaults(device, ("target_pass",)).target_pass
     it = problems
     if progress:
         from tqdm.auto import tqdm

@@ -26,6 +26,7 @@ from typing import Sequence
 
 import torch
 
+from kvpop_hf.backends import Backends
 from kvpop_hf.topk import running_topk
 
 __all__ = ["causal_recall_bound", "shared_prefix", "twin_recall_rows"]
@@ -105,7 +106,7 @@ def twin_recall_rows(model, tokenizer, problems: Sequence, twins: int, scored: S
     for kind in kinds:
         check_kind(kind)
     device = next(model.parameters()).device
-    backend = "flex" if device.type == "cuda" else "chunked"
+    backend = Backends.defaults(device, ("target_pass",)).target_pass
     scored = [tuple(s) + (None,) * (4 - len(s)) for s in scored]
     budgets = {}
     for policy, budget, cache, own in scored:
