@@ -176,8 +176,13 @@ def load_scorer_state(scorer: torch.nn.Module, state: dict | None, source) -> No
         raise FileNotFoundError(f"{source} has no {WEIGHTS_NAME}, but the scorer {type(scorer).__name__} has weights.")
     missing, unexpected = sorted(set(expected) - set(state)), sorted(set(state) - set(expected))
     if missing or unexpected:
+        hint = ""
+        if getattr(scorer, "token_readout", None) is not None and {"at", "bt", "wt"} & set(missing + unexpected):
+            flag = "false" if missing else "true"
+            hint = (f" The weights are those of an mLSTM scorer with token_readout={flag}: add \"token_readout\": "
+                    f"{flag} to scorer_kwargs in kvpop_config.json (a config without it means true).")
         raise ValueError(f"Scorer weights in {source} do not fit {type(scorer).__name__}: missing {missing}, "
-                         f"unexpected {unexpected}.")
+                         f"unexpected {unexpected}.{hint}")
     for name, tensor in state.items():
         if tuple(tensor.shape) != tuple(expected[name].shape):
             raise ValueError(f"Scorer weight {name!r} in {source} has shape {tuple(tensor.shape)}, expected "

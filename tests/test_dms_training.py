@@ -36,14 +36,14 @@ def test_hard_visibility_equals_reference_and_soft_bias_at_hard_decisions():
 
 def test_relaxation():
     logits = torch.tensor([-3.0, 0.0, 2.0])
-    z = relaxed_logits(logits.expand(20000, 3), tau=0.3, generator=torch.Generator().manual_seed(0))
+    z = relaxed_logits(logits.expand(20000, 3), temperature=0.3, generator=torch.Generator().manual_seed(0))
     freq = (eviction_probability(z) > 0.5).float().mean(0)
     torch.testing.assert_close(freq, torch.sigmoid(logits), atol=0.01, rtol=0)  # P(alpha > 1/2) = sigmoid(logit)
     z = torch.tensor([-200.0, 0.0, 200.0])
     torch.testing.assert_close(log_keep(z).exp(), 1 - torch.sigmoid(z))
     assert torch.isfinite(log_keep(z)).all()
-    with pytest.raises(ValueError, match="tau"):
-        relaxed_logits(logits, tau=0.0)
+    with pytest.raises(ValueError, match="temperature"):
+        relaxed_logits(logits, temperature=0.0)
 
 
 def test_compression_target_schedule_and_penalty():
@@ -75,7 +75,7 @@ def test_training_forward_matches_hard_rule_and_gives_gate_gradients():
     model.set_attn_implementation(TRAIN_ATTN_NAME)
     with torch.no_grad():
         dense = model(ids).logits  # no DMS keyword: plain causal attention (the teacher)
-    out, rec = dms_forward(model, gate, 2, 4, tau=0.5, input_ids=ids)
+    out, rec = dms_forward(model, gate, 2, 4, temperature=0.5, input_ids=ids)
     assert sorted(rec.alpha) == [0, 1] and rec.alpha[0].shape == (2, 2, 16)
     loss = compression_loss(mean_eviction(list(rec.alpha.values()), 2), 0.9) + out.logits.float().pow(2).mean()
     loss.backward()
@@ -83,16 +83,16 @@ def test_training_forward_matches_hard_rule_and_gives_gate_gradients():
     # a gate that never evicts (very negative logits) reproduces the dense model
     with torch.no_grad():
         gate.bias.fill_(-60.0)
-        out, _ = dms_forward(model, gate, 2, 4, tau=0.5, noise=False, input_ids=ids)
+        out, _ = dms_forward(model, gate, 2, 4, temperature=0.5, noise=False, input_ids=ids)
     torch.testing.assert_close(out.logits, dense, atol=2e-5, rtol=1e-4)
     model.set_attn_implementation("kvpop")
     with pytest.raises(ValueError, match="dms_train"):
-        dms_forward(model, gate, 2, 4, tau=0.5, input_ids=ids)
+        dms_forward(model, gate, 2, 4, temperature=0.5, input_ids=ids)
 
 
 @pytest.mark.parametrize("kwargs,match", [({"penalty": "both"}, "penalty"), ({"ramp_fraction": 1.5}, "ramp_fraction"),
                                           ({"target_eviction": 1.0}, "target_eviction"), ({"window": 0}, "window"),
-                                          ({"tau": 0.0}, "tau")])
+                                          ({"gate_temperature": 0.0}, "gate_temperature")])
 def test_training_arguments_refuse_bad_values(tmp_path, kwargs, match):
     from kvpop_hf.baselines.dms.trainer import DMSTrainingArguments
 

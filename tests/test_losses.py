@@ -22,7 +22,7 @@ def _case(B=2, H=3, S=12, seed=0):
     return prio, t_new, t_bnd, keep
 
 
-def _loop_loss(prio, t_new, t_bnd, keep, tau=1.0, omega=None, valid=None):
+def _loop_loss(prio, t_new, t_bnd, keep, temperature=1.0, omega=None, valid=None):
     B, H, Q = t_new.shape
     prio = prio.detach()
     tot, n = 0.0, 0
@@ -34,17 +34,17 @@ def _loop_loss(prio, t_new, t_bnd, keep, tau=1.0, omega=None, valid=None):
                 y = 1.0 if keep[b, h, q] else -1.0
                 d = float(prio[b, h, t_new[b, h, q]] - prio[b, h, t_bnd[b, h, q]])
                 w = 1.0 if omega is None else float(omega[b, h, q])
-                tot += w * math.log1p(math.exp(-y * d / tau))
+                tot += w * math.log1p(math.exp(-y * d / temperature))
                 n += 1
     return tot / n
 
 
-@pytest.mark.parametrize("tau", [1.0, 0.5, 3.0])
-def test_boundary_loss_matches_loop(tau):
+@pytest.mark.parametrize("temperature", [1.0, 0.5, 3.0])
+def test_boundary_loss_matches_loop(temperature):
     prio, t_new, t_bnd, keep = _case(seed=1)
-    got = boundary_loss(prio, t_new, t_bnd, keep, tau=tau)
+    got = boundary_loss(prio, t_new, t_bnd, keep, temperature=temperature)
     assert got.dim() == 0
-    assert abs(got.item() - _loop_loss(prio, t_new, t_bnd, keep, tau)) < 1e-5
+    assert abs(got.item() - _loop_loss(prio, t_new, t_bnd, keep, temperature)) < 1e-5
 
 
 def test_boundary_loss_valid_and_omega():
@@ -52,7 +52,7 @@ def test_boundary_loss_valid_and_omega():
     g = torch.Generator().manual_seed(9)
     valid = torch.rand(t_new.shape, generator=g) < 0.7
     omega = torch.rand(t_new.shape, generator=g) * 2
-    got = boundary_loss(prio, t_new, t_bnd, keep, tau=0.7, omega=omega, valid=valid)
+    got = boundary_loss(prio, t_new, t_bnd, keep, temperature=0.7, omega=omega, valid=valid)
     want = _loop_loss(prio, t_new, t_bnd, keep, 0.7, omega, valid)
     assert abs(got.item() - want) < 1e-5
 
@@ -111,7 +111,7 @@ def test_boundary_loss_nan_safe_on_invalid_slots():
 def test_boundary_loss_bad_inputs():
     prio, t_new, t_bnd, keep = _case(seed=6)
     with pytest.raises(ValueError):
-        boundary_loss(prio, t_new, t_bnd, keep, tau=0.0)
+        boundary_loss(prio, t_new, t_bnd, keep, temperature=0.0)
     with pytest.raises(ValueError):
         boundary_loss(prio, t_new[:, :2], t_bnd, keep)
     with pytest.raises(ValueError):

@@ -90,7 +90,7 @@ def test_token_readout_adds_the_read_tokens_term_and_survives_a_save(tmp_path):
 
     b, h, d, n, ds = 2, 2, 8, 9, 4
     g = torch.Generator().manual_seed(0)
-    plain, tok = MLSTMScorer(1, h, d, state_dim=ds), MLSTMScorer(1, h, d, state_dim=ds, token_readout=True)
+    plain, tok = MLSTMScorer(1, h, d, state_dim=ds, token_readout=False), MLSTMScorer(1, h, d, state_dim=ds)
     keys, values = torch.randn(b, h, n, d, generator=g), torch.randn(b, h, n, d, generator=g)
     rk, rv = torch.randn(b, h, n, d, generator=g), torch.randn(b, h, n, d, generator=g)
     valid = torch.ones(b, n, dtype=torch.bool)

@@ -210,16 +210,29 @@ def test_retrofit_names_the_train_extra_when_peft_is_missing(tmp_path, monkeypat
                        str(tmp_path / "out"), "--use_cpu", "True", "--report_to", "none"])
 
 
-def test_mlstm_trains_with_the_token_term_unless_told_otherwise(tmp_path):
-    assert json.loads(args(tmp_path, scorer_kwargs="{}").scorer_kwargs) == {"token_readout": True}
+def test_mlstm_has_one_token_readout_default(tmp_path):
+    """The scorer class and the trainer share one default (token_readout=True); the paper's readout is asked for."""
+    from kvpop_hf.scorers import build_scorer
+
+    assert build_scorer("mlstm", 2, 2, 8).token_readout is True
+    assert json.loads(args(tmp_path, scorer_kwargs="{}").scorer_kwargs) == {}
     paper = args(tmp_path, scorer_kwargs='{"token_readout": false, "state_dim": 8}')
     assert json.loads(paper.scorer_kwargs) == {"token_readout": False, "state_dim": 8}
-    assert json.loads(args(tmp_path, scorer="mlp", scorer_kwargs="{}").scorer_kwargs) == {}
-    cfg = args(tmp_path).kvpop_config(tiny_model("qwen3").config)
-    assert cfg.scorer_kwargs == {"state_dim": 8, "token_readout": True}
-    # the scorer class keeps the paper's readout: a checkpoint config that does not name the option loads as trained
-    from kvpop_hf.scorers import build_scorer
-    assert build_scorer("mlstm", 2, 2, 8).token_readout is False
+    cfg = paper.kvpop_config(tiny_model("qwen3").config)
+    assert build_scorer(cfg.scorer, 2, 2, 8, **cfg.scorer_kwargs).token_readout is False
+
+
+def test_a_checkpoint_of_the_other_readout_names_the_fix(tmp_path):
+    from kvpop_hf import KVpopCache
+
+    model = tiny_model("qwen3")
+    KVpopCache(model.config, sinks=1, window=4, topk=3, scorer="mlstm",
+               scorer_kwargs={"token_readout": False}).save_pretrained(tmp_path)
+    cfg = json.loads((tmp_path / "kvpop_config.json").read_text())
+    cfg["scorer_kwargs"].pop("token_readout", None)  # a config that does not name the option
+    (tmp_path / "kvpop_config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match=r'add "token_readout": false'):
+        KVpopCache.from_pretrained(tmp_path, model.config)
 
 
 def test_the_trainer_takes_its_backends_from_the_record(tmp_path, monkeypatch):

@@ -15,7 +15,7 @@ half-life of ~14 tokens; with delayed scoring a token's own write has decayed by
 wider window wants a larger bias, e.g. 4.5 for a half-life of ~64 tokens), feature size ``state_dim``, and the
 RMSNorm before the SiLU of Eq. 11.
 
-``token_readout=True`` (an option beyond the paper, off by default) adds a term of the read token's own features,
+``token_readout=True`` (the default, beyond the paper; ``False`` is the paper's readout alone) adds a term of the read token's own features,
 ``r_u = a^T SiLU(RMSNorm(h_{u|q})) + at^T SiLU(x_u Wt + bt) + b`` with ``x_u = [k_u; v_u]``: Eq. 11 sees the token
 only through its query into the memory, ``h`` being a mix of the memory's values, so a token that is important
 for what it is (not for what followed it) has to be recognised through that mix; the term gives the readout the
@@ -46,7 +46,7 @@ class MLSTMScorer(Scorer):
     stateful = True
 
     def __init__(self, num_layers, num_kv_heads, head_dim, state_dim: int = 32, delayed: bool = True,
-                 chunk_size: int = 128, forget_bias: float = 3.0, token_readout: bool = False, seed: int = 0):
+                 chunk_size: int = 128, forget_bias: float = 3.0, token_readout: bool = True, seed: int = 0):
         super().__init__(num_layers, num_kv_heads, head_dim)
         self.state_dim = check_scorer_option("mlstm", "state_dim", state_dim, 1)
         if not isinstance(delayed, bool):

@@ -9,7 +9,7 @@ the boundary token ``t_bnd``), or drop the newcomer.  The teacher decides
 ``p`` the loss is::
 
     L = (1 / |V|) * sum_{(b,h,q) in V} omega_{b,h,q} *
-        softplus( -y_{b,h,q} * (p[b,h,t_new] - p[b,h,t_bnd]) / tau )
+        softplus( -y_{b,h,q} * (p[b,h,t_new] - p[b,h,t_bnd]) / temperature )
 
 where ``V`` is the set of valid terms (``t_bnd >= 0``, ``t_new >= 0`` and the
 optional ``valid`` mask).  ``omega`` defaults to 1.  The weight helpers below
@@ -75,7 +75,7 @@ def _check_pair_inputs(prio, t_new, t_bnd, keep_new=None, valid=None):
 
 
 def boundary_loss(prio: torch.Tensor, t_new: torch.Tensor, t_bnd: torch.Tensor,
-                  keep_new: torch.Tensor, tau: float = 1.0,
+                  keep_new: torch.Tensor, temperature: float = 1.0,
                   omega: Optional[torch.Tensor] = None,
                   valid: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Pairwise boundary loss (KVpop eq. 7), see module docstring.
@@ -86,17 +86,17 @@ def boundary_loss(prio: torch.Tensor, t_new: torch.Tensor, t_bnd: torch.Tensor,
             (normally ``Q == S``); ``t_bnd == -1`` means no boundary decision at
             that position => no loss term.
         keep_new: ``[B, H, Q]`` bool, teacher keeps the newcomer (``y=+1``) or not (``y=-1``).
-        tau: temperature on the priority difference (> 0).
+        temperature: temperature on the priority difference (> 0).
         omega: optional ``[B, H, Q]`` non-negative per-term weights.
         valid: optional ``[B, H, Q]`` bool mask of terms to include.
 
     Returns:
-        scalar ``mean_{valid} omega * softplus(-y (p_new - p_bnd) / tau)``;
+        scalar ``mean_{valid} omega * softplus(-y (p_new - p_bnd) / temperature)``;
         ``0`` (still attached to ``prio``'s graph) if there is no valid term.
     """
     _check_pair_inputs(prio, t_new, t_bnd, keep_new, valid)
-    if not tau > 0:
-        raise ValueError(f"tau must be > 0, got {tau!r}")
+    if not temperature > 0:
+        raise ValueError(f"temperature must be > 0, got {temperature!r}")
     if omega is not None:
         _check_bhs("omega", omega, t_new.shape)
     t_new = t_new.long()
@@ -109,7 +109,7 @@ def boundary_loss(prio: torch.Tensor, t_new: torch.Tensor, t_bnd: torch.Tensor,
     diff = _gather(p, t_new) - _gather(p, t_bnd)
     diff = torch.where(v, diff, torch.zeros_like(diff))  # keep invalid slots finite (NaN-safe grads)
     y = keep_new.to(torch.bool).float() * 2.0 - 1.0
-    term = F.softplus(-y * diff / tau)
+    term = F.softplus(-y * diff / temperature)
     if omega is not None:
         term = term * omega.float()
     term = torch.where(v, term, torch.zeros_like(term))

@@ -46,7 +46,7 @@ class StudentSettings:
     window: int
     topk: int
     decay_step: int = 64
-    tau: float = 1.0
+    boundary_temperature: float = 1.0
     omega: str = "none"  # none | margin | balance | margin+balance
     target_lse: str = "sparse"  # sparse (paper) | dense (exact)
     target_agg: str = "log_mean"
@@ -237,7 +237,7 @@ def kvpop_train_attention(module, query, key, value, attention_mask, scaling=Non
     t_new = (torch.arange(S, device=prio.device) - st.window).view(1, 1, S).expand_as(prio)
     if saved is not None:
         with record_function("kvpop.boundary_loss"):
-            record.boundary[li] = boundary_loss(prio, t_new, saved.boundary.long(), saved.keep_new, tau=st.tau,
+            record.boundary[li] = boundary_loss(prio, t_new, saved.boundary.long(), saved.keep_new, temperature=st.boundary_temperature,
                                                 omega=saved.omega, valid=saved.boundary >= 0)
         return out.transpose(1, 2).contiguous(), None
     with torch.no_grad(), record_function("kvpop.target_pass"):
@@ -270,7 +270,7 @@ def kvpop_train_attention(module, query, key, value, attention_mask, scaling=Non
                                               teacher.keep_new, omega,
                                               block_mask, prio.detach())
     with record_function("kvpop.boundary_loss"):
-        record.boundary[li] = boundary_loss(prio, t_new, teacher.boundary, teacher.keep_new, tau=st.tau,
+        record.boundary[li] = boundary_loss(prio, t_new, teacher.boundary, teacher.keep_new, temperature=st.boundary_temperature,
                                             omega=omega, valid=valid)
     return out.transpose(1, 2).contiguous(), None
 

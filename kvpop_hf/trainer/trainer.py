@@ -55,12 +55,13 @@ class KVpopTrainingArguments(TrainingArguments):
     scorer: str = field(default="mlstm", metadata={
         "help": "mlp | mlstm (learned scorers) | streaming | knorm | random (fixed; backbone distillation only)."})
     scorer_kwargs: str = field(default="{}", metadata={
-        "help": "JSON dict of scorer options, e.g. '{\"state_dim\": 32}'. The mlstm scorer trains with "
-                "token_readout=true unless '{\"token_readout\": false}' (the paper's readout alone) is given."})
+        "help": "JSON dict of scorer options, e.g. '{\"state_dim\": 32}'; the mlstm scorer's paper readout alone "
+                "(without the read token's own term) is '{\"token_readout\": false}'."})
     log_gamma: float | None = field(default=None, metadata={"help": "Initial log decay per head (<0); None: no decay."})
     learn_decay: bool = field(default=False, metadata={"help": "Learn the per-head decay gamma_h."})
     decay_step: int = field(default=64, metadata={"help": "n: decay block size."})
-    tau: float = field(default=1.0, metadata={"help": "Boundary loss temperature."})
+    boundary_temperature: float = field(default=1.0, metadata={
+        "help": "Temperature of the boundary loss: softplus(-y (p_new - p_bnd) / boundary_temperature)."})
     omega: str = field(default="none", metadata={"help": "Boundary loss weights: none | margin | balance | margin+balance."})
     boundary_weight: float = field(default=1.0)
     distill_weight: float = field(default=1.0)
@@ -126,10 +127,6 @@ class KVpopTrainingArguments(TrainingArguments):
             kwargs = json.loads(self.scorer_kwargs) if isinstance(self.scorer_kwargs, str) else dict(self.scorer_kwargs)
         except json.JSONDecodeError as err:
             raise ValueError(f"scorer_kwargs must be a JSON object: {err}") from err
-        if self.scorer == "mlstm":
-            # the default mLSTM scorer reads the token's own [k; v] beside its memory (docs/design.md §1); the
-            # paper's readout (Eq. 11) alone is scorer_kwargs='{"token_readout": false}'
-            kwargs.setdefault("token_readout", True)
         self.scorer_kwargs = json.dumps(kwargs)
 
     def training_backends(self) -> Backends:
@@ -207,7 +204,7 @@ class KVpopTrainer(DistillationTrainer):
         super().__init__(model, args, parts, teacher_model, distil=args.distill_weight > 0,
                          train_backbone=args.train_backbone, **kwargs)
         self.settings = StudentSettings(sinks=args.sinks, window=args.window, topk=args.topk,
-                                        decay_step=args.decay_step, tau=args.tau, omega=args.omega,
+                                        decay_step=args.decay_step, boundary_temperature=args.boundary_temperature, omega=args.omega,
                                         target_lse=args.target_lse, target_agg=args.target_agg,
                                         target_reduce=args.target_reduce, target_queries=args.target_queries,
                                         backends=backends, targets=args.scorer in LEARNED_SCORERS)

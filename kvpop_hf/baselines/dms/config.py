@@ -23,7 +23,7 @@ WEIGHTS_NAME = "dms_gate.safetensors"
 class DMSConfig(JsonConfig):
     """sinks: first tokens never evicted; window: the delayed-eviction window ``w`` (a token marked for
     eviction is visible while it is one of the last ``w`` tokens). target_eviction: the eviction rate over
-    tokens ``t >= sinks`` the gate was trained towards (informational); tau: the Gumbel-sigmoid temperature
+    tokens ``t >= sinks`` the gate was trained towards (informational); gate_temperature: the Gumbel-sigmoid temperature
     used in training. num_layers / num_kv_heads / head_dim: the model the gate belongs to."""
 
     _KIND = "DMS config"
@@ -31,7 +31,7 @@ class DMSConfig(JsonConfig):
     sinks: int = 4
     window: int = 32
     target_eviction: float | None = None
-    tau: float = 0.3
+    gate_temperature: float = 0.3
     num_layers: int | None = None
     num_kv_heads: int | None = None
     head_dim: int | None = None
@@ -46,8 +46,8 @@ class DMSConfig(JsonConfig):
         for name in ("num_layers", "num_kv_heads", "head_dim"):
             if getattr(self, name) is not None:
                 check_int(name, getattr(self, name), 1)
-        if not (isinstance(self.tau, (int, float)) and self.tau > 0):
-            raise ValueError(f"`tau` must be a positive number, got {self.tau!r}.")
+        if not (isinstance(self.gate_temperature, (int, float)) and self.gate_temperature > 0):
+            raise ValueError(f"`gate_temperature` must be a positive number, got {self.gate_temperature!r}.")
 
 
 

@@ -38,18 +38,18 @@ class DMSCall:
     """What one student forward hands to every layer's ``dms_train`` attention (a plain class: wrappers that
     rebuild dataclass arguments pass it on as is)."""
 
-    __slots__ = ("gate", "sinks", "window", "tau", "noise", "record")
+    __slots__ = ("gate", "sinks", "window", "temperature", "noise", "record")
 
-    def __init__(self, gate, sinks: int, window: int, tau: float, record: DMSRecord, noise: bool = True):
-        self.gate, self.sinks, self.window, self.tau, self.noise, self.record = gate, sinks, window, tau, noise, record
+    def __init__(self, gate, sinks: int, window: int, temperature: float, record: DMSRecord, noise: bool = True):
+        self.gate, self.sinks, self.window, self.temperature, self.noise, self.record = gate, sinks, window, temperature, noise, record
 
 
-def dms_forward(model, gate, sinks: int, window: int, tau: float, noise: bool = True, return_hidden: bool = False,
+def dms_forward(model, gate, sinks: int, window: int, temperature: float, noise: bool = True, return_hidden: bool = False,
                 **inputs):
     """``model(**inputs)`` with the relaxed DMS eviction -> (outputs, :class:`DMSRecord`); with
     ``return_hidden=True`` no logits are computed and the final hidden states ``[B, S, H]`` come third."""
     record = DMSRecord()
-    call = {DMS_KWARG: DMSCall(gate, sinks, window, tau, record, noise)}
+    call = {DMS_KWARG: DMSCall(gate, sinks, window, temperature, record, noise)}
     hidden = None
     if return_hidden:
         outputs, hidden = final_hidden_states(model, **inputs, **call)
@@ -81,7 +81,7 @@ def dms_train_attention(module, query, key, value, attention_mask, scaling=None,
         return causal_attention(query, key, value, mask, scaling), None
     li = module.layer_idx
     logits = call.gate(li, value.detach())  # [b, Hkv, S]; the backbone gets no gradient through the gate input
-    z = relaxed_logits(logits, call.tau, noise=call.noise)
+    z = relaxed_logits(logits, call.temperature, noise=call.noise)
     call.record.alpha[li] = eviction_probability(z)
     with torch.no_grad():
         call.record.hard_rate[li] = (logits[..., call.sinks:] > 0).float().mean()
