@@ -75,10 +75,10 @@ def main(argv=None):
                 for n in caches}
     with open(f"{out}.csv", "w", newline="") as fh:
         w = csv.writer(fh)
-        w.writerow(["variant", "step", "boundary_loss", "teacher_topk_recall"])
+        w.writerow(["variant", "step", "boundary_loss", "target_topk_recall"])
         for n, c in curves.items():
             for e in c:
-                w.writerow([n, e["step"], e["boundary_loss"], e["teacher_topk_recall"]])
+                w.writerow([n, e["step"], e["boundary_loss"], e["target_topk_recall"]])
     lines = [f"# Delayed vs immediate mLSTM scoring (testbed, {args.device})", "",
              f"Command: `{cmd}`  ", f"Commit: `{commit}`; total {time.time() - t0:.0f} s  ",
              f"Teacher `{args.model}`, scorer-only retrofits on reasoning, S = {args.seq_len}, "
@@ -89,7 +89,7 @@ def main(argv=None):
              f"held-out oracle recall ({args.eval_n} problems) |", "|---|---|---|---|---|"]
     for n, c in curves.items():
         lines.append(f"| {n} | {c[0]['boundary_loss']:.4f} | {c[-1]['boundary_loss']:.4f} | "
-                     f"{c[-1]['teacher_topk_recall']:.4f} | {held_out[n]:.4f} |")
+                     f"{c[-1]['target_topk_recall']:.4f} | {held_out[n]:.4f} |")
     Path(f"{out}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     try:
@@ -99,7 +99,7 @@ def main(argv=None):
         fig, axes = plt.subplots(1, 2, figsize=(9, 3.2))
         for n, c in curves.items():
             axes[0].plot([e["step"] for e in c], [e["boundary_loss"] for e in c], label=n)
-            axes[1].plot([e["step"] for e in c], [e["teacher_topk_recall"] for e in c], label=n)
+            axes[1].plot([e["step"] for e in c], [e["target_topk_recall"] for e in c], label=n)
         axes[0].set(xlabel="step", ylabel="boundary loss")
         axes[1].set(xlabel="step", ylabel="teacher top-k recall")
         axes[1].legend()

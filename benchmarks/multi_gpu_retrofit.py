@@ -137,7 +137,7 @@ def worker(result: Path, retro_argv: list[str]) -> None:
                 rec["steps"].append({"step": state.global_step, "loss": float(logs["loss"]),
                                      "grad_norm": float(logs["grad_norm"]) if logs.get("grad_norm") is not None else None,
                                      **{k: float(logs[k]) for k in ("boundary_loss", "distill_loss",
-                                                                    "teacher_topk_recall")
+                                                                    "target_topk_recall")
                                         if k in logs}})
 
         def on_train_end(self, args, state, control, **kw):

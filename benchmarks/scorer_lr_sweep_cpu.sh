@@ -36,7 +36,7 @@ for run in $RUNS; do
     --lr_scheduler_type constant --output_dir "$OUT/ckpt/$NAME" --max_steps "$STEPS" --num_examples $((STEPS * 4)) \
     --per_device_train_batch_size 4 --target_queries labels --logging_steps 10 --report_to none --save_strategy no \
     --disable_tqdm True --use_cpu True --seed 0 > "$OUT/retrofit_$NAME.log" 2>&1
-  echo "$NAME exit $?: $(grep -o "'teacher_topk_recall': '[0-9.]*'" "$OUT/retrofit_$NAME.log" | tail -1)"
+  echo "$NAME exit $?: $(grep -o "'target_topk_recall': '[0-9.]*'" "$OUT/retrofit_$NAME.log" | tail -1)"
 done
 # one evaluation per checkpoint (a policy name takes one checkpoint per budget)
 for run in $RUNS; do

@@ -160,7 +160,7 @@ def dense_sdpa(q, k, v):
 
 
 def layer_section(args, S, device, dtype, bench: Bench, rec: Recorder, state: dict):
-    from kvpop_hf.topk import running_topk
+    from kvpop_hf.running_topk import running_topk
     from kvpop_hf.trainer.sparse_attention import sparse_attention, sparse_attention_block_mask
     from kvpop_hf.trainer.targets import (future_attention_target, future_attention_target_reference,
                                            future_block_mask_for)
@@ -345,7 +345,7 @@ def full_model_section(args, seq_lens, device, dtype, bench: Bench, rec: Recorde
                       repeats=min(bench.repeats, args.full_repeats))
         if res is not None:
             record = res["out"][1]
-            recall = torch.stack([r.float() for r in record.teacher_recall.values()]).nanmean().item()
+            recall = torch.stack([r.float() for r in record.target_recall.values()]).nanmean().item()
             rec.note(f"S={S}: student forward ran {len(record.boundary)} layers; mean teacher top-k "
                      f"recall (random scorer) {recall:.3f}")
         res = None

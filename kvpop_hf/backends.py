@@ -84,7 +84,7 @@ class Backends:
 
     Training (:data:`TRAINING_FIELDS`):
 
-    * ``running_topk``: the running top-k over whole sequences ``[b, h, S]`` (:mod:`kvpop_hf.topk`),
+    * ``running_topk``: the running top-k over whole sequences ``[b, h, S]`` (:mod:`kvpop_hf.running_topk`),
       ``torch|wavelet|triton``;
     * ``train_attention``: the student's fixed-budget sparse attention (:mod:`kvpop_hf.trainer.sparse_attention`),
       ``dense`` (the masked ``[S x S]`` reference) or ``flex``;

@@ -84,7 +84,7 @@ def test_blocked_cutoff_equals_reference_and_running_topk(holes):
 def test_compact_cutoff_triton_backend():
     """The CUDA adapter path (Fenwick Triton kernel), through the Triton interpreter on CPU."""
     pytest.importorskip("triton")
-    from kvpop_hf.topk import fenwick_triton
+    from kvpop_hf.running_topk import fenwick_triton
 
     if not fenwick_triton._is_interpreted():
         pytest.skip("needs TRITON_INTERPRET=1 before the first import (tests/conftest.py sets it)")

@@ -75,7 +75,7 @@ def test_retrofit_saves_a_checkpoint_that_loads_and_generates(tmp_path, name):
     trainer.train()
     assert any(not torch.equal(before[k], v) for k, v in trainer.scorer.state_dict().items())
     logged = [e for e in trainer.state.log_history if "boundary_loss" in e]
-    assert logged and all(f"teacher_topk_recall/layer_{i}" in logged[0] for i in trainer.kvpop_config.layers)
+    assert logged and all(f"target_topk_recall/layer_{i}" in logged[0] for i in trainer.kvpop_config.layers)
     out = tmp_path / "scorer"
     trainer.save_model(str(out))
     saved = json.loads((out / CONFIG_NAME).read_text())

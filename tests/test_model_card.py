@@ -9,14 +9,14 @@ def _card(history):
                              steps=3, history=history)
 
 
-def test_teacher_topk_recall_row():
-    card = _card([{"boundary_loss": 0.5, "teacher_topk_recall": 0.25}, {"teacher_topk_recall": 0.75}])
-    assert "| teacher_topk_recall | 0.75 |" in card and "| boundary_loss | 0.5 |" in card
+def test_target_topk_recall_row():
+    card = _card([{"boundary_loss": 0.5, "target_topk_recall": 0.25}, {"target_topk_recall": 0.75}])
+    assert "| target_topk_recall | 0.75 |" in card and "| boundary_loss | 0.5 |" in card
 
 
 def test_older_log_key_is_read_under_the_new_name():
     card = _card([{"topk_recall": 0.625}])
-    assert "| teacher_topk_recall | 0.625 |" in card and "| topk_recall |" not in card
+    assert "| target_topk_recall | 0.625 |" in card and "| topk_recall |" not in card
 
 
 def test_card_names_the_scorer_target():

@@ -109,7 +109,7 @@ from kvpop_hf.backends import INFERENCE_FIELDS
 from kvpop_hf.compat import with_cache
 from kvpop_hf.decode_attention import decode_attention_for, split_decode_kernel
 from kvpop_hf.scorers.mlstm_decode_triton import mlstm_decode_priority_reference  # noqa: F401
-from kvpop_hf.topk import running_topk
+from kvpop_hf.running_topk import running_topk
 
 model = tiny_model("qwen3")
 cache = KVpopCache(model.config, sinks=2, window=4, topk=6, scorer="mlstm")
@@ -158,7 +158,7 @@ def spy(name, globals=None, *args, **kwargs):
     return _import(name, globals, *args, **kwargs)
 
 builtins.__import__ = spy
-import kvpop_hf, kvpop_hf.decode_attention as a, kvpop_hf.decode_eviction as e, kvpop_hf.topk
+import kvpop_hf, kvpop_hf.decode_attention as a, kvpop_hf.decode_eviction as e, kvpop_hf.running_topk
 import kvpop_hf.scorers.mlstm_decode_triton as m
 kernels = {a: "split_decode_kernel", e: "evict_insert_kernel", m: "mlstm_decode_kernel"}
 bound = [x.__name__ for x, k in kernels.items() if getattr(x, k).defined() or "tl" in vars(x)]

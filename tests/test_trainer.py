@@ -54,7 +54,7 @@ def test_train_save_load_resume(tmp_path):
     before = copy.deepcopy(trainer.scorer.state_dict())
     trainer.train()
     logs = [e for e in trainer.state.log_history if "boundary_loss" in e]
-    assert logs and all(k in logs[0] for k in ("distill_loss", "teacher_topk_recall", "teacher_topk_recall/layer_1",
+    assert logs and all(k in logs[0] for k in ("distill_loss", "target_topk_recall", "target_topk_recall/layer_1",
                                                "loss"))
     assert any(not torch.equal(before[k], v) for k, v in trainer.scorer.state_dict().items())
     ckpt = tmp_path / "out" / "checkpoint-3"
@@ -239,7 +239,7 @@ def test_the_trainer_takes_its_backends_from_the_record(tmp_path, monkeypatch):
     """args.backends (a Backends, a dict or JSON): a bad choice is refused with the allowed values when the
     arguments are built; KVPOP_<FIELD> gives the default, an explicit field wins; the trainer resolves the record
     once, for args.device, before it touches the model, and a later change of the environment reaches nothing."""
-    import kvpop_hf.topk as topk
+    import kvpop_hf.running_topk as topk
 
     for name in CHOICES:
         monkeypatch.delenv(env_var(name), raising=False)

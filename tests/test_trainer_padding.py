@@ -66,7 +66,7 @@ def test_a_padded_row_trains_as_the_row_alone(tmp_path, backends):
         got = trainer.compute_loss(trainer.model, padded)
         logs_padded = {k: v[-1] for k, v in trainer._kvpop_logs.items()}
     torch.testing.assert_close(got, expect, atol=1e-5, rtol=1e-5)
-    for key in ("boundary_loss", "distill_loss", "teacher_topk_recall", "teacher_keep_rate"):
+    for key in ("boundary_loss", "distill_loss", "target_topk_recall", "teacher_keep_rate"):
         assert logs_padded[key] == pytest.approx(logs_alone[key], abs=1e-5), key
     assert float(expect) > 0
 

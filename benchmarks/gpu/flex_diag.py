@@ -199,7 +199,7 @@ def core_section(d: Diag, S: int, dtype, state: dict):
     import torch.nn.functional as F
 
     from kvpop_hf.flex_mask import tiled_block_mask
-    from kvpop_hf.topk import running_topk
+    from kvpop_hf.running_topk import running_topk
     from kvpop_hf.trainer.sparse_attention import sparse_attention, sparse_attention_block_mask
     from kvpop_hf.trainer.targets import (_expand_kv, _flex_log_sum, _prep_lse, future_attention_target,
                                            future_block_mask_for, future_mask_mod)

@@ -6,7 +6,6 @@ from __future__ import annotations
 import types
 from dataclasses import dataclass
 
-import torch
 from transformers import HfArgumentParser
 from transformers.utils import is_torch_bf16_gpu_available, is_torch_xla_available
 

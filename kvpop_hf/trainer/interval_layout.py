@@ -8,7 +8,7 @@ dropped never returns). With ``end_t`` that first query (``S`` for a sink, ``t +
     ``M[q, t] = start_t <= q < end_t``, ``start_t = t``, ``end_t = max(t + w, j1_t)``,
     ``j1_t = min{q : cutoff[q] < rank[t]}``,
 
-the mask of :func:`kvpop_hf.topk.sparse_mask_reference`, as intervals. In position order nearly every
+the mask of :func:`kvpop_hf.running_topk.sparse_mask_reference`, as intervals. In position order nearly every
 ``128 x 128`` block holds a long-range survivor, so FlexAttention visits every block below the diagonal,
 each with the mask applied, although a query sees at most ``B = s + w + k`` keys. Reordering the keys by
 ``(start // segment, -end)`` (per row and KV head; attention does not depend on the order of its keys) puts,
@@ -26,7 +26,7 @@ import torch
 
 from ..flex_mask import block_mask_from_flags
 from ..interval_mask import IntervalChunkMask, interval_block_flags, interval_layout
-from ..topk import RunningTopK
+from ..running_topk import RunningTopK
 
 __all__ = ["IntervalLayout", "default_segment", "interval_sparse_layout", "sequence_intervals"]
 

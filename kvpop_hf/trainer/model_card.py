@@ -29,9 +29,9 @@ def render_model_card(config, *, model_name: str, repo: str, dataset: str, steps
         raise FileNotFoundError(f"Model card template {TEMPLATE} is missing: the kvpop-hf installation is "
                                 "incomplete; reinstall it (pip install --force-reinstall kvpop-hf).")
     rows = dict(quality or {})
-    for key in ("boundary_loss", "distill_loss", "teacher_topk_recall", "teacher_keep_rate"):
+    for key in ("boundary_loss", "distill_loss", "target_topk_recall", "teacher_keep_rate"):
         value = _last_logged(history, key)
-        if value is None and key == "teacher_topk_recall":
+        if value is None and key == "target_topk_recall":
             value = _last_logged(history, "topk_recall")  # key of older kvpop-hf logs
         if value is not None and key not in rows:
             rows[key] = round(float(value), 4)

@@ -16,7 +16,7 @@ from ..flex_compiled import TRAINING_DYNAMIC, compiled_flex
 from ..flex_mask import tiled_block_mask
 from .block_masks import sparse_block_mask
 from .interval_layout import IntervalLayout, interval_sparse_layout
-from ..topk import RunningTopK, sparse_mask_reference
+from ..running_topk import RunningTopK, sparse_mask_reference
 
 
 def _flex(device):

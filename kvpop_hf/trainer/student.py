@@ -6,9 +6,9 @@ In a forward run by :func:`student_forward` every layer (KVpop, arXiv:2607.05061
 2. runs the running top-k on ``p^`` -> per-query cutoff ranks -> exact fixed-budget sparse attention
    (FlexAttention), returning the output and each query's LSE;
 3. computes the future-attention target with the transposed pass (LSE from the sparse forward,
-   or from a dense pass with ``target_lse="dense"``), the teacher priorities and the teacher's
+   or from a dense pass with ``target_lse="dense"``), the target priorities and the target's
    running top-k -> boundary tokens and keep/drop labels;
-4. records the boundary loss and the teacher top-k recall (:func:`teacher_topk_recall`).
+4. records the boundary loss and the target top-k recall (:func:`target_topk_recall`).
 
 The state of the call (scorer, settings, the record the layers fill) travels as the forward keyword
 ``kvpop_student``, which Qwen3/Llama-style models hand down to their attention function, so it belongs to
@@ -28,7 +28,7 @@ from ..attention_variants import AttentionVariant, causal_visible, variant_atten
 from ..backends import TRAINING_FIELDS, Backends
 from ..dense_attention import causal_attention
 from ..priority import decayed_priorities
-from ..topk import RunningTopK, running_topk
+from ..running_topk import RunningTopK, running_topk
 from .hidden_states import final_hidden_states
 from .losses import balance_weights, boundary_loss, margin_weights
 from .priorities import sequence_priorities
@@ -56,7 +56,7 @@ class StudentSettings:
     # the training implementations: a Backends or a dict of its fields (running_topk, train_attention,
     # target_pass; docs/backends.md), resolved for each device a forward meets (KVpopTrainer passes it resolved)
     backends: Backends | dict | None = None
-    teacher_recall_queries: int = 8  # queries sampled per layer by teacher_topk_recall
+    target_recall_queries: int = 8  # queries sampled per layer by target_topk_recall
     targets: bool = True  # False: no target pass / boundary loss (fixed scorer: only the backbone trains)
 
     def __post_init__(self):
@@ -75,7 +75,7 @@ class StudentRecord:
     the boundary loss."""
 
     boundary: dict = field(default_factory=dict)
-    teacher_recall: dict = field(default_factory=dict)
+    target_recall: dict = field(default_factory=dict)
     keep_rate: dict = field(default_factory=dict)
     decisions: dict = field(default_factory=dict)
 
@@ -85,7 +85,7 @@ class LayerDecisions:
     """The gradient-free part of one layer's student pass (see :class:`StudentRecord`)."""
 
     student: RunningTopK  # rank / cutoff only (int32); the attention mask needs nothing else
-    boundary: torch.Tensor | None = None  # [b, h, S] teacher boundary token per query, -1: none
+    boundary: torch.Tensor | None = None  # [b, h, S] the target's boundary token per query, -1: none
     keep_new: torch.Tensor | None = None  # [b, h, S] bool
     omega: torch.Tensor | None = None  # [b, h, S] float32 loss weights or None
     block_mask: object | None = None  # the FlexAttention BlockMask of the student's sparse attention
@@ -151,11 +151,11 @@ def student_forward(model, scorer, settings: StudentSettings, log_gamma: torch.T
     return (outputs, record, hidden) if return_hidden else (outputs, record)
 
 
-def teacher_topk_recall(student, teacher, sinks: int, window: int, n_queries: int,
+def target_topk_recall(student, target, sinks: int, window: int, n_queries: int,
                         valid_queries: torch.Tensor | None = None) -> torch.Tensor:
-    """Teacher top-k recall: mean over ``n_queries`` evenly spaced queries (from ``sinks + window`` on) of
-    ``|kept_student(q) & kept_teacher(q)| / |kept_teacher(q)|``, with ``kept_x(q)`` the long-range tokens that
-    the running top-k ``x`` (a :class:`~kvpop_hf.topk.RunningTopK`) keeps at query ``q``.
+    """Target top-k recall: mean over ``n_queries`` evenly spaced queries (from ``sinks + window`` on) of
+    ``|kept_student(q) & kept_target(q)| / |kept_target(q)|``, with ``kept_x(q)`` the long-range tokens that
+    the running top-k ``x`` (a :class:`~kvpop_hf.running_topk.RunningTopK`) keeps at query ``q``.
     ``valid_queries [b, S]`` (bool, the real positions of a right-padded batch): each row's queries are spaced
     over its own real tokens, so a padded row gives the recall of the row alone.
     A cheap training signal on the batch; the evaluation metric is the testbed's oracle top-k recall."""
@@ -163,8 +163,8 @@ def teacher_topk_recall(student, teacher, sinks: int, window: int, n_queries: in
         rows = []
         for b, n in enumerate(valid_queries.sum(-1).tolist()):
             sub = [RunningTopK(rank=x.rank[b:b + 1, ..., :n], cutoff=x.cutoff[b:b + 1, ..., :n], boundary=None,
-                               keep_new=None) for x in (student, teacher)]
-            rows.append(teacher_topk_recall(*sub, sinks, window, n_queries))
+                               keep_new=None) for x in (student, target)]
+            rows.append(target_topk_recall(*sub, sinks, window, n_queries))
         rows = torch.stack([r.to(student.rank.device) for r in rows])
         finite = rows[~rows.isnan()]
         return finite.mean() if finite.numel() else torch.tensor(float("nan"))
@@ -179,7 +179,7 @@ def teacher_topk_recall(student, teacher, sinks: int, window: int, n_queries: in
     def kept(res):
         return elig & (res.rank[..., None, :] <= res.cutoff[..., q][..., None])
 
-    ks, kt = kept(student), kept(teacher)
+    ks, kt = kept(student), kept(target)
     inter = (ks & kt).sum(-1).float()
     denom = kt.sum(-1).float().clamp_min(1)
     return (inter / denom).mean()
@@ -211,8 +211,8 @@ def kvpop_train_attention(module, query, key, value, attention_mask, scaling=Non
                                        known=None if saved is None else saved.priorities)
     if saved is None:
         with record_function("kvpop.running_topk"):
-            topk = running_topk(prio.detach(), st.sinks, st.window, st.topk, backend=backends.running_topk)
-        student = RunningTopK(rank=topk.rank.to(torch.int32), cutoff=topk.cutoff.to(torch.int32),
+            ranked = running_topk(prio.detach(), st.sinks, st.window, st.topk, backend=backends.running_topk)
+        student = RunningTopK(rank=ranked.rank.to(torch.int32), cutoff=ranked.cutoff.to(torch.int32),
                               boundary=None, keep_new=None)
     else:
         student = saved.student
@@ -237,8 +237,9 @@ def kvpop_train_attention(module, query, key, value, attention_mask, scaling=Non
     t_new = (torch.arange(S, device=prio.device) - st.window).view(1, 1, S).expand_as(prio)
     if saved is not None:
         with record_function("kvpop.boundary_loss"):
-            record.boundary[li] = boundary_loss(prio, t_new, saved.boundary.long(), saved.keep_new, temperature=st.boundary_temperature,
-                                                omega=saved.omega, valid=saved.boundary >= 0)
+            record.boundary[li] = boundary_loss(prio, t_new, saved.boundary.long(), saved.keep_new,
+                                                temperature=st.boundary_temperature, omega=saved.omega,
+                                                valid=saved.boundary >= 0)
         return out.transpose(1, 2).contiguous(), None
     with torch.no_grad(), record_function("kvpop.target_pass"):
         q_d, k_d = query.detach(), key.detach()
@@ -253,25 +254,25 @@ def kvpop_train_attention(module, query, key, value, attention_mask, scaling=Non
         p_tgt = r_tgt if lg is None else decayed_priorities(r_tgt, torch.arange(S, device=r_tgt.device),
                                                             lg.detach(), st.decay_step)
         with record_function("kvpop.running_topk"):
-            teacher = running_topk(p_tgt, st.sinks, st.window, st.topk, backend=backends.running_topk)
+            target = running_topk(p_tgt, st.sinks, st.window, st.topk, backend=backends.running_topk)
         omega = None
-        valid = teacher.boundary >= 0
+        valid = target.boundary >= 0
         if call.valid_queries is not None:  # padded queries of a right-padded batch: no decision, no loss
             valid = valid & call.valid_queries.to(valid.device)[:, None, :]
         if "margin" in st.omega:
-            omega = margin_weights(p_tgt, t_new, teacher.boundary, valid=valid)
+            omega = margin_weights(p_tgt, t_new, target.boundary, valid=valid)
         if "balance" in st.omega:
-            bal = balance_weights(teacher.keep_new, valid)
+            bal = balance_weights(target.keep_new, valid)
             omega = bal if omega is None else omega * bal
-        record.teacher_recall[li] = teacher_topk_recall(student, teacher, st.sinks, st.window,
-                                                        st.teacher_recall_queries, call.valid_queries)
-        record.keep_rate[li] = teacher.keep_new[valid].float().mean() if valid.any() else torch.tensor(float("nan"))
-        record.decisions[li] = LayerDecisions(student, teacher.boundary.masked_fill(~valid, -1).to(torch.int32),
-                                              teacher.keep_new, omega,
+        record.target_recall[li] = target_topk_recall(student, target, st.sinks, st.window,
+                                                        st.target_recall_queries, call.valid_queries)
+        record.keep_rate[li] = target.keep_new[valid].float().mean() if valid.any() else torch.tensor(float("nan"))
+        record.decisions[li] = LayerDecisions(student, target.boundary.masked_fill(~valid, -1).to(torch.int32),
+                                              target.keep_new, omega,
                                               block_mask, prio.detach())
     with record_function("kvpop.boundary_loss"):
-        record.boundary[li] = boundary_loss(prio, t_new, teacher.boundary, teacher.keep_new, temperature=st.boundary_temperature,
-                                            omega=omega, valid=valid)
+        record.boundary[li] = boundary_loss(prio, t_new, target.boundary, target.keep_new,
+                                            temperature=st.boundary_temperature, omega=omega, valid=valid)
     return out.transpose(1, 2).contiguous(), None
 
 

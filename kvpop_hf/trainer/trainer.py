@@ -204,7 +204,8 @@ class KVpopTrainer(DistillationTrainer):
         super().__init__(model, args, parts, teacher_model, distil=args.distill_weight > 0,
                          train_backbone=args.train_backbone, **kwargs)
         self.settings = StudentSettings(sinks=args.sinks, window=args.window, topk=args.topk,
-                                        decay_step=args.decay_step, boundary_temperature=args.boundary_temperature, omega=args.omega,
+                                        decay_step=args.decay_step, omega=args.omega,
+                                        boundary_temperature=args.boundary_temperature,
                                         target_lse=args.target_lse, target_agg=args.target_agg,
                                         target_reduce=args.target_reduce, target_queries=args.target_queries,
                                         backends=backends, targets=args.scorer in LEARNED_SCORERS)
@@ -257,9 +258,9 @@ class KVpopTrainer(DistillationTrainer):
                 logs["student_lm_loss"] = chunked_lm_loss(student.hidden, *head_weights(lm_head_of(model)),
                                                           student.labels, softcap=final_logit_softcap(model))
         if self.settings.targets:
-            logs["teacher_topk_recall"] = torch.stack(list(record.teacher_recall.values())).nanmean()
-            for li, r in record.teacher_recall.items():
-                logs[f"teacher_topk_recall/layer_{li}"] = r
+            logs["target_topk_recall"] = torch.stack(list(record.target_recall.values())).nanmean()
+            for li, r in record.target_recall.items():
+                logs[f"target_topk_recall/layer_{li}"] = r
             logs["teacher_keep_rate"] = torch.stack(list(record.keep_rate.values())).nanmean()
         return loss, logs
 

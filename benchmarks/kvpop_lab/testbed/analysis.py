@@ -6,11 +6,11 @@
   Oracle priorities ``r* = future_attention_target(q, k, dense_causal_lse(q, k), window)`` ``[1, Hkv, S]``;
   scorer priorities ``p = sequence_priorities(scorer, layer, k, v, window, log_gamma, decay_step)``.
   With ``kept_x(q)`` the long-range tokens kept at query ``q`` by the running top-k of ``x``
-  (:func:`kvpop_hf.topk.running_topk`), the oracle top-k recall (:func:`oracle_topk_recall`) is the
+  (:func:`kvpop_hf.running_topk.running_topk`), the oracle top-k recall (:func:`oracle_topk_recall`) is the
   mean over queries of ``|kept_p(q) & kept_r*(q)| / |kept_r*(q)|``, counting every query where eviction
   happens (more than ``topk`` eligible tokens). Sinks and window are kept by both and not counted.
-  (Training logs a different, cheaper signal, ``teacher_topk_recall``: see
-  :func:`kvpop_hf.trainer.student.teacher_topk_recall`.)
+  (Training logs a different, cheaper signal, ``target_topk_recall``: see
+  :func:`kvpop_hf.trainer.student.target_topk_recall`.)
 * :func:`retention_map` / :func:`plot_retention`: which positions each (layer, KV head) still holds
   after greedy generation with a policy (paper Fig. 6), from ``cache.stored_positions(layer)``. By the
   cache contract this is exactly the running top-k kept set at the final query on the keys the
@@ -32,7 +32,7 @@ from kvpop_hf.cache import KVpopCache
 from kvpop_hf.compat import with_cache
 from kvpop_hf.dense_attention import causal_attention
 from kvpop_hf.priority import decayed_priorities
-from kvpop_hf.topk import running_topk
+from kvpop_hf.running_topk import running_topk
 from kvpop_hf.trainer.priorities import sequence_priorities
 from .models import load_model
 from kvpop_hf.policies import POLICIES

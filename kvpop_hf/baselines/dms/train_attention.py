@@ -41,11 +41,12 @@ class DMSCall:
     __slots__ = ("gate", "sinks", "window", "temperature", "noise", "record")
 
     def __init__(self, gate, sinks: int, window: int, temperature: float, record: DMSRecord, noise: bool = True):
-        self.gate, self.sinks, self.window, self.temperature, self.noise, self.record = gate, sinks, window, temperature, noise, record
+        self.gate, self.sinks, self.window = gate, sinks, window
+        self.temperature, self.noise, self.record = temperature, noise, record
 
 
-def dms_forward(model, gate, sinks: int, window: int, temperature: float, noise: bool = True, return_hidden: bool = False,
-                **inputs):
+def dms_forward(model, gate, sinks: int, window: int, temperature: float, noise: bool = True,
+                return_hidden: bool = False, **inputs):
     """``model(**inputs)`` with the relaxed DMS eviction -> (outputs, :class:`DMSRecord`); with
     ``return_hidden=True`` no logits are computed and the final hidden states ``[B, S, H]`` come third."""
     record = DMSRecord()

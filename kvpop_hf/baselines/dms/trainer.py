@@ -50,7 +50,8 @@ class DMSTrainingArguments(TrainingArguments):
     compression_weight: float = field(default=10.0, metadata={"help": "Weight of the compression penalty."})
     penalty: str = field(default="one_sided", metadata={
         "help": "one_sided: max(0, rate - mean alpha) (DMS) | two_sided: |rate - mean alpha| (matched memory)."})
-    gate_temperature: float = field(default=0.3, metadata={"help": "Gumbel-sigmoid temperature of the gates in training."})
+    gate_temperature: float = field(default=0.3, metadata={
+        "help": "Gumbel-sigmoid temperature of the gates in training."})
     gate_learning_rate: float = field(default=1e-1, metadata={"help": "Learning rate of the gate."})
     gate_init_bias: float = field(default=-2.0, metadata={"help": "Initial gate bias (sigmoid: starting eviction rate)."})
     distill_temperature: float = field(default=1.0)
@@ -85,7 +86,8 @@ class DMSTrainer(DistillationTrainer):
         layers, heads, head_dim = model_shape(config)
         gate = gate if gate is not None else DMSGate(layers, heads, head_dim, init_bias=args.gate_init_bias)
         self.dms_config = DMSConfig(sinks=args.sinks, window=args.window, target_eviction=args.target_eviction,
-                                    gate_temperature=args.gate_temperature, num_layers=layers, num_kv_heads=heads, head_dim=head_dim,
+                                    gate_temperature=args.gate_temperature, num_layers=layers, num_kv_heads=heads,
+                                    head_dim=head_dim,
                                     base_model=getattr(config, "_name_or_path", None) or None)
         super().__init__(model, args, {GATE_ATTR: gate.requires_grad_(True)}, teacher_model, **kwargs)
         ramp = math.ceil(args.ramp_fraction * max(1, args.max_steps))
@@ -115,7 +117,8 @@ class DMSTrainer(DistillationTrainer):
         if mask is not None and not bool(mask.all()):
             raise ValueError("DMSTrainer needs unpadded batches: use equal-length sequences.")
         args = self.args
-        outputs, record, hidden = dms_forward(model, self.gate, args.sinks, args.window, args.gate_temperature, return_hidden=True,
+        outputs, record, hidden = dms_forward(model, self.gate, args.sinks, args.window, args.gate_temperature,
+                                              return_hidden=True,
                                               input_ids=inputs["input_ids"])
         return StudentPass(outputs, hidden, record, inputs.get("labels"))
 
