@@ -1,4 +1,4 @@
-"""benchmarks/generation_speed.py --via-generate on a tiny model (CPU): the CSV of record's exact columns, one
+"""benchmarks/generate_call_speed.py on a tiny model (CPU): the CSV of record's exact columns, one
 row per (cache, scorer, context, batch) with left-padded batches, both processes of --compile-reuse, the fused
 projections' rows after the separate ones, and the
 refusal of a token count that leaves nothing to time."""
@@ -22,11 +22,11 @@ def rows_of(prefix: Path):
         return list(csv.DictReader(fh))
 
 
-def test_via_generate_rows(tmp_path):
+def test_generate_call_rows(tmp_path):
     prefix = tmp_path / "gen"
-    argv = ["--via-generate", *TINY, "--contexts", "150", "--batches", "1", "3", "--scorers", "knorm", "mlstm",
+    argv = [*TINY, "--contexts", "150", "--batches", "1", "3", "--scorers", "knorm", "mlstm",
             "--static-max-batch", "1", "--out-prefix", str(prefix)]
-    assert generation_speed.main(argv) == 0
+    assert generate_call_speed.main(argv) == 0
     rows = rows_of(prefix)
     assert list(rows[0]) == generate_call_speed.COLUMNS
     got = {(r["cache"], r["scorer"], r["batch"]) for r in rows}

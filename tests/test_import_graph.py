@@ -170,3 +170,11 @@ def test_the_graph_sees_cycles_relative_imports_and_packages_on_the_way(tmp_path
     assert module_level_cycles(graph) == [["pkg.a", "pkg.sub"]]
     assert function_level_cycles(graph) == [["pkg.c", "pkg.d"]]
     assert external["pkg.a"] == {"benchmarks"}
+
+
+def test_the_laboratory_has_no_import_cycle():
+    """kvpop_lab (benchmarks/): no cycle, module- or function-level."""
+    graph, _ = import_graph(ROOT / "benchmarks", "kvpop_lab")
+    assert "kvpop_lab.testbed.qkv" in graph["kvpop_lab.testbed.oracle"]  # the graph was read
+    found = module_level_cycles(graph) + function_level_cycles(graph)
+    assert not found, "\n".join(" <-> ".join(c) for c in found)

@@ -61,7 +61,7 @@ def test_bad_families_are_refused_before_loading(tmp_path):
 def test_lookup_attention_matches_the_models_own_attention_weights():
     from transformers import AutoModelForCausalLM
 
-    from kvpop_lab.testbed.analysis import record_qkv
+    from kvpop_lab.testbed.qkv import record_qkv
     from kvpop_lab.testbed.tasks import training_example
 
     tok = build_tokenizer()

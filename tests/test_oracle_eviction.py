@@ -21,7 +21,7 @@ def _model():
 
 
 def test_table_matches_the_reference_oracle():
-    from kvpop_lab.testbed.analysis import record_qkv
+    from kvpop_lab.testbed.qkv import record_qkv
     from kvpop_hf.trainer.targets import dense_causal_lse
     m = _model()
     ids = torch.randint(0, 100, (1, 50), generator=torch.Generator().manual_seed(1))
@@ -60,7 +60,7 @@ def test_positions_outside_the_table_score_lowest():
 
 
 def test_max_table_against_a_loop():
-    from kvpop_lab.testbed.analysis import record_qkv
+    from kvpop_lab.testbed.qkv import record_qkv
     m = _model()
     S, window = 12, 3
     ids = torch.randint(0, 100, (1, S), generator=torch.Generator().manual_seed(3))
@@ -88,7 +88,7 @@ def test_oracle_table_kinds():
 
 def test_power_mean_table_is_the_training_target_of_each_layer():
     """kind="p<x>": per layer, the power-mean target the trainer uses (mean over the query heads of a KV head)."""
-    from kvpop_lab.testbed.analysis import record_qkv
+    from kvpop_lab.testbed.qkv import record_qkv
     from kvpop_hf.trainer.targets import dense_causal_lse, future_attention_target_reference
     m = _model()
     ids = torch.randint(0, 100, (1, 20), generator=torch.Generator().manual_seed(5))

@@ -36,7 +36,7 @@ extra=()
 [ "${PROFILE:-0}" = 1 ] && extra+=(--profile-dir /tmp/kvpop_profiles)
 [ -n "${PROJECTIONS:-}" ] && extra+=(--projections $PROJECTIONS)  # e.g. "separate fused": every row again, fused
 [ "${NO_RETRY:-0}" = 1 ] && extra+=(--no-retry)  # a failed generate is not retried after torch._dynamo.reset()
-timeout "${LIMIT_S:-590}" python3 benchmarks/generation_speed.py --via-generate --device cuda --shape qwen3-8b \
+timeout "${LIMIT_S:-590}" python3 benchmarks/generate_call_speed.py --device cuda --shape qwen3-8b \
   --contexts ${CONTEXTS:-4096 131072} --batches ${BATCHES:-1} --scorers ${SCORERS:-knorm mlp mlstm} \
   --static-max-batch ${STATIC_MAX_BATCH:-1} "${extra[@]}" \
   --out-prefix "$OUT/h200_qwen3-8b_generate" 2>&1 | grep -v -i warn | tee "$OUT/generate_call_speed.full.log" \

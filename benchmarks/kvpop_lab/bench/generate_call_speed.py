@@ -1,6 +1,6 @@
 """Decode speed and memory measured through ``model.generate`` exactly as a user calls it.
 
-Run as ``python benchmarks/generation_speed.py --via-generate ...`` (or this file directly). Per (cache,
+Run as ``python benchmarks/generate_call_speed.py ...``. Per (cache,
 scorer, context, batch) on a random-weight model of ``--shape``:
 
 * ``kvpop``: ``KVpopCache(model.config, sinks, window, topk, scorer)`` filled by
@@ -368,7 +368,7 @@ def main(argv=None) -> int:
     if args.new_tokens < args.warmup + 3:
         raise ValueError(f"--new-tokens {args.new_tokens} leaves no timed step after --warmup {args.warmup}: "
                          f"use --new-tokens >= {args.warmup + 3}.")
-    command = "python benchmarks/generation_speed.py --via-generate " + " ".join(argv)
+    command = "python benchmarks/generate_call_speed.py " + " ".join(argv)
     if args.rows_json:  # one process of --compile-reuse: rows to the parent, nothing written
         Path(args.rows_json).write_text(json.dumps(run_rows(args)))
         return 0

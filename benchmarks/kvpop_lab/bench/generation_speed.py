@@ -31,9 +31,9 @@ length, so the difference is the eviction and scorer work). ``--batches`` adds b
 layout; no prefill): tokens/s and peak memory, OOM where the dense cache does not fit. ``--leak-caches N``
 creates, fills and drops N KVpopCaches and prints the allocated memory before and after.
 
-``--via-generate`` measures instead the user's own call, ``model.generate`` with a prefilled KVpopCache or
-``cache_implementation="static"`` (benchmarks/generate_call_speed.py: first-step compile time, decode ms, batch
-rows with left padding, and a second process reusing the first one's compile cache).
+benchmarks/generate_call_speed.py measures instead the user's own call, ``model.generate`` with a prefilled
+KVpopCache or ``cache_implementation="static"`` (first-step compile time, decode ms, batch rows with left padding,
+and a second process reusing the first one's compile cache).
 """
 
 from __future__ import annotations
@@ -438,10 +438,6 @@ def fill_dense(kind, model, batch, ctx, extra, device, dtype):
 def main(argv=None) -> int:
     from_cli = argv is None  # the recorded command: the shell's, or the main() call's
     argv = list(sys.argv[1:] if argv is None else argv)
-    if "--via-generate" in argv:  # the user's own call: benchmarks/generate_call_speed.py
-        from kvpop_lab.bench import generate_call_speed
-
-        return generate_call_speed.main([a for a in argv if a != "--via-generate"])
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default="cpu")

@@ -30,45 +30,18 @@ import torch
 from kvpop_hf.backends import Backends
 from kvpop_hf.cache import KVpopCache
 from kvpop_hf.compat import with_cache
-from kvpop_hf.dense_attention import causal_attention
 from kvpop_hf.priority import decayed_priorities
 from kvpop_hf.running_topk import running_topk
 from kvpop_hf.trainer.priorities import sequence_priorities
 from .models import load_model
 from kvpop_hf.policies import POLICIES
 from kvpop_hf.plotting import pyplot
+from .qkv import record_qkv
 from .report import averages
 from .tasks import Problem, training_example
 
 __all__ = ["record_qkv", "record_students", "cache_priorities", "oracle_topk_recall", "oracle_recall_shares", "oracle_recall_rows", "retention_map",
            "plot_retention", "ablation_delay", "heatmap_run", "run_all"]
-
-_REC_NAME = "kvpop_record"
-
-
-# -- recording q/k/v -----------------------------------------------------------------------------------
-@torch.no_grad()
-def record_qkv(model, ids: torch.Tensor) -> dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor, float]]:
-    """Dense causal forward of ``ids [1, S]``; returns ``{layer: (q, k, v, scaling)}`` with post-RoPE
-    q ``[1, Hq, S, D]``, k/v ``[1, Hkv, S, D]`` (float32, on the model's device)."""
-    from transformers import AttentionInterface, AttentionMaskInterface
-
-    store: dict[int, tuple] = {}
-
-    def attn(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
-        store[module.layer_idx] = (query.float(), key.float(), value.float(), float(scaling))
-        return causal_attention(query, key, value, None, scaling), None
-
-    AttentionInterface.register(_REC_NAME, attn)
-    AttentionMaskInterface.register(_REC_NAME, lambda *a, **k: None)
-    old = model.config._attn_implementation
-    model.set_attn_implementation(_REC_NAME)
-    try:
-        model(ids, use_cache=False)
-    finally:
-        model.set_attn_implementation(old)
-    return store
-
 
 def record_students(scored: Sequence[tuple], ids: torch.Tensor) -> dict[int, dict]:
     """:func:`record_qkv` of every distinct own model in ``scored`` (the 4th item of a ``(policy, budget, cache,

@@ -18,7 +18,7 @@ import torch
 from kvpop_hf.dense_attention import expand_kv
 from kvpop_hf.scorers.base import Scorer
 from kvpop_hf.trainer.targets import dense_causal_lse, future_attention_target, reduce_power
-from .analysis import record_qkv
+from .qkv import record_qkv
 
 __all__ = ["OracleScorer", "check_kind", "oracle_kind_arg", "oracle_table", "oracle_table_from_qkv", "target_queries"]
 
