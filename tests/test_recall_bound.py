@@ -117,7 +117,7 @@ def test_twin_rows_on_the_testbed():
 
     model = load_model(str(TEACHER), torch.float32, torch.device("cpu"))
     tok = AutoTokenizer.from_pretrained(str(TEACHER))
-    (b,) = parse_budgets("0.88", 512, 4, 32)
+    (b,) = parse_budgets(compression="0.88", length=512, sinks=4, window=32)
     scored = [("streaming", b, KVpopCache(model.config, scorer="streaming", sinks=4, window=32, topk=b.topk)),
               ("kvpop", b, KVpopCache.from_pretrained(str(SCORER), model.config, sinks=4, window=32, topk=b.topk))]
     probs = [make_problem("reasoning", length=512, seed=2 ** 48)]
@@ -156,7 +156,7 @@ def test_cli_writes_its_table_csv_and_plot(tmp_path):
 
     causal_recall_bound.main([
                  "--model", str(TEACHER), "--out", str(tmp_path), "--length", "512", "--n", "1", "--twins", "2",
-                 "--window", "32", "--budgets", "0.88", "--oracle-kinds", "max,mean", "--scorer", f"kvpop={SCORER}",
+                 "--window", "32", "--compression", "0.88", "--oracle-kinds", "max,mean", "--scorer", f"kvpop={SCORER}",
                  "--baselines", "streaming", "--device", "cpu"])
     table = (tmp_path / "table.md").read_text()
     for kind in ("max", "mean"):
