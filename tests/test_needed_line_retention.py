@@ -58,6 +58,16 @@ def test_bad_families_are_refused_before_loading(tmp_path):
         nlr.main(["--model", str(tmp_path / "missing"), "--out", str(tmp_path / "t.md"), "--families", "cwe"])
 
 
+@pytest.mark.parametrize("flags, error, match", [
+    (["--budgets", "0.88"], ValueError, "give it as --compression 0.88"),
+    (["--compression", "492"], ValueError, "give it as --budgets 492"),
+    (["--compression", "0.88", "--budgets", "300"], SystemExit, "one budget; got 2"),
+])
+def test_one_budget_of_either_kind_is_checked_before_loading(tmp_path, flags, error, match):
+    with pytest.raises(error, match=match):
+        nlr.main(["--model", str(tmp_path / "missing"), "--out", str(tmp_path / "t.md"), *flags])
+
+
 def test_lookup_attention_matches_the_models_own_attention_weights():
     from transformers import AutoModelForCausalLM
 
