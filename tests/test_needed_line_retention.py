@@ -111,7 +111,8 @@ def test_fact_line_kinds_and_the_by_token_table(tmp_path):
     out = tmp_path / "t.md"
     nlr.main(["--model", TEACHER, "--scorer-checkpoint", str(ROOT / "checkpoints/testbed-4k-kvpop-cr88"),
               "--out", str(out), "--per-head", str(tmp_path / "h.csv"), "--families", "reasoning", "--n", "1",
-              "--length", "768", "--compression", "0.75", "--knob", "reasoning.n_facts=4", "--knob", "reasoning.steps=2"])
+              "--length", "768", "--compression", "0.75", "--knob", "reasoning.n_facts=4",
+              "--knob", "reasoning.steps=2"])
     text = out.read_text()
     assert "| kvpop | `.` |" in text and "| streaming | `value` |" in text
     assert len((tmp_path / "h.csv").read_text().splitlines()) == 1 + 2 * 12
