@@ -30,7 +30,7 @@ if [[ "${1:-train}" == train ]]; then
   done
 else
   nice -n 10 "$PY" -m kvpop_lab.testbed.evaluate --model "$TEACHER" --out "$OUT" --length 1024 --n 10 \
-    --families reasoning --in-domain reasoning --sinks 4 --window 32 --budgets 0.75,0.88,0.94 --policies dms \
+    --families reasoning --in-domain reasoning --sinks 4 --window 32 --compression 0.75,0.88,0.94 --policies dms \
     --scorer-checkpoint "dms@cr75=$CKPTS/dms_cr75" --scorer-checkpoint "dms@cr88=$CKPTS/dms_cr88" \
     --scorer-checkpoint "dms@cr94=$CKPTS/dms_cr94" --batch-size 10 --device cpu --no-progress
   "$PY" -m kvpop_hf.baselines.dms.heatmap "$OUT/compression.json" "$OUT/eviction_ratio_heatmap.png"

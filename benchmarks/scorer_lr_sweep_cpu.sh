@@ -43,7 +43,7 @@ for run in $RUNS; do
   parse "$run"
   python3 -m kvpop_lab.testbed.evaluate --model checkpoints/testbed-4k-teacher --out "$OUT/eval_$NAME" --length $L --n "$N" \
     --families reasoning --in-domain reasoning --knob reasoning.n_facts=10 --knob reasoning.steps=4 --sinks 4 \
-    --window "$W" --budgets "$CR" --policies "$POL" --scorer-checkpoint "$POL=$OUT/ckpt/$NAME" --skip-em \
+    --window "$W" --compression "$CR" --policies "$POL" --scorer-checkpoint "$POL=$OUT/ckpt/$NAME" --skip-em \
     --analysis --analysis-n "$N" --oracle-kind max --oracle-queries target --batch-size "$N" --device cpu \
     --no-progress > "$OUT/eval_$NAME.log" 2>&1
   echo "eval $NAME exit $?"

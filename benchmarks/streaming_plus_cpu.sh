@@ -24,6 +24,6 @@ if [[ "${1:-train}" == train ]]; then
   done
 else
   nice -n 10 "$PY" -m kvpop_lab.testbed.evaluate --model "$TEACHER" --out "$OUT" --length 1024 --n 10 \
-    --families reasoning --in-domain reasoning --sinks 4 --window 32 --budgets 0.75,0.88,0.94 \
+    --families reasoning --in-domain reasoning --sinks 4 --window 32 --compression 0.75,0.88,0.94 \
     --policies dense,streaming,streaming_plus --checkpoints-dir "$CKPTS" --batch-size 10 --device cpu --no-progress
 fi

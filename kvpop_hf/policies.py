@@ -5,9 +5,9 @@ and returns a fresh ``past_key_values`` object (or ``None`` = transformers' defa
 :data:`POLICIES` maps names to :class:`Policy` records; new baselines (TOVA, H2O, SnapKV, DMS, KVP,
 ...) plug in with :func:`register_policy` and then work in ``kvpop-eval --policies``.
 
-Budgets (KVpop arXiv:2607.05061, Eq. 1: ``B = s + w + k`` per layer and KV head) are given either as
-compression ratios relative to the evaluation length (``0.75`` -> ``B = round(0.25 * length)``) or as
-explicit token counts (``256``); ``sinks`` and ``window`` are fixed and ``topk = B - sinks - window``.
+Budgets (KVpop arXiv:2607.05061, Eq. 1: ``B = s + w + k`` per layer and KV head) are given as compression
+ratios relative to the evaluation length (``--compression 0.75`` -> ``B = round(0.25 * length)``), as token
+counts (``--budgets 256``), or both; ``sinks`` and ``window`` are fixed and ``topk = B - sinks - window``.
 
 Learned policies read a checkpoint directory (or Hub repo id) written by
 ``KVpopCache.save_pretrained``. Checkpoints are found per (policy, budget tag) where the tag is
@@ -26,9 +26,9 @@ import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
-__all__ = ["Policy", "POLICIES", "register_policy", "Budget", "parse_budgets", "budget_tags",
+__all__ = ["Policy", "POLICIES", "register_policy", "Budget", "parse_budgets", "parse_token_counts", "budget_tags",
            "parse_checkpoint_specs", "scan_checkpoints_dir", "resolve_checkpoint", "load_prototype",
            "bind_factory", "policy_budget"]
 
@@ -212,7 +212,7 @@ class Budget:
     cr: float
     sinks: int
     window: int
-    spec: str  # as given on the command line
+    spec: str  # as given: a --compression ratio (with a '.' or an exponent) or a --budgets token count
 
     @property
     def topk(self) -> int:
@@ -234,40 +234,77 @@ def _is_ratio(spec: str) -> bool:
     return "." in spec or "e" in spec.lower()
 
 
-def parse_budgets(text: str | list[str], length: int, sinks: int, window: int) -> list[Budget]:
-    """``"0.75,0.88"`` (ratios in (0, 1)) and/or ``"256,512"`` (tokens) -> budgets, in the given order.
+def _items(values: str | Sequence | None) -> list[str]:
+    """``"0.75,0.88"`` or ``[0.75, "0.88"]`` -> ``["0.75", "0.88"]``; ``None`` -> ``[]``."""
+    if values is None:
+        return []
+    if isinstance(values, str):
+        return [t for t in values.replace(" ", "").split(",") if t]
+    return [str(v).strip() for v in values]
 
-    Raises ValueError for empty lists, malformed values, duplicates, ratios outside (0, 1) and budgets
-    that leave no long-range slot (``B <= sinks + window``).
+
+def _ratio_tokens(spec: str, length: int) -> int:
+    """``B = round((1 - cr) * length)`` of one ``--compression`` value."""
+    if re.fullmatch(r"\+?\d+", spec) and int(spec) >= 1:
+        raise ValueError(f"--compression {spec}: {spec} is a token count, not a compression ratio: give it as "
+                         f"--budgets {int(spec)} (B = sinks + window + topk entries per layer and KV head).")
+    try:
+        cr = float(spec)
+    except ValueError:
+        raise ValueError(f"Bad --compression value {spec!r}: expected a ratio in (0, 1) like 0.88.") from None
+    if math.isnan(cr) or not 0.0 < cr < 1.0:
+        raise ValueError(f"Compression ratio {spec} must be in (0, 1) (B = round((1 - cr) * length)); "
+                         "give token counts to --budgets.")
+    return int(round((1.0 - cr) * length))
+
+
+def parse_token_counts(values: str | Sequence | None, flag: str = "--budgets") -> list[int]:
+    """``"256,512"`` -> ``[256, 512]``: whole token counts only; a compression ratio (``0.88``) is a ValueError
+    naming ``--compression``, any other non-integer one naming the expected form. ``flag`` names the option."""
+    out = []
+    for spec in _items(values):
+        try:
+            out.append(int(spec))
+            continue
+        except ValueError:
+            pass
+        try:
+            x = float(spec)
+        except ValueError:
+            x = math.nan
+        if 0.0 < x < 1.0:
+            raise ValueError(f"{flag} {spec}: {spec} is a compression ratio: give it as --compression {spec} "
+                             f"({flag} takes token counts B = sinks + window + topk, e.g. 256).")
+        raise ValueError(f"Bad {flag} value {spec!r}: expected a whole token count like 256 (B = sinks + window + "
+                         "topk entries per layer and KV head); compression ratios go to --compression.")
+    return out
+
+
+def parse_budgets(*, compression: str | Sequence | None = None, budgets: str | Sequence | None = None,
+                  length: int, sinks: int, window: int) -> list[Budget]:
+    """Budgets from ``compression`` ratios in (0, 1) (``"0.75,0.88"``: ``B = round((1 - cr) * length)``) and from
+    ``budgets`` token counts (``"256,512"``: ``B`` itself), the ratios first, each list in its order.
+
+    Raises ValueError when both are empty, for malformed values, a ratio among ``budgets`` or a whole number >= 1
+    among ``compression`` (naming the other option), ratios outside (0, 1), duplicate ``B`` and budgets that leave
+    no long-range slot (``B <= sinks + window``).
     """
-    items = text if isinstance(text, list) else [t for t in str(text).replace(" ", "").split(",") if t]
-    if not items:
-        raise ValueError("--budgets is empty; give ratios like 0.75,0.88 or token counts like 256,512.")
+    ratios, counts = _items(compression), _items(budgets)
+    if not ratios and not counts:
+        raise ValueError("No budget given: give compression ratios like --compression 0.75,0.88 and/or token counts "
+                         "like --budgets 256,512.")
+    tokens = parse_token_counts(counts)  # every value is checked before any budget is built
+    given = [(spec, _ratio_tokens(spec, length)) for spec in ratios] + list(zip(counts, tokens))
     out: list[Budget] = []
-    for spec in items:
-        spec = str(spec)
-        if _is_ratio(spec):
-            try:
-                cr = float(spec)
-            except ValueError:
-                raise ValueError(f"Bad budget {spec!r}: expected a ratio like 0.75 or a token count like 256.") from None
-            if not (0.0 < cr < 1.0) or math.isnan(cr):
-                raise ValueError(f"Compression ratio {spec} must be in (0, 1) (B = round((1 - cr) * length)).")
-            B = int(round((1.0 - cr) * length))
-        else:
-            try:
-                B = int(spec)
-            except ValueError:
-                raise ValueError(f"Bad budget {spec!r}: expected a ratio like 0.75 or a token count like 256.") from None
+    for spec, B in given:
         if B <= sinks + window:
             raise ValueError(
                 f"Budget {spec} gives B={B} tokens, which is <= sinks + window = {sinks} + {window}: no long-range "
                 "slots are left. Use a larger budget, a smaller --window or fewer --sinks.")
-        cr = max(0.0, 1.0 - B / length)
-        b = Budget(B=B, cr=cr, sinks=sinks, window=window, spec=spec)
         if any(o.B == B for o in out):
-            raise ValueError(f"Duplicate budget B={B} (from {spec!r}).")
-        out.append(b)
+            raise ValueError(f"Duplicate budget B={B} (from {spec!r}; {next(o.spec for o in out if o.B == B)!r} "
+                             "gives the same).")
+        out.append(Budget(B=B, cr=max(0.0, 1.0 - B / length), sinks=sinks, window=window, spec=spec))
     return out
 
 

@@ -53,7 +53,7 @@ def run(tmp_path_factory):
     ck.save_pretrained(root / "ckpts" / "kvpop_mlp")
     out = root / "out"
     argv = ["--model", str(root / "model"), "--out", str(out), "--n", "2", "--length", str(LENGTH),
-            "--sinks", str(SINKS), "--window", str(WINDOW), "--budgets", f"0.5,{FULL_B}",
+            "--sinks", str(SINKS), "--window", str(WINDOW), "--compression", "0.5", "--budgets", str(FULL_B),
             "--policies", "dense,knorm,kvpop_mlp", "--checkpoints-dir", str(root / "ckpts"),
             "--analysis", "--analysis-n", "1", "--no-progress"]
     assert main(argv) == 0
@@ -126,28 +126,49 @@ def test_recall_csv(run):
     (["--policies", "dense,pyramidkv"], "Unknown policy"),
     (["--families", "reasoning,ruler"], "Unknown family"),
     (["--budgets", "36"], "no long-range"),
-    (["--budgets", "0.9"], "no long-range"),  # B = 30 <= 4 + 32
-    (["--budgets", "1.5"], "ratio"),
-    (["--budgets", "abc"], "Bad budget"),
+    (["--compression", "0.9"], "no long-range"),  # B = 30 <= 4 + 32
+    (["--compression", "1.5"], r"must be in \(0, 1\)"),
+    (["--compression", "abc"], "Bad --compression value"),
+    (["--budgets", "abc"], "Bad --budgets value"),
+    (["--budgets", "0.88"], "0.88 is a compression ratio: give it as --compression 0.88"),
+    (["--budgets", "200,0.75"], "0.75 is a compression ratio: give it as --compression 0.75"),
+    (["--compression", "256"], "256 is a token count, not a compression ratio: give it as --budgets 256"),
+    (["--budgets", str(LENGTH // 2)], "Duplicate budget"),  # --compression 0.5 gives the same B
+    (["--compression", "", "--budgets", ""], "No budget given"),
     (["--policies", "dense,kvpop"], "needs a scorer checkpoint"),
     (["--scorer-checkpoint", "knorm=/x"], "takes no checkpoint"),
 ])
 def test_bad_input_fails_before_model_work(tmp_path, extra, match):
     # the model path does not exist: any model work would raise OSError, not this ValueError
     argv = ["--model", str(tmp_path / "missing"), "--out", str(tmp_path / "o"), "--length", str(LENGTH),
-            "--window", str(WINDOW), "--n", "1", "--budgets", "0.5"] + extra
+            "--window", str(WINDOW), "--n", "1", "--compression", "0.5"] + extra
     with pytest.raises(ValueError, match=match):
         main(argv)
     assert not (tmp_path / "o").exists()
 
 
 def test_budgets_and_checkpoint_lookup(tmp_path):
-    b256, = policies.parse_budgets("256", 2048, 4, 64)
+    shape = dict(length=2048, sinks=4, window=64)
+    b256, = policies.parse_budgets(budgets="256", **shape)
     assert (b256.B, b256.topk, b256.tag, b256.cr) == (256, 188, "b256", 0.875)
     with pytest.raises(ValueError, match="Duplicate"):
-        policies.parse_budgets("0.75,512", 2048, 4, 64)
-    b75, b88 = policies.parse_budgets("0.75,0.88", 2048, 4, 64)
+        policies.parse_budgets(compression="0.75", budgets="512", **shape)
+    b75, b88 = policies.parse_budgets(compression="0.75,0.88", **shape)
     assert (b75.B, b75.topk, b75.tag, b88.B, b88.tag) == (512, 444, "cr75", 246, "cr88")
+    # both kinds at once: the ratios first, each kind keeps its tag; lists of numbers work as strings do
+    both = policies.parse_budgets(compression=[0.88, 0.75], budgets=[300, 256], **shape)
+    assert [(b.B, b.tag) for b in both] == [(246, "cr88"), (512, "cr75"), (300, "b300"), (256, "b256")]
+    with pytest.raises(ValueError, match="give it as --compression 0.88"):
+        policies.parse_budgets(budgets=[0.88], **shape)
+    with pytest.raises(ValueError, match="give it as --budgets 512"):
+        policies.parse_budgets(compression="512", **shape)
+    with pytest.raises(ValueError, match="No budget given"):
+        policies.parse_budgets(compression="", budgets=None, **shape)
+    with pytest.raises(TypeError):  # the lists are keyword arguments: a bare "0.88" cannot be mistaken for either
+        policies.parse_budgets("0.88", 2048, 4, 64)
+    assert policies.parse_token_counts("256, 512") == [256, 512]
+    with pytest.raises(ValueError, match="--budgets 0.5: 0.5 is a compression ratio"):
+        policies.parse_token_counts("0.5")
     cfg = Qwen3Config(vocab_size=32, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
                       num_key_value_heads=1, head_dim=16)
     for sub in ("kvpop_mlp_cr75", "kvpop_mlp", "kvpop_cr88", "kvpop_immediate_b246"):
@@ -171,6 +192,18 @@ def test_budgets_and_checkpoint_lookup(tmp_path):
     assert cache.scorer is proto.scorer
 
 
+@pytest.mark.parametrize("flags, expected", [
+    ([], [(512, "cr75"), (246, "cr88")]),  # kvpop-eval's default: --compression 0.75,0.88
+    (["--budgets", "300"], [(300, "b300")]),  # token counts alone: the default ratios do not join them
+    (["--compression", "0.75", "--budgets", "300,256"], [(512, "cr75"), (300, "b300"), (256, "b256")]),
+])
+def test_compression_and_budgets_combine_and_the_default_applies_alone(flags, expected):
+    from kvpop_lab.testbed.budget_args import budgets_from_args
+
+    args = build_parser().parse_args(["--model", "m", "--out", "o", "--length", "2048", "--window", "64", *flags])
+    assert [(b.B, b.tag) for b in budgets_from_args(args, args.length, args.sinks, args.window)] == expected
+
+
 def test_registered_policy_plugs_in(tmp_path):
     calls = []
 
@@ -182,7 +215,7 @@ def test_registered_policy_plugs_in(tmp_path):
     try:
         args = build_parser().parse_args(["--model", "m", "--out", str(tmp_path), "--policies", "dense,test_plugin",
                                           "--families", "vt", "--n", "1", "--length", "200", "--window", "16",
-                                          "--budgets", "0.5"])
+                                          "--compression", "0.5"])
         plan = plan_from_args(args)
         assert [(r.policy, r.budget and r.budget.B) for r in plan.runs] == [("dense", None), ("test_plugin", 100)]
         cfg = Qwen3Config(vocab_size=32, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
@@ -323,7 +356,7 @@ def test_distilled_students_get_recall_rows_from_their_own_keys(run, tmp_path):
     tok.save_pretrained(tmp_path / "student")
     scorer_ck.save_pretrained(tmp_path / "student")
     argv = ["--model", str(root / "model"), "--out", str(tmp_path / "out"), "--n", "1", "--length", str(LENGTH),
-            "--sinks", str(SINKS), "--window", str(WINDOW), "--budgets", "0.5", "--families", "reasoning",
+            "--sinks", str(SINKS), "--window", str(WINDOW), "--compression", "0.5", "--families", "reasoning",
             "--policies", "kvpop_mlp,kvpop_mlp_distill", "--checkpoints-dir", str(root / "ckpts"),
             "--scorer-checkpoint", f"kvpop_mlp_distill={tmp_path / 'student'}", "--skip-em",
             "--analysis", "--analysis-n", "1", "--no-progress"]
@@ -357,7 +390,7 @@ def test_a_student_is_loaded_once_for_all_its_budgets_and_the_analysis(run, tmp_
     monkeypatch.setattr(models, "load_model", counting)
     monkeypatch.setattr(analysis, "load_model", counting)
     argv = ["--model", str(root / "model"), "--out", str(tmp_path / "out"), "--n", "1", "--length", str(LENGTH),
-            "--sinks", str(SINKS), "--window", str(WINDOW), "--budgets", "0.5,0.75", "--families", "reasoning",
+            "--sinks", str(SINKS), "--window", str(WINDOW), "--compression", "0.5,0.75", "--families", "reasoning",
             "--policies", "kvpop_mlp_distill", "--scorer-checkpoint", f"kvpop_mlp_distill={student}", "--skip-em",
             "--analysis", "--analysis-n", "1", "--no-progress"]
     assert main(argv) == 0
@@ -417,7 +450,7 @@ def test_without_matplotlib_the_tables_are_written_and_figures_skipped(run, tmp_
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # `import matplotlib` raises ImportError
     model_dir, out = run[0].parent / "model", tmp_path / "out"
     argv = ["--model", str(model_dir), "--out", str(out), "--n", "1", "--length", str(LENGTH), "--sinks", str(SINKS),
-            "--window", str(WINDOW), "--budgets", "0.5", "--policies", "dense,knorm", "--no-progress"]
+            "--window", str(WINDOW), "--compression", "0.5", "--policies", "dense,knorm", "--no-progress"]
     assert main(argv) == 0
     for name in ("results.csv", "table1.md", "table2.md", "meta.json"):
         assert (out / name).is_file(), name

@@ -214,6 +214,14 @@ def test_cli_bad_device_fails_first(tiny_dir):
         assert not (tiny_dir / "bad_device").exists()
 
 
+def test_cli_budgets_take_token_counts_and_a_ratio_fails_first(tiny_dir):
+    for bad, msg in (("0.88", "0.88 is a compression ratio: give it as --compression 0.88"),
+                     ("40,1e2", "Bad --budgets value '1e2'")):
+        with pytest.raises(ValueError, match=msg):
+            train_kvp.main(_argv(tiny_dir, "bad_budgets", "--budgets", bad))
+        assert not (tiny_dir / "bad_budgets").exists()
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cli_on_cuda_saves_a_cpu_checkpoint_and_resumes_exactly(tiny_dir, tmp_path):
     argv = lambda out, *x: _argv(tiny_dir, out, "--device", "cuda", "--traces-file", str(tmp_path / "t.pt"), *x)  # noqa: E731

@@ -58,6 +58,16 @@ def test_bad_families_are_refused_before_loading(tmp_path):
         nlr.main(["--model", str(tmp_path / "missing"), "--out", str(tmp_path / "t.md"), "--families", "cwe"])
 
 
+@pytest.mark.parametrize("flags, error, match", [
+    (["--budgets", "0.88"], ValueError, "give it as --compression 0.88"),
+    (["--compression", "492"], ValueError, "give it as --budgets 492"),
+    (["--compression", "0.88", "--budgets", "300"], SystemExit, "one budget; got 2"),
+])
+def test_one_budget_of_either_kind_is_checked_before_loading(tmp_path, flags, error, match):
+    with pytest.raises(error, match=match):
+        nlr.main(["--model", str(tmp_path / "missing"), "--out", str(tmp_path / "t.md"), *flags])
+
+
 def test_lookup_attention_matches_the_models_own_attention_weights():
     from transformers import AutoModelForCausalLM
 
@@ -101,7 +111,8 @@ def test_fact_line_kinds_and_the_by_token_table(tmp_path):
     out = tmp_path / "t.md"
     nlr.main(["--model", TEACHER, "--scorer-checkpoint", str(ROOT / "checkpoints/testbed-4k-kvpop-cr88"),
               "--out", str(out), "--per-head", str(tmp_path / "h.csv"), "--families", "reasoning", "--n", "1",
-              "--length", "768", "--budget", "0.75", "--knob", "reasoning.n_facts=4", "--knob", "reasoning.steps=2"])
+              "--length", "768", "--compression", "0.75", "--knob", "reasoning.n_facts=4",
+              "--knob", "reasoning.steps=2"])
     text = out.read_text()
     assert "| kvpop | `.` |" in text and "| streaming | `value` |" in text
     assert len((tmp_path / "h.csv").read_text().splitlines()) == 1 + 2 * 12

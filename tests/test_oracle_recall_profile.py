@@ -33,7 +33,7 @@ def test_bad_arguments_fail_first(extra, message, capsys, tmp_path):
 def test_profile_of_a_scorer_on_the_testbed(tmp_path):
     oracle_recall_profile.main([
                     "--model", str(TEACHER), "--out", str(tmp_path), "--length", "512", "--n", "1", "--window", "32",
-                    "--budgets", "0.88", "--scorer", f"kvpop={SCORER}", "--baselines", "streaming",
+                    "--compression", "0.88", "--scorer", f"kvpop={SCORER}", "--baselines", "streaming",
                     "--oracle-ks", "4,16", "--log-gammas", "-0.1", "--device", "cpu"])
     table = (tmp_path / "table.md").read_text()
     assert "| kvpop | 61 |" in table and "| kvpop_lg-0.1 | 61 |" in table and "| streaming | 61 |" in table

@@ -7,7 +7,7 @@ Measured on CPU (float32, torch 2.13, transformers 5.25, 2026-12-05, commit f5f0
 
     kvpop-eval --model checkpoints/testbed-4k-teacher --length 4096 --seed-base 281474976715656 --n 8 \
         --batch-size 8 --families reasoning --sinks 4 --window 64 --knob reasoning.n_facts=10 \
-        --knob reasoning.steps=4 --device cpu --budgets 0.88,0.94 --policies kvpop_distill \
+        --knob reasoning.steps=4 --device cpu --compression 0.88,0.94 --policies kvpop_distill \
         --scorer-checkpoint kvpop_distill@cr88=checkpoints/testbed-4k-kvpop-cr88 \
         --scorer-checkpoint kvpop_distill@cr94=checkpoints/testbed-4k-kvpop-cr94 --out OUT
 

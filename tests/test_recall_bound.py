@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from kvpop_lab.bench import causal_recall_bound
+from kvpop_lab.bench import causal_recall_bound as bound_cli
 
 from kvpop_lab.testbed import build_tokenizer, make_problem, reasoning_twin, training_example
 from kvpop_lab.testbed.analysis import oracle_topk_recall
@@ -117,7 +117,7 @@ def test_twin_rows_on_the_testbed():
 
     model = load_model(str(TEACHER), torch.float32, torch.device("cpu"))
     tok = AutoTokenizer.from_pretrained(str(TEACHER))
-    (b,) = parse_budgets("0.88", 512, 4, 32)
+    (b,) = parse_budgets(compression="0.88", length=512, sinks=4, window=32)
     scored = [("streaming", b, KVpopCache(model.config, scorer="streaming", sinks=4, window=32, topk=b.topk)),
               ("kvpop", b, KVpopCache.from_pretrained(str(SCORER), model.config, sinks=4, window=32, topk=b.topk))]
     probs = [make_problem("reasoning", length=512, seed=2 ** 48)]
@@ -145,8 +145,7 @@ def test_twin_rows_on_the_testbed():
 ])
 def test_cli_refuses_bad_arguments(extra, message, capsys, tmp_path):
     with pytest.raises(SystemExit):
-        causal_recall_bound.parse_args(["--model", str(TEACHER), "--out", str(tmp_path)]
-                                                         + extra)
+        bound_cli.parse_args(["--model", str(TEACHER), "--out", str(tmp_path)] + extra)
     assert message in capsys.readouterr().err
 
 
@@ -154,10 +153,9 @@ def test_cli_refuses_bad_arguments(extra, message, capsys, tmp_path):
 def test_cli_writes_its_table_csv_and_plot(tmp_path):
     import csv
 
-    causal_recall_bound.main([
-                 "--model", str(TEACHER), "--out", str(tmp_path), "--length", "512", "--n", "1", "--twins", "2",
-                 "--window", "32", "--budgets", "0.88", "--oracle-kinds", "max,mean", "--scorer", f"kvpop={SCORER}",
-                 "--baselines", "streaming", "--device", "cpu"])
+    bound_cli.main(["--model", str(TEACHER), "--out", str(tmp_path), "--length", "512", "--n", "1", "--twins", "2",
+                    "--window", "32", "--compression", "0.88", "--oracle-kinds", "max,mean",
+                    "--scorer", f"kvpop={SCORER}", "--baselines", "streaming", "--device", "cpu"])
     table = (tmp_path / "table.md").read_text()
     for kind in ("max", "mean"):
         assert f"| {kind} | **any causal policy (bound)** | 61 |" in table and f"| {kind} | kvpop | 61 |" in table

@@ -68,7 +68,7 @@ def test_oracle_eviction_with_a_decay_adds_its_rows(tmp_path):
 
     root = Path(__file__).resolve().parents[1]
     oracle_eviction.main(["--out", str(tmp_path), "--model", str(root / "checkpoints/testbed-4k-teacher"),
-                          "--length", "512", "--n", "2", "--budgets", "0.75", "--log-gammas=-1000"])
+                          "--length", "512", "--n", "2", "--compression", "0.75", "--log-gammas=-1000"])
     rows = {r["policy"]: r for r in csv.DictReader(open(tmp_path / "results.csv"))}
     assert set(rows) == {"oracle", "oracle_lg-1000"}
     assert float(rows["oracle_lg-1000"]["lookup_acc"]) < float(rows["oracle"]["lookup_acc"])

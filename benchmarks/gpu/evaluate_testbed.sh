@@ -15,6 +15,6 @@ T0=$(date +%s)
 stamp() { echo "[$(( $(date +%s) - T0 ))s] $*"; }
 mkdir -p "$OUT"
 timeout ${LIMIT_S:-300} python3 -m kvpop_lab.testbed.evaluate --model "$TEACHER" --out "$OUT/eval" --length $L \
-  --n ${EVAL_N:-20} --sinks 4 --window $W --budgets 0.75,0.88 --policies dense,streaming,knorm,random,kvpop_mlp,kvpop \
+  --n ${EVAL_N:-20} --sinks 4 --window $W --compression 0.75,0.88 --policies dense,streaming,knorm,random,kvpop_mlp,kvpop \
   --checkpoints-dir "$SCORERS" --batch-size 40 > "$OUT/eval.log" 2>&1
 stamp "eval exit $?"; tail -n 22 "$OUT/eval.log" | grep -E "^\|"

@@ -50,7 +50,7 @@ stage1() {
     stamp "teacher $name exit $?"
     for EL in 512 1024; do
       OMP_NUM_THREADS=2 timeout 100 python3 -m kvpop_lab.testbed.evaluate --model "$D/t_$name" --out "$D/eval_${name}_L$EL" \
-        --length $EL --n 30 --families reasoning --in-domain reasoning --policies dense --budgets 0.75 --window 32 \
+        --length $EL --n 30 --families reasoning --in-domain reasoning --policies dense --compression 0.75 --window 32 \
         --batch-size 30 --no-progress > "$D/eval_${name}_L$EL.log" 2>&1
       stamp "eval $name L$EL exit $?"
     done
@@ -78,7 +78,7 @@ stage2() {
       --tokens-per-batch 32768 --knob lookup.n_facts=16 "$@" > "$D/teacher_$name.log" 2>&1
     stamp "teacher $name exit $?"
     timeout 100 python3 -m kvpop_lab.testbed.evaluate --model "$D/t_$name" --out "$D/eval_dense_$name" \
-      --length $L --n 30 --families reasoning --in-domain reasoning --policies dense --budgets 0.75 --window $W \
+      --length $L --n 30 --families reasoning --in-domain reasoning --policies dense --compression 0.75 --window $W \
       --batch-size 30 --no-progress > "$D/eval_dense_$name.log" 2>&1
     stamp "dense eval $name exit $?"
   }
@@ -112,7 +112,7 @@ stage3() {
     > "$D/teacher.log" 2>&1
   stamp "teacher exit $?"; grep -E "trained|dense greedy EM" "$D/teacher.log"; grep -E "^probe step" "$D/teacher.log" | tail -3
   timeout 100 python3 -m kvpop_lab.testbed.evaluate --model "$TEACHER" --out "$D/eval_dense" \
-    --length $L --n 30 --families reasoning --in-domain reasoning --policies dense --budgets 0.75 --window $W \
+    --length $L --n 30 --families reasoning --in-domain reasoning --policies dense --compression 0.75 --window $W \
     --batch-size 30 --no-progress > "$D/eval_dense.log" 2>&1
   stamp "dense eval exit $?"; grep -E "^\| dense" "$D/eval_dense/table1.md"
 }

@@ -13,7 +13,7 @@
 # ARMS (the retrofits, "name:families:scorer[:knobs] ...", scorer tok = delayed mLSTM with the token term or plain =
 # the paper's delayed mLSTM, knobs = generator knobs of the retrofit problems joined by "+", e.g.
 # reasoning.distractor_density=0+reasoning.n_facts=20; the evaluation problems keep the defaults; default
-# "reasoning:reasoning:tok mix:reasoning,vt:tok"), EVAL_BUDGETS (0.75,0.88),
+# "reasoning:reasoning:tok mix:reasoning,vt:tok"), EVAL_COMPRESSION (the evaluated compression ratios, 0.75,0.88),
 # BASELINES (evaluated beside the first arm, dense,streaming,lagkv,snapkv); a CPU smoke test: DEVICE=cpu RS=5
 # EVAL_N=2 NEX=8.
 set -u
@@ -42,7 +42,8 @@ done
 [ -f "$T/config.json" ] || { echo "TEACHER=$T holds no model (config.json)" >&2; exit 2; }
 T0=$(date +%s)
 stamp() { echo "[$(( $(date +%s) - T0 ))s] $*"; }
-K88=$(python3 -c "from kvpop_hf.policies import parse_budgets as p; print(p('0.88', $L, 4, $W)[0].topk)") \
+K88=$(python3 -c "from kvpop_hf.policies import parse_budgets as p
+print(p(compression='0.88', length=$L, sinks=4, window=$W)[0].topk)") \
   || { echo "python3 cannot import kvpop_hf" >&2; exit 2; }
 mkdir -p "$OUT"
 
@@ -63,7 +64,7 @@ for i in "${!NAMES[@]}"; do retro "${NAMES[$i]}" "${FAMS[$i]}" "${SCORERS[$i]}" 
 wait
 evaluate() {  # arm policies
   timeout 300 python3 -m kvpop_lab.testbed.evaluate --model $T --out "$OUT/eval_$1" --length $L --n "$N" \
-    --seed-base "$SEED_BASE" --families vt,reasoning --in-domain reasoning --sinks 4 --window $W --budgets "${EVAL_BUDGETS:-0.75,0.88}" \
+    --seed-base "$SEED_BASE" --families vt,reasoning --in-domain reasoning --sinks 4 --window $W --compression "${EVAL_COMPRESSION:-0.75,0.88}" \
     --policies "$2" --scorer-checkpoint "kvpop_distill=$OUT/ckpt_$1/kvpop_distill_cr88" --batch-size 40 \
     --device "$DEVICE" --no-progress > "$OUT/eval_$1.log" 2>&1
   stamp "eval $1 exit $?"

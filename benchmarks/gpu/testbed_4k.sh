@@ -37,12 +37,12 @@
 #        OUT=dir STAGE=retrofit TEACHER=checkpoints/testbed-4k-teacher bash benchmarks/gpu/testbed_4k.sh   (~9 min)
 # Knobs: TB (teacher training seconds, 240), RS (retrofit seconds, 200), WINDOW (the protected window, 64;
 # WINDOW=32 gives the window-32 runs, study 'testbed_4k (window 32)' in results/studies.csv), VARIANTS (the retrofits to run, default
-# the eight above, e.g. "kvpop_cr88 kvpop_distill_cr88"; a policy is evaluated when its _cr88 or _cr94 run exists; one with a _cr94 run alone needs EVAL_BUDGETS=0.94),
+# the eight above, e.g. "kvpop_cr88 kvpop_distill_cr88"; a policy is evaluated when its _cr88 or _cr94 run exists; one with a _cr94 run alone needs EVAL_COMPRESSION=0.94),
 # ORACLE=0 (skip the answer-query oracles), EVAL=0 (retrofit only: no evaluation), BASE_POLICIES (the untrained rows of the evaluation, dense,streaming), EVAL_N (problems per evaluation, 40),
 # MERGE_LORA=0 (the distilled students saved as LoRA adapters + scorer instead of merged weights; kvpop-eval loads either),
 # DEADLINE (seconds after start by which the last evaluations are cut, 540), THREADS (torch threads per process, 2),
 # EVAL_FAMILIES (families evaluated, "reasoning"; e.g. "reasoning vt"), SEED_BASE (problem i of an evaluation has seed
-# SEED_BASE + i, 2^48), EVAL_BUDGETS (the learned policies' budgets, 0.75,0.88,0.94), ANALYSIS_N (problems of the
+# SEED_BASE + i, 2^48), EVAL_COMPRESSION (the learned policies' compression ratios, 0.75,0.88,0.94), ANALYSIS_N (problems of the
 # recall analysis, 8). STAGE=teacher also takes INIT, LRS (runs side by side as NAME:LR, "A:7e-4 B:1.2e-3"),
 # REASONING_WEIGHT (0.6), LOOKUP_WEIGHT (0.3), FAMILY_WEIGHTS (e.g. "vt=0.3": pretrain_teacher.py --family-weight),
 # CURRICULUM (the share of the run at CLEN tokens at most, 0.35), POST=0 (stop after picking the teacher: no
@@ -64,7 +64,9 @@ KNOBS="--knob reasoning.n_facts=10 --knob reasoning.steps=4"
 T0=$(date +%s)
 stamp() { echo "[$(( $(date +%s) - T0 ))s] $*"; }
 left() { echo $(( DEADLINE - ($(date +%s) - T0) )); }
-topk() { python3 -c "from kvpop_hf.policies import parse_budgets as p; print(p('$1', $L, 4, $W)[0].topk)"; }
+topk() {  # topk of a compression ratio at length L
+  python3 -c "from kvpop_hf.policies import parse_budgets as p
+print(p(compression='$1', length=$L, sinks=4, window=$W)[0].topk)"; }
 mkdir -p "$OUT"
 
 evaluate() {  # out-dir seconds args...  (kvpop-eval of reasoning problems with the 4k knobs)
@@ -95,7 +97,7 @@ stage_teacher() {
   for run in ${LRS:-A:7e-4 B:1.2e-3}; do train "${run%%:*}" "${run#*:}" & names+=" ${run%%:*}"; done
   wait
   for n in $names; do for EL in $L $LO; do
-    evaluate "$D/eval_dense_${n}_L$EL" 120 --model "$D/t_$n" --length $EL --policies dense --budgets 0.88 &
+    evaluate "$D/eval_dense_${n}_L$EL" 120 --model "$D/t_$n" --length $EL --policies dense --compression 0.88 &
   done; done
   wait
   local pick  # the run with the highest mean dense EM at L over the families evaluated (ties: the first)
@@ -116,13 +118,13 @@ EOF
   echo "$pick" > "$D/picked.txt"; stamp "picked teacher $pick"
   cp -r "$D/t_$pick" "$OUT/teacher"
   [ "${POST:-1}" = 1 ] || { stamp "stage teacher done (POST=0: no oracle or heuristics)"; return; }
-  local B="0.75,0.88,0.94"
+  local CR="0.75,0.88,0.94"
   for kind in mean max; do
     timeout "$(left)" python3 benchmarks/oracle_eviction.py --model "$OUT/teacher" --out "$OUT/oracle_$kind" \
-      --kind $kind --length $L --n "$N" --budgets $B --window $W $KNOBS --device "$DEVICE" \
+      --kind $kind --length $L --n "$N" --compression $CR --window $W $KNOBS --device "$DEVICE" \
       > "$OUT/oracle_$kind.log" 2>&1 && grep -E "^\| oracle" "$OUT/oracle_$kind/table.md" &
   done
-  evaluate "$OUT/eval_heuristics" "$(left)" --model "$OUT/teacher" --length $L --budgets $B \
+  evaluate "$OUT/eval_heuristics" "$(left)" --model "$OUT/teacher" --length $L --compression $CR \
     --policies dense,streaming,knorm,random,keydiff,lagkv,tova,h2o,snapkv &
   wait
   stamp "stage teacher done"
@@ -130,11 +132,11 @@ EOF
 
 stage_retrofit() {
   local TEACHER=${TEACHER:?set TEACHER to the 4k teacher} RS=${RS:-200}
-  local K88 K94 B="0.75,0.88,0.94"
+  local K88 K94 CR="0.75,0.88,0.94"
   K88=$(topk 0.88); K94=$(topk 0.94)
   for kind in $( [ "${ORACLE:-1}" = 1 ] && echo max mean ); do  # the oracle from the answer's queries only
     timeout $((RS + 200)) python3 benchmarks/oracle_eviction.py --model "$TEACHER" --out "$OUT/oracle_${kind}_target" \
-      --kind $kind --queries target --length $L --n "$N" --budgets $B --window $W $KNOBS --device "$DEVICE" \
+      --kind $kind --queries target --length $L --n "$N" --compression $CR --window $W $KNOBS --device "$DEVICE" \
       > "$OUT/oracle_${kind}_target.log" 2>&1 && grep -E "^\| oracle" "$OUT/oracle_${kind}_target/table.md" &
   done
   retro() {  # ckpt-folder name scorer topk args...
@@ -195,7 +197,7 @@ stage_retrofit() {
 }
 
 eval_checkpoints() {  # ckpt-folder out-dir: kvpop-eval of the learned policies found in the folder, with --analysis
-  local C=$1 B=${EVAL_BUDGETS:-0.75,0.88,0.94} specs=() policies=${BASE_POLICIES:-dense,streaming} p
+  local C=$1 CR=${EVAL_COMPRESSION:-0.75,0.88,0.94} specs=() policies=${BASE_POLICIES:-dense,streaming} p
   for p in kvpop kvpop_mlp kvpop_mean kvpop_mlp_mean kvpop_distill kvpop_mlp_distill kvpop_mean_distill \
            kvpop_mlp_mean_distill; do
     if [ -d "$C/${p}_cr88" ]; then
@@ -203,10 +205,10 @@ eval_checkpoints() {  # ckpt-folder out-dir: kvpop-eval of the learned policies 
       specs+=(--scorer-checkpoint "$p@cr75=$C/${p}_cr88")
       [ ! -d "$C/${p}_cr94" ] && specs+=(--scorer-checkpoint "$p@cr94=$C/${p}_cr88")
     elif [ -d "$C/${p}_cr94" ]; then
-      policies+=",$p"  # a 94% checkpoint alone serves 94% only: EVAL_BUDGETS=0.94
+      policies+=",$p"  # a 94% checkpoint alone serves 94% only: EVAL_COMPRESSION=0.94
     fi
   done
-  evaluate "$2" "$(left)" --model "$TEACHER" --length $L --budgets "$B" --policies "$policies" \
+  evaluate "$2" "$(left)" --model "$TEACHER" --length $L --compression "$CR" --policies "$policies" \
     --checkpoints-dir "$C" "${specs[@]}" --analysis --analysis-n "${ANALYSIS_N:-8}" --oracle-kind max --oracle-queries target
 }
 

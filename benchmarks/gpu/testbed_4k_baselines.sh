@@ -6,7 +6,7 @@
 #     the first half of them), merged -> $OUT/ckpt/dms_cr<NN>;
 #   * KVP (POLICIES=kvp, not by default): Q/K/V traces of KVP_TRACES reasoning problems (the 4k knobs) recorded once
 #     with TEACHER, then the RL agent and the supervised (ListNet) agent trained on them side by side for RS seconds
-#     on DEVICE (training/train_kvp.py) -> $OUT/ckpt/kvp_{rl,supervised}, each evaluated at every budget of BUDGETS
+#     on DEVICE (training/train_kvp.py) -> $OUT/ckpt/kvp_{rl,supervised}, each evaluated at every budget of COMPRESSION_PCT
 #     (one untagged checkpoint serves them all, with the budget's topk);
 #   * meanwhile, kvpop-eval of the policies that need no training, at the budgets the 4k table lacks: TOVA, H2O and
 #     SnapKV at 75% and 94%, LagKV at 94%, KVP (RL and supervised, KVP_CKPTS/{rl,supervised}, when KVP_CKPTS is set) at 94%;
@@ -22,7 +22,7 @@
 # Knobs: TEACHER (checkpoints/testbed-4k-teacher), KVP_CKPTS (a POLICIES=kvp output folder; unset: no KVP row), RS (training seconds, 240), EVAL_N
 # (problems per evaluation, 40), SEED_BASE (the first problem's seed, 2^48), TRAIN_SEED (the trainings' seed, 0;
 # another seed adds _s<seed> to the checkpoint and evaluation names), KVP_TRACES (128), WINDOW (DMS's protected window and the
-# window of the evaluations, 32), BUDGETS (the trained budgets, "75 88 94"), POLICIES (the trained baselines,
+# window of the evaluations, 32), COMPRESSION_PCT (the trained budgets as compression percentages, "75 88 94"), POLICIES (the trained baselines,
 # "streaming_plus dms"; one of them trains as many at a time as KVpop's two-at-a-time retrofits), UNTRAINED=0 (skip the policies that need
 # no training), EVAL=0 (train only), LR_DECAY=1 (the learning rate decays linearly to 0 over RS, as KVpop's
 # retrofits in testbed_4k.sh), EBS (evaluation batch size, 20; DEBS for DMS, whose prefill mask is dense, 10),
@@ -46,14 +46,16 @@ KNOBS="--knob reasoning.n_facts=10 --knob reasoning.steps=4"
 T0=$(date +%s)
 stamp() { echo "[$(( $(date +%s) - T0 ))s] $*"; }
 left() { local s=$(( DEADLINE - ($(date +%s) - T0) )); echo $(( s > 1 ? s : 1 )); }
-tokens() {  # B of a budget ratio, from kvpop_hf's own parse_budgets
-  python3 -c "from kvpop_hf.policies import parse_budgets as p; print(p('$1', $L, 4, $W)[0].B)"; }
+tokens() {  # B of a compression ratio, from kvpop_hf's own parse_budgets
+  python3 -c "from kvpop_hf.policies import parse_budgets as p
+print(p(compression='$1', length=$L, sinks=4, window=$W)[0].B)"; }
 mkdir -p "$OUT/ckpt"
 for d in "$TEACHER" ${KVP_CKPTS:+"$KVP_CKPTS/rl" "$KVP_CKPTS/supervised"}; do
   [ -d "$d" ] || { echo "missing $d" >&2; exit 2; }
 done
 python3 -c "from kvpop_hf.policies import parse_budgets as p
-print('budgets:', ', '.join(f'{b.spec}: B = {b.B}, k = {b.topk}' for b in p('$(printf '0.%s,' ${BUDGETS:-75 88 94})'[:-1], $L, 4, $W)))" \
+cr = '$(printf '0.%s,' ${COMPRESSION_PCT:-75 88 94})'[:-1]
+print('budgets:', ', '.join(f'{b.spec}: B = {b.B}, k = {b.topk}' for b in p(compression=cr, length=$L, sinks=4, window=$W)))" \
   || { echo "python3 cannot import kvpop_hf" >&2; exit 2; }
 
 evaluate() {  # out-dir seconds args...  (kvpop-eval of reasoning problems with the 4k knobs)
@@ -83,7 +85,7 @@ streaming_plus() {  # NN (75 / 88 / 94): train, then evaluate
   local rc=$?; stamp "train $name (B = $B, window $((B - 4))) exit $rc"
   grep -o "{'loss'[^}]*}" "$OUT/train_$name.log" | sed -n '$p' | cut -c1-200
   [ $rc = 0 ] && [ "${EVAL:-1}" = 1 ] || return
-  local args=(--model "$TEACHER" --budgets "$cr" --policies streaming_plus
+  local args=(--model "$TEACHER" --compression "$cr" --policies streaming_plus
     --scorer-checkpoint "streaming_plus@cr$1=$OUT/ckpt/$name")
   heldout "$OUT/eval_$name" "${args[@]}"
   evaluate "$OUT/eval_$name" "$(left)" "${args[@]}"
@@ -103,14 +105,14 @@ dms() {  # NN: train, then evaluate (compression.json in the evaluation folder)
   local rc=$?; stamp "train $name exit $rc"
   grep -o "{'loss'[^}]*}" "$OUT/train_$name.log" | sed -n '$p' | cut -c1-240
   [ $rc = 0 ] && [ "${EVAL:-1}" = 1 ] || return
-  local args=(--model "$TEACHER" --budgets "$cr" --policies dms --scorer-checkpoint "dms@cr$1=$OUT/ckpt/$name")
+  local args=(--model "$TEACHER" --compression "$cr" --policies dms --scorer-checkpoint "dms@cr$1=$OUT/ckpt/$name")
   EBS=$DEBS heldout "$OUT/eval_$name" "${args[@]}"
   EBS=$DEBS evaluate "$OUT/eval_$name" "$(left)" "${args[@]}"
 }
 
-kvp() {  # record the traces, train both KVP agents side by side, evaluate each at every budget of BUDGETS
+kvp() {  # record the traces, train both KVP agents side by side, evaluate each at every budget of COMPRESSION_PCT
   local nn0 B0 traces=$OUT/kvp_traces.pt obj
-  nn0=$(set -- ${BUDGETS:-75 88 94}; echo "$1"); B0=$(tokens "0.$nn0")
+  nn0=$(set -- ${COMPRESSION_PCT:-75 88 94}; echo "$1"); B0=$(tokens "0.$nn0")
   local targs=(--model "$TEACHER" --traces-file "$traces" --families reasoning --length $L
     --knob reasoning.n_facts=10 reasoning.steps=4 --train-traces "${KVP_TRACES:-128}" --heldout-traces 8
     --device "$DEVICE" --sinks 4 --window $W --topk $((B0 - 4 - W)) --seed $SEED --baselines knorm,streaming
@@ -126,8 +128,8 @@ kvp() {  # record the traces, train both KVP agents side by side, evaluate each 
   done
   wait
   [ "${EVAL:-1}" = 1 ] || return
-  for nn in ${BUDGETS:-75 88 94}; do
-    evaluate "$OUT/eval_kvp_cr$nn$SFX" "$(left)" --model "$TEACHER" --budgets 0.$nn --policies kvp,kvp_supervised \
+  for nn in ${COMPRESSION_PCT:-75 88 94}; do
+    evaluate "$OUT/eval_kvp_cr$nn$SFX" "$(left)" --model "$TEACHER" --compression 0.$nn --policies kvp,kvp_supervised \
       --scorer-checkpoint "kvp=$OUT/ckpt/kvp_rl$SFX" --scorer-checkpoint "kvp_supervised=$OUT/ckpt/kvp_supervised$SFX" &
   done
   wait
@@ -135,24 +137,24 @@ kvp() {  # record the traces, train both KVP agents side by side, evaluate each 
 
 DMS_JOBS=()
 case " ${POLICIES:-streaming_plus dms} " in *" kvp "*) kvp & ;; esac
-for nn in ${BUDGETS:-75 88 94}; do
-  case "$nn" in [0-9][0-9]) ;; *) echo "BUDGETS holds two-digit percentages (75 88 94), got $nn" >&2; exit 2 ;; esac
+for nn in ${COMPRESSION_PCT:-75 88 94}; do
+  case "$nn" in [0-9][0-9]) ;; *) echo "COMPRESSION_PCT holds two-digit percentages (75 88 94), got $nn" >&2; exit 2 ;; esac
   case " ${POLICIES:-streaming_plus dms} " in *" streaming_plus "*) streaming_plus $nn & ;; esac
   case " ${POLICIES:-streaming_plus dms} " in *" dms "*) dms $nn & DMS_JOBS+=($!) ;; esac
 done
 [ "${UNTRAINED:-1}" = 1 ] && for p in tova h2o snapkv; do
   for nn in 75 94; do
-    evaluate "$OUT/eval_${p}_cr$nn" "$(left)" --model "$TEACHER" --budgets 0.$nn --policies $p &
+    evaluate "$OUT/eval_${p}_cr$nn" "$(left)" --model "$TEACHER" --compression 0.$nn --policies $p &
   done
 done
-[ "${UNTRAINED:-1}" = 1 ] && evaluate "$OUT/eval_lagkv_cr94" "$(left)" --model "$TEACHER" --budgets 0.94 --policies lagkv &
-[ "${UNTRAINED:-1}" = 1 ] && [ -n "$KVP_CKPTS" ] && evaluate "$OUT/eval_kvp_cr94" "$(left)" --model "$TEACHER" --budgets 0.94 --policies kvp,kvp_supervised \
+[ "${UNTRAINED:-1}" = 1 ] && evaluate "$OUT/eval_lagkv_cr94" "$(left)" --model "$TEACHER" --compression 0.94 --policies lagkv &
+[ "${UNTRAINED:-1}" = 1 ] && [ -n "$KVP_CKPTS" ] && evaluate "$OUT/eval_kvp_cr94" "$(left)" --model "$TEACHER" --compression 0.94 --policies kvp,kvp_supervised \
   --scorer-checkpoint "kvp=$KVP_CKPTS/rl" --scorer-checkpoint "kvp_supervised=$KVP_CKPTS/supervised" &
 
 [ ${#DMS_JOBS[@]} -gt 0 ] && wait "${DMS_JOBS[@]}"
 if [ ${#DMS_JOBS[@]} -gt 0 ]; then  # merge the DMS compression.json files and draw their heatmap
 mkdir -p "$OUT/eval_dms$DSFX"
-python3 - "$OUT" "$DSFX" ${BUDGETS:-75 88 94} > "$OUT/eval_dms$DSFX/merge.log" 2>&1 <<'EOF'
+python3 - "$OUT" "$DSFX" ${COMPRESSION_PCT:-75 88 94} > "$OUT/eval_dms$DSFX/merge.log" 2>&1 <<'EOF'
 import json, sys
 from pathlib import Path
 out, sfx = Path(sys.argv[1]), sys.argv[2]

@@ -23,16 +23,16 @@
 # Usage: OUT=dir PHASE=train bash benchmarks/gpu/testbed_4k_record.sh       (~9.5 min)
 #        OUT=dir PHASE=evaluate bash benchmarks/gpu/testbed_4k_record.sh    (~9.5 min, right after, same machine)
 # Knobs: WORK (/tmp/kvpop_record), RS (training seconds, 400), TB (teacher seconds, 380), OOD_RS (300), EVAL_N (80),
-# FRESH (2^48 + 5000), DEADLINE (seconds, 585), BUDGETS (of the evaluations, 0.75,0.88,0.94), SP_BUDGETS
-# (StreamingLLM+'s, 0.88,0.94). A CPU smoke test: DEVICE=cpu LEN=768 LO=512 RS=5 TB=10 OOD_RS=5 EVAL_N=2 NEX=8
-# BUDGETS=0.88 SP_BUDGETS=0.88 DEADLINE=1500 TRAIN_SLACK=900 (at 768 tokens a 64-token window leaves no slot at 94%).
+# FRESH (2^48 + 5000), DEADLINE (seconds, 585), COMPRESSION (the compression ratios of the evaluations,
+# 0.75,0.88,0.94), SP_COMPRESSION (StreamingLLM+'s, 0.88,0.94). A CPU smoke test: DEVICE=cpu LEN=768 LO=512 RS=5 TB=10 OOD_RS=5 EVAL_N=2 NEX=8
+# COMPRESSION=0.88 SP_COMPRESSION=0.88 DEADLINE=1500 TRAIN_SLACK=900 (at 768 tokens a 64-token window leaves no slot at 94%).
 set -u
 : "${OUT:?set OUT to an output directory}"
 PHASE=${PHASE:?set PHASE to train or evaluate}
 HERE=$(cd "$(dirname "$0")" && pwd)
 WORK=${WORK:-/tmp/kvpop_record}; RS=${RS:-400}; TB=${TB:-380}; OOD_RS=${OOD_RS:-300}; N=${EVAL_N:-80}
 FRESH=${FRESH:-$((2 ** 48 + 5000))}; DL=${DEADLINE:-585}; T=checkpoints/testbed-4k-teacher
-BUDGETS=${BUDGETS:-0.75,0.88,0.94}; export EVAL_BUDGETS=$BUDGETS
+COMPRESSION=${COMPRESSION:-0.75,0.88,0.94}; export EVAL_COMPRESSION=$COMPRESSION
 export KNOB_ARGS="--knob reasoning.n_facts=10 --knob reasoning.steps=4"
 T0=$(date +%s)
 stamp() { echo "[$(( $(date +%s) - T0 ))s] $*"; }
@@ -50,7 +50,7 @@ train() {
   OUT=$WORK/kv STAGE=retrofit TEACHER=$T WINDOW=64 ORACLE=0 EVAL=0 RS=$RS NEX=${NEX:-3000} THREADS=1 \
     VARIANTS="kvpop_distill_cr88@tok kvpop_distill_cr88@tok:1 kvpop_bs8_distill_cr88@tok kvpop_bs8_distill_cr88@tok:1" \
     bash "$HERE/testbed_4k.sh" > "$WORK/stage_retrofit.log" 2>&1 &
-  OUT=$WORK/bl WINDOW=64 RS=$RS BUDGETS=88 UNTRAINED=0 LR_DECAY=1 DBS=4 NEX=${NEX:-3000} THREADS=1 EVAL=0 \
+  OUT=$WORK/bl WINDOW=64 RS=$RS COMPRESSION_PCT=88 UNTRAINED=0 LR_DECAY=1 DBS=4 NEX=${NEX:-3000} THREADS=1 EVAL=0 \
     DEADLINE=$DL bash "$HERE/testbed_4k_baselines.sh" > "$WORK/stage_baselines.log" 2>&1 &
   wait
   stamp "trained"; cat "$WORK"/stage_*.log
@@ -72,19 +72,19 @@ evaluate() {
   local E="python3 -m kvpop_lab.testbed.evaluate --length ${LEN:-4096} --seed-base $FRESH --in-domain reasoning --sinks 4 --window 64 $KNOB_ARGS --device ${DEVICE:-cuda} --no-progress"
   mkdir -p "$OUT/bl"
   (OMP_NUM_THREADS=1 timeout $((DL - 20)) $E --model $T --n $N --families reasoning \
-    --out "$OUT/bl/eval_streaming_plus" --budgets "${SP_BUDGETS:-0.88,0.94}" \
+    --out "$OUT/bl/eval_streaming_plus" --compression "${SP_COMPRESSION:-0.88,0.94}" \
     --policies streaming_plus --batch-size 20 --scorer-checkpoint "streaming_plus@cr88=$WORK/bl/ckpt/streaming_plus_cr88" \
     --scorer-checkpoint "streaming_plus@cr94=$WORK/bl/ckpt/streaming_plus_cr88" > "$OUT/bl/eval_streaming_plus.log" 2>&1
    stamp "eval streaming_plus exit $?") &
   (OMP_NUM_THREADS=1 timeout $((DL - 20)) $E --model $T --n $N --families reasoning \
-    --out "$OUT/bl/eval_dms" --budgets 0.88 --policies dms --batch-size 10 \
+    --out "$OUT/bl/eval_dms" --compression 0.88 --policies dms --batch-size 10 \
     --scorer-checkpoint "dms@cr88=$WORK/bl/ckpt/dms_cr88" > "$OUT/bl/eval_dms.log" 2>&1
    stamp "eval dms exit $?") &
   # out of domain: the untrained policies on the vt teacher at once; KVpop retrofitted on reasoning only, then both
   # on vt and reasoning
   mkdir -p "$OUT/ood"
   (OMP_NUM_THREADS=1 timeout $((DL - 20)) $E --model "$WORK/vt/teacher" --n $((N / 2)) \
-    --families vt,reasoning --out "$OUT/ood/eval_heuristics" --budgets "$BUDGETS" --batch-size 40 \
+    --families vt,reasoning --out "$OUT/ood/eval_heuristics" --compression "$COMPRESSION" --batch-size 40 \
     --policies dense,streaming,knorm,keydiff,lagkv,snapkv > "$OUT/ood/eval_heuristics.log" 2>&1
    stamp "eval ood heuristics exit $?") &
   (OUT=$WORK/ood STAGE=retrofit TEACHER=$WORK/vt/teacher WINDOW=64 ORACLE=0 EVAL=0 RS=$OOD_RS NEX=${NEX:-3000} \

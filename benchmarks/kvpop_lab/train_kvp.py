@@ -36,6 +36,7 @@ from kvpop_hf.baselines.kvp.metric import FRACTIONS, auc_cost_per_head, cost_tab
 from kvpop_hf.baselines.kvp.supervised import LOSSES
 from kvpop_hf.baselines.kvp.train import KVPTrainConfig, KVPTrainer
 from kvpop_hf.cache import KVpopCache
+from kvpop_hf.policies import parse_token_counts
 from kvpop_hf.scorers import build_scorer
 from kvpop_lab.utils.provenance import git_commit, versions
 
@@ -81,13 +82,14 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--baselines", default="knorm,streaming", help="heuristic scorers to score (comma-separated)")
     p.add_argument("--fractions", default=",".join(map(str, FRACTIONS)), help="held-out context lengths / length")
     p.add_argument("--budgets", default="", help="also the share of future attention evicted at these budgets "
-                                                 "(tokens, comma-separated; cache ranking)")
+                                                 "(token counts B, comma-separated; cache ranking)")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (small ops: 1 is fastest)")
     p.add_argument("--device", default="cpu", help="where traces are recorded, the agent trains and the held-out "
                                                   "costs are computed (cpu, cuda, cuda:1, ...)")
     p.add_argument("--no-progress", action="store_true")
     args = p.parse_args(argv)
     args.trace_knobs = trace_knobs(args)  # bad knobs fail here, before any work
+    args.budget_tokens = parse_token_counts(args.budgets)  # as do ratios or other non-counts given to --budgets
     check_device(args.device)
     return args
 
@@ -223,7 +225,7 @@ def evaluate(args, heldout, config, policies: dict, out: Path) -> dict:
               f"context lengths ({ranking} ranking{first}):")
         print(cost_table(costs))
     evicted = {}
-    for b in [int(x) for x in args.budgets.split(",") if x]:
+    for b in args.budget_tokens:
         protect = (args.sinks, args.window)
         evicted[b] = {name: auc_cost_per_head(sc, heldout, points, args.window, protect, lg, budget=b)
                       for name, (sc, lg) in policies.items()}

@@ -11,7 +11,7 @@ on these sequences. The other rows are the policies' usual oracle top-k recall o
 
 Usage (the 4k testbed; GPU ~10 s a sequence, CPU ~1-2 min):
     python benchmarks/causal_recall_bound.py --model checkpoints/testbed-4k-teacher --out results/recall_bound_4k \\
-        --length 4096 --n 8 --twins 4 --window 64 --budgets 0.88 --knob reasoning.n_facts=10 \\
+        --length 4096 --n 8 --twins 4 --window 64 --compression 0.88 --knob reasoning.n_facts=10 \\
         --knob reasoning.steps=4 --oracle-kinds max,p2,mean \\
         --student kvpop_distill=checkpoints/testbed-4k-kvpop-cr88 --baselines streaming
 """

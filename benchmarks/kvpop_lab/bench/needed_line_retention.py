@@ -7,7 +7,7 @@ or the ``VAR`` statements of a ``vt`` problem (``meta["statement_token_pos"]``: 
 same budget is the reference row. The answer's own later lines (rules, trace) are not counted.
 
     python benchmarks/needed_line_retention.py --model CKPT_DIR --out results/.../needed_lines.md \\
-        --families reasoning,vt --n 8 --length 4096 --budget 0.88 --window 64 --knob reasoning.n_facts=10 \\
+        --families reasoning,vt --n 8 --length 4096 --compression 0.88 --window 64 --knob reasoning.n_facts=10 \\
         --knob reasoning.steps=4
 
 Prints and writes a markdown table with the command: the share of the needed content tokens stored and the share
@@ -35,9 +35,9 @@ from kvpop_hf import KVpopCache  # noqa: E402
 from kvpop_hf.compat import with_cache  # noqa: E402
 from kvpop_lab.testbed import make_problem  # noqa: E402
 from kvpop_lab.testbed.qkv import record_qkv  # noqa: E402
+from kvpop_lab.testbed.budget_args import add_budget_args, budgets_from_args  # noqa: E402
 from kvpop_lab.testbed.evaluate import parse_knobs  # noqa: E402
 from kvpop_lab.testbed.tasks import training_example  # noqa: E402
-from kvpop_hf.policies import parse_budgets  # noqa: E402
 from kvpop_lab.utils.provenance import git_commit  # noqa: E402
 
 LINE_STARTS = {"reasoning": "fact_token_pos", "vt": "statement_token_pos"}
@@ -147,7 +147,7 @@ def main(argv=None) -> None:
     ap.add_argument("--families", default="reasoning,vt")
     ap.add_argument("--n", type=int, default=8)
     ap.add_argument("--length", type=int, default=4096)
-    ap.add_argument("--budget", default="0.88")
+    add_budget_args(ap, default="0.88")  # one budget: a ratio or a token count
     ap.add_argument("--sinks", type=int, default=4)
     ap.add_argument("--window", type=int, default=64)
     ap.add_argument("--seed-base", type=int, default=2 ** 48)
@@ -161,7 +161,11 @@ def main(argv=None) -> None:
     if args.n < 1:
         raise SystemExit(f"--n must be >= 1, got {args.n}")
     knobs = parse_knobs(args.knob, families)
-    budget = parse_budgets(args.budget, args.length, args.sinks, args.window)[0]
+    budgets = budgets_from_args(args, args.length, args.sinks, args.window)
+    if len(budgets) != 1:
+        raise SystemExit(f"needed_line_retention measures one budget; got {len(budgets)} "
+                         f"({', '.join(b.spec for b in budgets)}): give one --compression ratio or one --budgets count")
+    budget = budgets[0]
 
     from transformers import AutoTokenizer
 

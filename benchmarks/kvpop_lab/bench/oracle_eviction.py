@@ -2,7 +2,7 @@
 tokens the dense model's future attention uses (KVpop's training target replayed; not a causal policy).
 
     python benchmarks/oracle_eviction.py --out results/oracle_eviction_cpu --length 1024 --n 10 \\
-        --budgets 0.25,0.5,0.75,0.88
+        --compression 0.25,0.5,0.75,0.88
 
 Same problems, seeds and output format as ``kvpop-eval`` (``results.csv``, ``meta.json``, ``table.md``),
 so ``benchmarks/merge_eval_runs.py`` can put the oracle rows next to the real policies. Per problem one
@@ -24,11 +24,11 @@ import torch
 from kvpop_hf import KVpopCache
 from kvpop_lab.utils.provenance import git_commit
 from kvpop_lab.testbed import make_problem, training_example
+from kvpop_lab.testbed.budget_args import add_budget_args, budgets_from_args
 from kvpop_lab.testbed.dense_eval import exact_match
 from kvpop_lab.testbed.evaluate import DEFAULT_SEED_BASE, parse_knobs, token_accuracy
 from kvpop_lab.testbed.oracle import OracleScorer, oracle_kind_arg, oracle_table, target_queries
 from kvpop_hf.backends import Backends
-from kvpop_hf.policies import parse_budgets
 from kvpop_lab.testbed.report import quality_table, write_results_csv
 from kvpop_lab.testbed.static_policies import parse_log_gammas
 
@@ -44,7 +44,7 @@ def main(argv=None) -> None:
     ap.add_argument("--n", type=int, default=10)
     ap.add_argument("--knob", action="append", default=[], help="generator knob FAMILY.KEY=VALUE (repeatable), "
                     "as in kvpop-eval")
-    ap.add_argument("--budgets", default="0.25,0.5,0.75,0.88")
+    add_budget_args(ap, default="0.25,0.5,0.75,0.88")
     ap.add_argument("--sinks", type=int, default=4)
     ap.add_argument("--window", type=int, default=32)
     ap.add_argument("--seed-base", type=int, default=DEFAULT_SEED_BASE)
@@ -63,7 +63,7 @@ def main(argv=None) -> None:
     args = ap.parse_args(argv)
     gammas = parse_log_gammas(ap, args.log_gammas)
     policy = ("oracle" if args.kind == "mean" else f"oracle_{args.kind}") + ("_target" if args.queries == "target" else "")
-    budgets = parse_budgets(args.budgets, args.length, args.sinks, args.window)  # bad budgets fail here
+    budgets = budgets_from_args(args, args.length, args.sinks, args.window)  # bad budgets fail here
     knobs = parse_knobs(args.knob, [args.family]).get(args.family, {})  # bad knobs fail here
     if not (Path(args.model) / "config.json").is_file():
         raise SystemExit(f"--model {args.model}: no config.json there (expected a model folder)")

@@ -14,7 +14,7 @@ problems; :func:`kvpop_lab.testbed.analysis.oracle_topk_recall`):
 
 Usage (the 4k testbed, the committed distilled student and scorers; CPU, ~2 min a problem):
     python benchmarks/oracle_recall_profile.py --model checkpoints/testbed-4k-teacher --out results/recall_profile_4k \\
-        --length 4096 --n 4 --window 64 --budgets 0.88 --knob reasoning.n_facts=10 --knob reasoning.steps=4 \\
+        --length 4096 --n 4 --window 64 --compression 0.88 --knob reasoning.n_facts=10 --knob reasoning.steps=4 \\
         --student kvpop_distill=checkpoints/testbed-4k-kvpop-cr88 --baselines streaming \\
         --oracle-ks 16,32,64,128
 """

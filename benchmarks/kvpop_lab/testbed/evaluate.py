@@ -3,7 +3,7 @@
 Example (the testbed teacher, two budgets, learned scorers from a checkpoints folder)::
 
     kvpop-eval --model checkpoints/testbed-4k-teacher --length 2048 --n 50 --sinks 4 --window 64 \\
-        --budgets 0.75,0.88 --policies dense,streaming,knorm,random,kvpop_mlp,kvpop \\
+        --compression 0.75,0.88 --policies dense,streaming,knorm,random,kvpop_mlp,kvpop \\
         --checkpoints-dir out/scorers --knob reasoning.steps=4 --knob reasoning.n_facts=16 \\
         --out results/eval_2048 --analysis
 
@@ -18,7 +18,8 @@ retrofit script's ``randrange(2**30)`` training seeds). Each policy x budget get
   cache in one forward (or ``--chunk`` tokens at a time). With ``attn_implementation="kvpop"`` every
   query sees exactly its own budget set, so this is the policy's loss-free quality signal.
 
-Budgets: ratios (``0.75`` -> ``B = round(0.25 * length)``) or token counts; ``topk = B - sinks - window``.
+Budgets: ``--compression`` ratios (``0.75`` -> ``B = round(0.25 * length)``) and/or ``--budgets`` token counts
+(``256`` -> ``B = 256``); ``topk = B - sinks - window``.
 Learned scorers: ``--scorer-checkpoint POLICY[@TAG]=DIR`` (TAG: ``cr75``, ``b256``, ``0.75`` or
 ``256``; none = any budget) and/or ``--checkpoints-dir DIR`` with subfolders ``<policy>[_cr<NN>|_b<B>]``
 (``kvpop_mlp_cr75``, ``kvpop_cr88``, ``kvpop_immediate`` ...); see :mod:`kvpop_hf.policies`.
@@ -48,6 +49,7 @@ import torch
 
 from kvpop_hf.compat import with_cache
 from . import analysis, report
+from .budget_args import add_budget_args, budgets_from_args
 from kvpop_hf import policies as pol
 from .models import LastModel, holds_model, load_model
 from .models import model_config as checkpoint_model_config
@@ -76,7 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
                          "only where a checkpoint is given)")
     ap.add_argument("--n", type=int, default=50, help="problems per family")
     ap.add_argument("--length", type=int, default=2048, help="tokens per problem (<bos> prompt target <eos>)")
-    ap.add_argument("--budgets", default="0.75,0.88", help="ratios in (0,1) and/or token counts, comma separated")
+    add_budget_args(ap, default="0.75,0.88")
     ap.add_argument("--sinks", type=int, default=4)
     ap.add_argument("--window", type=int, default=64)
     ap.add_argument("--seed-base", type=int, default=DEFAULT_SEED_BASE, help="problem i uses seed SEED_BASE + i")
@@ -180,7 +182,7 @@ def plan_from_args(args: argparse.Namespace) -> EvalPlan:
             raise ValueError(f"--{name} must be >= {0 if name == 'sinks' else 1}, got {getattr(args, name)}.")
     if args.batch_size < 1 or args.chunk < 0 or args.analysis_n < 1:
         raise ValueError("--batch-size and --analysis-n must be >= 1 and --chunk >= 0.")
-    budgets = pol.parse_budgets(args.budgets, args.length, args.sinks, args.window)
+    budgets = budgets_from_args(args, args.length, args.sinks, args.window)
 
     ckpts = pol.parse_checkpoint_specs(args.scorer_checkpoint)
     if args.checkpoints_dir:

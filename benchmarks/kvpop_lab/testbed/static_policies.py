@@ -11,19 +11,22 @@ from pathlib import Path
 
 import torch
 
+from .budget_args import add_budget_args, budgets_from_args
+
 __all__ = ["add_benchmark_args", "add_policy_args", "check_policy_args", "static_policies", "benchmark_setup"]
 
 
 def add_benchmark_args(ap: argparse.ArgumentParser) -> None:
     """The options :func:`benchmark_setup` reads: ``--model``, ``--out``, ``--length``, ``--n``, ``--sinks``,
-    ``--window``, ``--budgets``, ``--knob``, ``--device`` and those of :func:`add_policy_args`."""
+    ``--window``, ``--compression`` (default 0.88) / ``--budgets``, ``--knob``, ``--device`` and those of
+    :func:`add_policy_args`."""
     ap.add_argument("--model", required=True, help="the dense model whose future attention is the oracle")
     ap.add_argument("--out", required=True, type=Path)
     ap.add_argument("--length", type=int, default=4096)
     ap.add_argument("--n", type=int, default=4, help="problems (reasoning family, seeds 2**48 + i)")
     ap.add_argument("--sinks", type=int, default=4)
     ap.add_argument("--window", type=int, default=64)
-    ap.add_argument("--budgets", default="0.88")
+    add_budget_args(ap, default="0.88")
     ap.add_argument("--knob", action="append", default=[], help="reasoning.<name>=<int>, as in kvpop-eval")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     add_policy_args(ap)
@@ -91,18 +94,17 @@ def static_policies(args: argparse.Namespace, model, budgets, sinks: int, window
 
 def benchmark_setup(args: argparse.Namespace):
     """What both oracle-recall benchmarks start from, read off their common options (``--model``, ``--length``,
-    ``--n``, ``--sinks``, ``--window``, ``--budgets``, ``--knob``, ``--device`` and :func:`add_policy_args`'s):
-    ``(model, tokenizer, problems, scored)`` -- the dense model (float32), its tokenizer, ``--n`` reasoning problems
-    (seeds ``2**48 + i``, the knobs applied) and :func:`static_policies` at every budget. Bad budgets or knobs
-    raise before any model is loaded."""
+    ``--n``, ``--sinks``, ``--window``, ``--compression``/``--budgets``, ``--knob``, ``--device`` and
+    :func:`add_policy_args`'s): ``(model, tokenizer, problems, scored)`` -- the dense model (float32), its
+    tokenizer, ``--n`` reasoning problems (seeds ``2**48 + i``, the knobs applied) and :func:`static_policies` at
+    every budget. Bad budgets or knobs raise before any model is loaded."""
     from transformers import AutoTokenizer
 
     from .evaluate import parse_knobs
     from .models import load_model
-    from kvpop_hf.policies import parse_budgets
     from .tasks import make_problem
 
-    budgets = parse_budgets(args.budgets, args.length, args.sinks, args.window)
+    budgets = budgets_from_args(args, args.length, args.sinks, args.window)
     knobs = parse_knobs(args.knob, ["reasoning"]).get("reasoning", {})
     device = torch.device(args.device)
     model = load_model(args.model, torch.float32, device)
