@@ -215,7 +215,7 @@ def run(a) -> int:
     logs = out / "logs"
     logs.mkdir(exist_ok=True)
     t_start = time.time()
-    deadline = t_start + a.budget
+    deadline = t_start + a.seconds
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
                TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1")
     for key, value in (("NCCL_NVLS_ENABLE", "0"), ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1"),
@@ -275,7 +275,7 @@ def run(a) -> int:
             retro_args(a, model_dir, scratch / "runs" / name, per_device, grad_acc, train_s) + extra[name]
         commands[name] = " ".join(f"{k}={v}" for k, v in senv.items()) + (" " if senv else "") + shlex.join(cmd)
         stages[name] = _run_stage(name, cmd, dict(env, **senv), limit, logs / f"{name}.log")
-    meta = {"stages": stages, "commands": commands, "budget_s": a.budget, "wall_s": round(time.time() - t_start, 1),
+    meta = {"stages": stages, "commands": commands, "budget_s": a.seconds, "wall_s": round(time.time() - t_start, 1),
             "args": vars(a), "model_dir": str(model_dir)}
     (out / "raw" / "run_meta.json").write_text(json.dumps(meta, indent=1, default=str))
     report(out, a.warmup_steps)
@@ -466,7 +466,7 @@ def main(argv=None):
     pr.add_argument("--window", type=int, default=128)
     pr.add_argument("--topk", type=int, default=124, help="default: B = 256 = seq_len/8 at 2048")
     pr.add_argument("--warmup-steps", dest="warmup_steps", type=int, default=3)
-    pr.add_argument("--budget", type=float, default=225, help="seconds for the whole run (all stages)")
+    pr.add_argument("--seconds", type=float, default=225, help="seconds for the whole run (all stages)")
     pr.add_argument("--prepare-s", dest="prepare_s", type=float, default=45)
     pr.add_argument("--single-s", dest="single_s", type=float, default=75)
     pr.add_argument("--ddp-s", dest="ddp_s", type=float, default=50)

@@ -39,7 +39,7 @@ def test_points_are_read_from_both_recall_sources(tmp_path):
         {"policy": "kvpop_p2", "budget": 492, "oracle_recall": 0.675},
         {"policy": "kvpop_p2", "budget": 246, "oracle_recall": 0.6}]}))
     out = tmp_path / "out"
-    assert mod.main(["--out", str(out), "--budget", "492", "--point", f"a={ev}:kvpop@{ev}:kvpop",
+    assert mod.main(["--out", str(out), "--budgets", "492", "--point", f"a={ev}:kvpop@{ev}:kvpop",
                      "--point", f"b={ev}:kvpop@{prof}:kvpop_p2", "--recall-line", "0.81"]) == 0
     rows = json.loads((out / "meta.json").read_text())["rows"]
     assert [(r["label"], r["em"], r["n"]) for r in rows] == [("a", 0.85, 40), ("b", 0.85, 40)]
@@ -52,12 +52,12 @@ def test_bad_points_are_refused(tmp_path, capsys):
     mod = recall_vs_quality
     ev = _eval_folder(tmp_path / "eval")
     with pytest.raises(SystemExit):
-        mod.main(["--out", str(tmp_path / "o"), "--budget", "492", "--point", f"a={ev}:kvpop"])
+        mod.main(["--out", str(tmp_path / "o"), "--budgets", "492", "--point", f"a={ev}:kvpop"])
     assert "LABEL=EM_DIR:EM_POLICY@RECALL_DIR:RECALL_POLICY" in capsys.readouterr().err
     with pytest.raises(SystemExit):
-        mod.main(["--out", str(tmp_path / "o"), "--budget", "492", "--point", f"a=/no/such:kvpop@{ev}:kvpop"])
+        mod.main(["--out", str(tmp_path / "o"), "--budgets", "492", "--point", f"a=/no/such:kvpop@{ev}:kvpop"])
     assert "is not a folder" in capsys.readouterr().err
     with pytest.raises(ValueError, match="no row for policy 'kvpop' at budget 123"):
-        mod.main(["--out", str(tmp_path / "o"), "--budget", "123", "--point", f"a={ev}:kvpop@{ev}:kvpop"])
+        mod.main(["--out", str(tmp_path / "o"), "--budgets", "123", "--point", f"a={ev}:kvpop@{ev}:kvpop"])
     with pytest.raises(ValueError, match="neither recall_per_layer.csv"):
-        mod.main(["--out", str(tmp_path / "o"), "--budget", "492", "--point", f"a={ev}:kvpop@{ev}:kvpop"])
+        mod.main(["--out", str(tmp_path / "o"), "--budgets", "492", "--point", f"a={ev}:kvpop@{ev}:kvpop"])

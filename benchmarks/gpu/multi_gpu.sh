@@ -4,7 +4,7 @@
 # and with FSDP2 (training/accelerate_fsdp.yaml); loss curves, tokens/s per GPU, peak memory per GPU.
 # Usage (repo root):  OUT=/some/empty/dir bash benchmarks/gpu/multi_gpu.sh      (~4 minutes)
 # The recorded run (study multi_gpu in results/studies.csv) used the defaults below; longer stage limits give more steps, e.g.
-# SINGLE_S=150 DDP_S=120 FSDP_S=120 BUDGET=420 OUTER_S=430.
+# SINGLE_S=150 DDP_S=120 FSDP_S=120 RUN_S=420 OUTER_S=430.
 # Results: $OUT/multi_gpu.md, multi_gpu.json, multi_gpu_loss.png, logs.tgz (stage logs + raw per-rank files).
 set -u
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
@@ -15,11 +15,11 @@ stamp() { echo "[$(( $(date +%s) - T0 ))s] $*"; }
 : "${OUT:?set OUT to an (empty) output directory}"
 mkdir -p "$OUT"
 timeout 10 nvidia-smi -L || true
-stamp "run (budget ${BUDGET:-215}s)"
+stamp "run (${RUN_S:-215} s)"
 # the driver guards each stage itself (prepare / 1gpu / ddp / fsdp, each in its own process group with a
 # time limit); this outer timeout is the last resort
 timeout "${OUTER_S:-225}" python3 benchmarks/multi_gpu_retrofit.py run --device "${DEVICE:-cuda}" --out "$OUT/work" ${EXTRA:-} \
-  --scratch /tmp/kvpop_multi_gpu --budget "${BUDGET:-215}" --layers "${LAYERS:-20}" --seq-len "${SEQ_LEN:-2048}" \
+  --scratch /tmp/kvpop_multi_gpu --seconds "${RUN_S:-215}" --layers "${LAYERS:-20}" --seq-len "${SEQ_LEN:-2048}" \
   --steps "${STEPS:-30}" --window "${WINDOW:-128}" --topk "${TOPK:-124}" --lora-rank 16 --warmup-steps 3 \
   --prepare-s "${PREPARE_S:-40}" --single-s "${SINGLE_S:-70}" --ddp-s "${DDP_S:-50}" --fsdp-s "${FSDP_S:-55}" \
   --startup-s "${STARTUP_S:-30}" ${EXTRA2:-} > "$OUT/run.log" 2>&1

@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--length", type=int, default=4096)
     ap.add_argument("--sinks", type=int, default=4)
     ap.add_argument("--window", type=int, default=64)
-    ap.add_argument("--budget", type=int, default=492, help="B = sinks + window + topk")
+    ap.add_argument("--budgets", dest="budget", type=int, default=492, help="B = sinks + window + topk (one count)")
     ap.add_argument("--knob", action="append", default=None, help="default: reasoning.n_facts=10, reasoning.steps=4")
     ap.add_argument("--batch-size", type=int, default=8)
     ap.add_argument("--extra", default="dense,streaming",

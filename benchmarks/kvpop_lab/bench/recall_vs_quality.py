@@ -73,7 +73,7 @@ def oracle_recall(folder: Path, policy: str, budget: int) -> float:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True)
-    ap.add_argument("--budget", type=int, required=True, help="cache entries B of the compared rows")
+    ap.add_argument("--budgets", dest="budget", type=int, required=True, help="B, the cache entries per layer and KV head of the compared rows (one count)")
     ap.add_argument("--point", type=parse_point, action="append", required=True,
                     help="LABEL=EM_DIR:EM_POLICY@RECALL_DIR:RECALL_POLICY (repeatable)")
     ap.add_argument("--recall-line", type=float, default=None, help="draw a reference recall (e.g. the paper's 0.81)")
