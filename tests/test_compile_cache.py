@@ -35,7 +35,6 @@ def _run(directory, mode):
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.slow
 def test_second_process_reuses_the_first_ones_compilation(tmp_path):
     shared = tmp_path / "shared"
     first = _run(shared, "save")

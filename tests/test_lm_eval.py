@@ -499,7 +499,7 @@ def test_table_reads_recorded_settings_and_string_model_args(tmp_path):
         collect_rows([tmp_path / "missing"])
 
 
-@pytest.mark.slow
+@pytest.mark.quality
 def test_shipped_student_through_lm_eval_matches_kvpop_eval(tmp_path):
     """lm-eval's command line with --model kvpop and kvpop-eval on the same 4k problems, shipped student at 88%
     (B = 492, window 64): the exact matches agree within one problem (CPU, a few minutes)."""

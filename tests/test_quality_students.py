@@ -40,7 +40,7 @@ STUDENTS = {  # folder, budget B, measured answers of problems 0..N-1
 }
 MARGIN = 1
 
-pytestmark = [pytest.mark.quality, pytest.mark.slow,
+pytestmark = [pytest.mark.quality,
               pytest.mark.skipif(not (TEACHER / "model.safetensors").is_file(), reason="testbed teacher not committed")]
 
 
