@@ -1,4 +1,4 @@
-"""Time the split-KV decode attention (kvpop_hf.decode_attention) over launch configurations on one GPU.
+"""Time the split-KV decode attention (kvpop_hf.ops.decode_attention) over launch configurations on one GPU.
 
 One decode step's attention of one layer at a given shape (default: Qwen3-8B, batch 1, ``B = 4096`` slots, all
 occupied): ``decode_attention_triton`` (the split kernel and the merge of the splits) captured in a CUDA graph

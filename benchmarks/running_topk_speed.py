@@ -29,8 +29,8 @@ import torch  # noqa: E402
 
 from kvpop_lab.utils.provenance import git_commit  # noqa: E402
 from kvpop_lab.utils.timing import fmt, free, measure, quantiles  # noqa: E402
-from kvpop_hf.running_topk import running_topk_reference, running_topk_wavelet  # noqa: E402
-from kvpop_hf.running_topk import wavelet as wavelet_module  # noqa: E402
+from kvpop_hf.ops.running_topk import running_topk_reference, running_topk_wavelet  # noqa: E402
+from kvpop_hf.ops.running_topk import wavelet as wavelet_module  # noqa: E402
 
 FIELDS = ("rank", "cutoff", "boundary", "keep_new")
 
@@ -75,7 +75,7 @@ def main(argv=None) -> None:
     running_topk_triton = None
     if triton_ok:
         try:
-            from kvpop_hf.running_topk import running_topk_triton
+            from kvpop_hf.ops.running_topk import running_topk_triton
         except Exception as err:  # noqa: BLE001  (triton missing / broken: report, keep the rest)
             triton_ok, triton_note = False, f"triton unavailable: {type(err).__name__}: {err}"
 

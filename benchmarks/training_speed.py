@@ -45,7 +45,7 @@ from pathlib import Path
 
 import torch
 
-from kvpop_hf.dense_attention import expand_kv
+from kvpop_hf.ops.dense_attention import expand_kv
 from kvpop_lab.utils.provenance import git_commit, versions
 from kvpop_lab.utils.timing import compiled_graphs, fmt, free, is_oom, measure, quantiles, sync
 import torch.nn.functional as F
@@ -160,9 +160,9 @@ def dense_sdpa(q, k, v):
 
 
 def layer_section(args, S, device, dtype, bench: Bench, rec: Recorder, state: dict):
-    from kvpop_hf.running_topk import running_topk
+    from kvpop_hf.ops.running_topk import running_topk
     from kvpop_hf.trainer.sparse_attention import sparse_attention, sparse_attention_block_mask
-    from kvpop_hf.trainer.targets import (future_attention_target, future_attention_target_reference,
+    from kvpop_hf.ops.targets import (future_attention_target, future_attention_target_reference,
                                            future_block_mask_for)
 
     sec = f"layer S={S}"
@@ -224,7 +224,7 @@ def layer_section(args, S, device, dtype, bench: Bench, rec: Recorder, state: di
             lse = res_b["out"][1].detach()
         else:
             rec.note(f"S={S}: (b) failed; (c)/(d) use the dense causal LSE instead of the sparse one")
-            from kvpop_hf.trainer.targets import dense_causal_lse
+            from kvpop_hf.ops.targets import dense_causal_lse
             lse = dense_causal_lse(q, k)
         res_b = None
         bench.free()
@@ -495,7 +495,7 @@ def main(argv=None):
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
     # every (S, grad mode, dtype) is one compiled flex graph; keep dynamo from giving up and falling back
-    from kvpop_hf.flex_compiled import recompile_limits
+    from kvpop_hf.ops.flex_compiled import recompile_limits
 
     for name, value in recompile_limits(64).items():  # this script's own process
         setattr(torch._dynamo.config, name, value)

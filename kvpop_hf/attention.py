@@ -12,7 +12,7 @@ attention) returns keys that carry what the attention needs (:mod:`kvpop_hf.hand
   a DMS step), whose ``attend`` runs the call with the padding;
 * else, for a KVpopCache decode step, :class:`~kvpop_hf.handoff.DecodeSlots`: all ``B`` slots of the
   layer's fixed buffers and the real tokens per row, which mask the empty slots. Fixed shapes, so the step
-  can be captured as a CUDA graph (:mod:`kvpop_hf.decode_attention`).
+  can be captured as a CUDA graph (:mod:`kvpop_hf.ops.decode_attention`).
 
 Keys with neither come from another cache (or none: training); they get plain causal attention with padding.
 """
@@ -27,7 +27,7 @@ from transformers import AttentionInterface, AttentionMaskInterface
 from transformers.masking_utils import sdpa_mask
 
 from .attention_variants import AttentionVariant, causal_visible, variant_attention
-from .dense_attention import causal_attention
+from .ops.dense_attention import causal_attention
 from .handoff import decode_slots_of, handoff_of
 
 ATTN_NAME = "kvpop"

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 from torch.nn import functional as F
 
-from .dense_attention import expand_kv
+from .ops.dense_attention import expand_kv
 
 __all__ = ["AttentionVariant", "variant_attention", "causal_visible"]
 

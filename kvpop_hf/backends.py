@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .kernels import MISSING_TRITON, triton_available
+from .ops.kernels import MISSING_TRITON, triton_available
 
 __all__ = ["Backends", "CHOICES", "INFERENCE_FIELDS", "TRAINING_FIELDS", "VARIANTS"]
 
@@ -74,21 +74,21 @@ class Backends:
 
     Inference (:data:`INFERENCE_FIELDS`):
 
-    * ``decode_eviction``: a decode step's eviction and insertion (:mod:`kvpop_hf.decode_eviction`), ``torch|triton``;
-    * ``decode_attention``: a decode step's attention over the ``B`` slots (:mod:`kvpop_hf.decode_attention`),
+    * ``decode_eviction``: a decode step's eviction and insertion (:mod:`kvpop_hf.ops.decode_eviction`), ``torch|triton``;
+    * ``decode_attention``: a decode step's attention over the ``B`` slots (:mod:`kvpop_hf.ops.decode_attention`),
       ``torch|triton``;
     * ``mlstm_step``: the mLSTM scorer's part of a decode step (:mod:`kvpop_hf.scorers.mlstm_decode_triton`),
       ``torch|triton``;
-    * ``chunk_attention``: a prompt chunk's attention (:mod:`kvpop_hf.chunk_attention`), ``dense`` (an SDPA mask
+    * ``chunk_attention``: a prompt chunk's attention (:mod:`kvpop_hf.ops.chunk_attention`), ``dense`` (an SDPA mask
       ``[L x C]`` per head) or ``flex`` (FlexAttention, compiled on CUDA).
 
     Training (:data:`TRAINING_FIELDS`):
 
-    * ``running_topk``: the running top-k over whole sequences ``[b, h, S]`` (:mod:`kvpop_hf.running_topk`),
+    * ``running_topk``: the running top-k over whole sequences ``[b, h, S]`` (:mod:`kvpop_hf.ops.running_topk`),
       ``torch|wavelet|triton``;
     * ``train_attention``: the student's fixed-budget sparse attention (:mod:`kvpop_hf.trainer.sparse_attention`),
       ``dense`` (the masked ``[S x S]`` reference) or ``flex``;
-    * ``target_pass``: the transposed future-attention target pass (:mod:`kvpop_hf.trainer.targets`),
+    * ``target_pass``: the transposed future-attention target pass (:mod:`kvpop_hf.ops.targets`),
       ``chunked`` or ``flex`` (``target_reduce`` other than ``mean`` needs ``chunked``).
 
     Private variants (:data:`VARIANTS`, leading ``_``): ``_flex_block_mask``, ``_chunk_cutoff``,

@@ -8,7 +8,7 @@ tensor: no module state, so two caches in two threads or a nested model cannot s
 Its kinds:
 
 * ``"chunk"``: a KVpopCache prompt chunk (:class:`kvpop_hf.layer.PendingChunk`), committed with the
-  forward's padding, then attended to the exact per-head plan ``R(q)`` (:mod:`kvpop_hf.chunk_attention`);
+  forward's padding, then attended to the exact per-head plan ``R(q)`` (:mod:`kvpop_hf.ops.chunk_attention`);
 * ``"scores"``: a step of an attention-based policy (TOVA, H2O, SnapKV), which hands the attention
   probabilities back to the layer (:mod:`kvpop_hf.baselines.attention_policies.layer`);
 * ``"dms"``: a DMS step, a different set of live tokens per KV head (:mod:`kvpop_hf.baselines.dms.handoff`).
@@ -85,7 +85,7 @@ def handoff_of(tensor: torch.Tensor) -> Handoff | None:
 @dataclass(frozen=True)
 class DecodeSlots:
     """A KVpopCache decode step: all ``B`` slots, ``slot < seen[row]`` visible; ``attention`` is the layer's
-    decode attention (the backend chosen once, :mod:`kvpop_hf.decode_attention`)."""
+    decode attention (the backend chosen once, :mod:`kvpop_hf.ops.decode_attention`)."""
 
     seen: torch.Tensor
     attention: Callable

@@ -22,11 +22,11 @@ from transformers.cache_utils import CacheLayerMixin
 
 from .allocation import check_fits, layer_bytes, slots_for_topk, too_large
 from .backends import INFERENCE_FIELDS
-from .chunk_attention import attend_chunk
-from .decode_attention import decode_attention_for
-from .decode_eviction import eviction_for, read_entry, ring_slot
+from .ops.chunk_attention import attend_chunk
+from .ops.decode_attention import decode_attention_for
+from .ops.decode_eviction import eviction_for, read_entry, ring_slot
 from .handoff import Handoff, attach, mark_decode_slots
-from .priority import decayed_priorities
+from .ops.priority import decayed_priorities
 from .shared import copy_layer, offload_layer, prefetch_layer
 
 NEG_INF = float("-inf")
@@ -113,11 +113,11 @@ class ChunkPlan:
         return torch.where(q < 0, own, vis)
 
     def compact(self, reference: bool = False, backend: str = "blocked"):
-        """The same visibility without an ``[L x C]`` mask: a :class:`kvpop_hf.flex_mask.CompactChunkMask`
+        """The same visibility without an ``[L x C]`` mask: a :class:`kvpop_hf.ops.flex_mask.CompactChunkMask`
         (``cand_rank``/``cand_pos [b,h,C]``, ``query_pos [b,L]``, ``cutoff [b,h,L]``) whose ``mask_mod``
-        equals ``visibility()``. ``cutoff`` comes from :func:`kvpop_hf.flex_mask.chunk_cutoff` (``backend``: its
+        equals ``visibility()``. ``cutoff`` comes from :func:`kvpop_hf.ops.flex_mask.chunk_cutoff` (``backend``: its
         variant); ``reference=True`` uses the plain ``O(L*C)`` count instead."""
-        from .flex_mask import compact_chunk_mask
+        from .ops.flex_mask import compact_chunk_mask
 
         return compact_chunk_mask(self.pos, self.order, self.query_pos, self.sinks, self.window, self.topk,
                                   reference=reference, backend=backend)
@@ -446,7 +446,7 @@ class KVpopLayer(CacheLayerMixin):
     # -- one new token per row: fixed shapes, in place, no host synchronisation ----------------
     def decode_step(self, k_new: torch.Tensor, v_new: torch.Tensor):
         """Write token ``t = seen`` of every row, score the token leaving the window, keep the better of
-        it and the weakest long-range slot (:mod:`kvpop_hf.decode_eviction`). Returns all ``B`` slots
+        it and the weakest long-range slot (:mod:`kvpop_hf.ops.decode_eviction`). Returns all ``B`` slots
         (the keys' :class:`~kvpop_hf.handoff.DecodeSlots` mask the empty ones). k_new/v_new ``[b, h, 1, d]``."""
         s, w = self.sinks, self.window
         b, h = k_new.shape[:2]

@@ -41,7 +41,7 @@ class SlidingChunkPlan(ChunkPlan):
 
     def compact(self, *args, **kwargs):
         raise NotImplementedError("The compact (FlexAttention) mask of a sliding KVpop layer is not implemented; "
-                                  "its chunks take the dense path (kvpop_hf.chunk_attention.attend_chunk).")
+                                  "its chunks take the dense path (kvpop_hf.ops.chunk_attention.attend_chunk).")
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ you serve with :func:`kvpop_hf.compile_cache.enable_compile_cache` on, then writ
 Each scorer, budget, batch size, dtype and compile mode (``--compile-mode max-autotune`` when the serving processes
 pass ``compile_config=CompileConfig(mode="max-autotune")``) is its own compiled graph, so warm every combination
 you serve (``--fuse-projections`` when the serving processes run
-:func:`kvpop_hf.fused_projections.fuse_projection_storage` and pass ``fused_compile_config(mode)``); the prompt
+:func:`kvpop_hf.ops.fused_projections.fuse_projection_storage` and pass ``fused_compile_config(mode)``); the prompt
 length does not matter (the cache's buffers have ``B`` slots whatever the context). Weights
 are never changed; ``--random-weights`` builds the model from its config instead (same graphs, no download of the
 weights). Scorers are names of :data:`kvpop_hf.scorers.SCORERS` (with ``--budget``) or KVpop checkpoints
@@ -65,7 +65,7 @@ def warm(model, cache_dir: str | os.PathLike, scorers: list[str], batches: list[
     records = []
     extra = {} if compile_mode is None else {"compile_config": CompileConfig(mode=compile_mode)}
     if fuse_projections:
-        from .fused_projections import fuse_projection_storage, fused_compile_config
+        from .ops.fused_projections import fuse_projection_storage, fused_compile_config
 
         fuse_projection_storage(model)
         extra = {"compile_config": fused_compile_config(compile_mode)}
@@ -96,7 +96,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--compile-mode", default=None, choices=["reduce-overhead", "max-autotune"],
                     help="the CompileConfig mode the serving processes pass to generate (default: transformers' own)")
     ap.add_argument("--fuse-projections", action="store_true",
-                    help="q/k/v and gate/up as one matrix product each (kvpop_hf.fused_projections), as the serving "
+                    help="q/k/v and gate/up as one matrix product each (kvpop_hf.ops.fused_projections), as the serving "
                          "processes compile them")
     return ap
 

@@ -14,7 +14,7 @@ from kvpop_hf import KVpopCache
 from kvpop_hf.attention import kvpop_attention
 from kvpop_hf.attention_variants import AttentionVariant, causal_visible, variant_attention
 from kvpop_hf.compat import with_cache
-from kvpop_hf.decode_attention import decode_attention_reference, decode_attention_triton
+from kvpop_hf.ops.decode_attention import decode_attention_reference, decode_attention_triton
 from kvpop_hf.handoff import DecodeSlots
 
 B, HQ, HKV, L, D = 2, 4, 2, 7, 16

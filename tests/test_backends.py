@@ -110,8 +110,8 @@ def test_triton_missing_is_an_import_error_naming_the_fix(monkeypatch):
 
 def test_the_kernels_own_choices_go_through_the_resolver(monkeypatch):
     """running_topk and chunk_cutoff, called directly, check their choice as the record does."""
-    from kvpop_hf.flex_mask import chunk_cutoff
-    from kvpop_hf.running_topk import running_topk
+    from kvpop_hf.ops.flex_mask import chunk_cutoff
+    from kvpop_hf.ops.running_topk import running_topk
 
     prio = torch.randn(1, 2, 12)
     with pytest.raises(ValueError, match=r"Backends\(running_topk=...\) must be one of"):
@@ -170,14 +170,14 @@ def _spy(monkeypatch, owner, name, calls, tag, check=None):
 
 def _paths(monkeypatch, field, value):
     """Spies on the inference functions that ``field=value`` names; returns the list they append to."""
-    import kvpop_hf.chunk_attention as chunk_attention
-    import kvpop_hf.decode_attention as decode_attention
-    import kvpop_hf.decode_eviction as decode_eviction
-    import kvpop_hf.flex_mask as flex_mask
-    import kvpop_hf.interval_mask as interval_mask
+    import kvpop_hf.ops.chunk_attention as chunk_attention
+    import kvpop_hf.ops.decode_attention as decode_attention
+    import kvpop_hf.ops.decode_eviction as decode_eviction
+    import kvpop_hf.ops.flex_mask as flex_mask
+    import kvpop_hf.ops.interval_mask as interval_mask
     import kvpop_hf.scorers.mlstm as mlstm
     import kvpop_hf.scorers.mlstm_decode_triton as mlstm_decode_triton
-    import kvpop_hf.running_topk as topk
+    import kvpop_hf.ops.running_topk as topk
     from kvpop_hf.layer import ChunkPlan
 
     calls = []
@@ -243,10 +243,10 @@ def test_each_choice_reaches_its_path_and_gives_the_reference(field, value, monk
 
 # ---------------------------------------------------------------- training: each choice reaches its path
 def _training_paths(monkeypatch, field):
-    import kvpop_hf.running_topk as topk
+    import kvpop_hf.ops.running_topk as topk
     import kvpop_hf.trainer.sparse_attention as sparse_attention
     import kvpop_hf.trainer.student as student
-    import kvpop_hf.trainer.targets as targets
+    import kvpop_hf.ops.targets as targets
 
     calls = []
     if field == "running_topk":

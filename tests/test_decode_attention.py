@@ -4,7 +4,7 @@ and a decode step through the cache uses it when asked."""
 import pytest
 import torch
 
-from kvpop_hf.decode_attention import (decode_attention_for, decode_attention_reference, decode_attention_triton,
+from kvpop_hf.ops.decode_attention import (decode_attention_for, decode_attention_reference, decode_attention_triton,
                                        split_count)
 
 

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from kvpop_hf.decode_eviction import evict_and_insert_reference, evict_and_insert_triton
+from kvpop_hf.ops.decode_eviction import evict_and_insert_reference, evict_and_insert_triton
 
 
 def random_state(b, h, s, w, k, d, dv, seen, ties, seed):

@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from kvpop_hf.dense_attention import causal_attention
+from kvpop_hf.ops.dense_attention import causal_attention
 
 
 def reference(q, k, v, mask=None, scaling=None):

@@ -10,9 +10,9 @@ from torch.nn import functional as F
 
 from helpers import distinct_ids, left_padded, reference_logits, run_chunks, run_whole, tiny_model
 from kvpop_hf import KVpopCache
-from kvpop_hf.chunk_attention import flex_chunk_attention as _flex_chunk_attention
+from kvpop_hf.ops.chunk_attention import flex_chunk_attention as _flex_chunk_attention
 from kvpop_hf.compat import with_cache
-from kvpop_hf.flex_mask import chunk_cutoff, chunk_cutoff_reference, dense_from_compact
+from kvpop_hf.ops.flex_mask import chunk_cutoff, chunk_cutoff_reference, dense_from_compact
 from kvpop_hf.layer import ChunkPlan, attending_positions
 
 S, W, K = 2, 5, 6
@@ -69,7 +69,7 @@ def test_compact_cutoff_equals_visibility(holes):
 def test_blocked_cutoff_equals_reference_and_running_topk(holes):
     """The parallel blocked cutoff == the O(L*C) count == the sequential running top-k, for block sizes
     smaller and larger than the chunk and any tiling."""
-    from kvpop_hf.flex_mask import blocked_chunk_cutoff
+    from kvpop_hf.ops.flex_mask import blocked_chunk_cutoff
 
     gen = random.Random(5 + bool(holes))
     for trial in range(60):
@@ -84,7 +84,7 @@ def test_blocked_cutoff_equals_reference_and_running_topk(holes):
 def test_compact_cutoff_triton_backend():
     """The CUDA adapter path (Fenwick Triton kernel), through the Triton interpreter on CPU."""
     pytest.importorskip("triton")
-    from kvpop_hf.running_topk import fenwick_triton
+    from kvpop_hf.ops.running_topk import fenwick_triton
 
     if not fenwick_triton._is_interpreted():
         pytest.skip("needs TRITON_INTERPRET=1 before the first import (tests/conftest.py sets it)")
@@ -170,7 +170,7 @@ def test_flex_left_padding_with_prefill_chunks(scorer):
 def test_chunk_block_mask_equals_create_block_mask():
     from torch.nn.attention.flex_attention import create_block_mask
 
-    from kvpop_hf.flex_mask import build_block_mask
+    from kvpop_hf.ops.flex_mask import build_block_mask
 
     gen = random.Random(3)
     for trial in range(6):
@@ -191,7 +191,7 @@ def test_chunk_block_mask_equals_create_block_mask():
 @pytest.mark.parametrize("holes", [False, True, "attend"])
 def test_chunk_block_flags_equal_the_dense_mask_blocks(holes):
     """Analytic per-block flags == the blocks of the evaluated mask (tile-by-tile builder), any tiling."""
-    from kvpop_hf.flex_mask import chunk_block_flags, tiled_block_mask
+    from kvpop_hf.ops.flex_mask import chunk_block_flags, tiled_block_mask
 
     gen = random.Random(11 + bool(holes))
     for trial in range(40):

@@ -4,7 +4,7 @@ import torch
 from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
 from kvpop_hf import chunk_attention
-from kvpop_hf.flex_compiled import TRAINING_DYNAMIC, compiled_create_block_mask, compiled_flex
+from kvpop_hf.ops.flex_compiled import TRAINING_DYNAMIC, compiled_create_block_mask, compiled_flex
 from kvpop_hf.trainer import sparse_attention
 
 

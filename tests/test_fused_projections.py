@@ -1,4 +1,4 @@
-"""One matrix product for sibling projections in compiled decoding (``kvpop_hf.fused_projections``).
+"""One matrix product for sibling projections in compiled decoding (``kvpop_hf.ops.fused_projections``).
 
 * the storage fusion changes nothing eager code computes, and every projection's weight is a view of one buffer;
 * the inductor pass, run by ``generate`` through ``fused_compile_config``, removes the products it should (q/k/v and
@@ -22,7 +22,7 @@ from torch import nn
 from helpers import distinct_ids, tiny_model
 from kvpop_hf import KVpopCache
 from kvpop_hf.compat import with_cache
-from kvpop_hf.fused_projections import (AdjacentMatmulFusion, SharedStorageLinear, fuse_adjacent_matmuls,
+from kvpop_hf.ops.fused_projections import (AdjacentMatmulFusion, SharedStorageLinear, fuse_adjacent_matmuls,
                                         fuse_projection_storage, fused_compile_config)
 
 KW = dict(sinks=2, window=4, topk=6)
@@ -137,7 +137,7 @@ import json, sys, torch
 from torch import nn
 from torch._dynamo.utils import counters
 from kvpop_hf.compile_cache import enable_compile_cache
-from kvpop_hf.fused_projections import AdjacentMatmulFusion, fuse_projection_storage
+from kvpop_hf.ops.fused_projections import AdjacentMatmulFusion, fuse_projection_storage
 
 class Three(nn.Module):
     def __init__(self):

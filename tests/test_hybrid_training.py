@@ -14,7 +14,7 @@ from kvpop_hf.attention_variants import AttentionVariant, variant_attention
 from kvpop_hf.compat import with_cache
 from kvpop_hf.hub import CONFIG_NAME
 from kvpop_hf.trainer import KVpopTrainer, KVpopTrainingArguments, StudentSettings, student_forward
-from kvpop_hf.trainer.targets import dense_causal_lse, future_attention_target, future_attention_target_reference
+from kvpop_hf.ops.targets import dense_causal_lse, future_attention_target, future_attention_target_reference
 
 BUDGET = dict(sinks=2, window=4, topk=6)
 

@@ -1,4 +1,4 @@
-"""The interval form of a chunk's visibility (kvpop_hf/interval_mask.py): equal to ChunkPlan.visibility() in
+"""The interval form of a chunk's visibility (kvpop_hf/ops/interval_mask.py): equal to ChunkPlan.visibility() in
 plan order and after the sorted layout; its block flags cover every visible entry and mark as full only whole
 visible blocks; FlexAttention over the reordered keys equals dense SDPA with the plan's mask."""
 
@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch.nn import functional as F
 
-from kvpop_hf.interval_mask import (interval_block_flags, interval_block_mask, interval_chunk_mask, interval_layout,
+from kvpop_hf.ops.interval_mask import (interval_block_flags, interval_block_mask, interval_chunk_mask, interval_layout,
                                     interval_visibility)
 from test_flex_chunk_attention import random_plan
 

@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from kvpop_hf.kernels import lazy_kernel
+from kvpop_hf.ops.kernels import lazy_kernel
 
 
 def _probe():

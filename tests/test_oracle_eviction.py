@@ -8,7 +8,7 @@ import kvpop_hf  # noqa: F401  (registers the "kvpop" attention)
 from kvpop_hf import KVpopCache
 from kvpop_hf.compat import with_cache
 from kvpop_lab.testbed.oracle import OUTSIDE, OracleScorer, oracle_table
-from kvpop_hf.trainer.targets import future_attention_target_reference
+from kvpop_hf.ops.targets import future_attention_target_reference
 
 
 def _model():
@@ -22,7 +22,7 @@ def _model():
 
 def test_table_matches_the_reference_oracle():
     from kvpop_lab.testbed.qkv import record_qkv
-    from kvpop_hf.trainer.targets import dense_causal_lse
+    from kvpop_hf.ops.targets import dense_causal_lse
     m = _model()
     ids = torch.randint(0, 100, (1, 50), generator=torch.Generator().manual_seed(1))
     table = oracle_table(m, ids, window=6)
@@ -89,7 +89,7 @@ def test_oracle_table_kinds():
 def test_power_mean_table_is_the_training_target_of_each_layer():
     """kind="p<x>": per layer, the power-mean target the trainer uses (mean over the query heads of a KV head)."""
     from kvpop_lab.testbed.qkv import record_qkv
-    from kvpop_hf.trainer.targets import dense_causal_lse, future_attention_target_reference
+    from kvpop_hf.ops.targets import dense_causal_lse, future_attention_target_reference
     m = _model()
     ids = torch.randint(0, 100, (1, 20), generator=torch.Generator().manual_seed(5))
     got = oracle_table(m, ids, 3, kind="p4")

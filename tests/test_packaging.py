@@ -21,13 +21,13 @@ def test_wheel_ships_the_model_card_template(tmp_path):
     wheel = next(tmp_path.glob("kvpop_hf-*.whl"))
     names = zipfile.ZipFile(wheel).namelist()
     assert "kvpop_hf/trainer/model_card_template.md" in names
-    assert "kvpop_hf/decode_eviction.py" in names and "kvpop_hf/cli/retrofit.py" in names
+    assert "kvpop_hf/ops/decode_eviction.py" in names and "kvpop_hf/cli/retrofit.py" in names
     assert not [n for n in names if n.startswith(("kvpop_lab/", "benchmarks/", "tests/"))]  # the laboratory stays out
 
 
 def test_core_does_not_import_the_laboratory_or_the_trainer():
     """``import kvpop_hf`` and using a KVpopCache load the library core only (no laboratory, no trainer)."""
-    code = ("import sys, kvpop_hf, kvpop_hf.cache, kvpop_hf.layer, kvpop_hf.attention, kvpop_hf.flex_mask; "
+    code = ("import sys, kvpop_hf, kvpop_hf.cache, kvpop_hf.layer, kvpop_hf.attention, kvpop_hf.ops.flex_mask; "
             "print(sorted(m for m in sys.modules if m.startswith(('kvpop_lab', 'kvpop_hf.trainer'))))")
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert res.returncode == 0, res.stderr
@@ -107,9 +107,9 @@ from helpers import tiny_model
 from kvpop_hf import Backends, KVpopCache
 from kvpop_hf.backends import INFERENCE_FIELDS
 from kvpop_hf.compat import with_cache
-from kvpop_hf.decode_attention import decode_attention_for, split_decode_kernel
+from kvpop_hf.ops.decode_attention import decode_attention_for, split_decode_kernel
 from kvpop_hf.scorers.mlstm_decode_triton import mlstm_decode_priority_reference  # noqa: F401
-from kvpop_hf.running_topk import running_topk
+from kvpop_hf.ops.running_topk import running_topk
 
 model = tiny_model("qwen3")
 cache = KVpopCache(model.config, sinks=2, window=4, topk=6, scorer="mlstm")
@@ -158,7 +158,7 @@ def spy(name, globals=None, *args, **kwargs):
     return _import(name, globals, *args, **kwargs)
 
 builtins.__import__ = spy
-import kvpop_hf, kvpop_hf.decode_attention as a, kvpop_hf.decode_eviction as e, kvpop_hf.running_topk
+import kvpop_hf, kvpop_hf.ops.decode_attention as a, kvpop_hf.ops.decode_eviction as e, kvpop_hf.ops.running_topk
 import kvpop_hf.scorers.mlstm_decode_triton as m
 kernels = {a: "split_decode_kernel", e: "evict_insert_kernel", m: "mlstm_decode_kernel"}
 bound = [x.__name__ for x, k in kernels.items() if getattr(x, k).defined() or "tl" in vars(x)]

@@ -12,7 +12,7 @@ from kvpop_lab.testbed import build_tokenizer, make_problem, reasoning_twin, tra
 from kvpop_lab.testbed.analysis import oracle_topk_recall
 from kvpop_lab.testbed.recall_bound import causal_recall_bound, shared_prefix, twin_recall_rows
 from references import causal_recall_bound_reference
-from kvpop_hf.running_topk import running_topk
+from kvpop_hf.ops.running_topk import running_topk
 
 ROOT = Path(__file__).resolve().parents[1]
 TEACHER = ROOT / "checkpoints" / "testbed-4k-teacher"

@@ -1,15 +1,15 @@
-"""Tests for kvpop_hf.running_topk (running top-k: torch reference, wavelet matrix, Triton Fenwick kernel)."""
+"""Tests for kvpop_hf.ops.running_topk (running top-k: torch reference, wavelet matrix, Triton Fenwick kernel)."""
 
 import os
 
 # Must be set before triton JIT-decorates the kernel (i.e. before
-# kvpop_hf.running_topk.fenwick_triton is first imported) so it runs on CPU.
+# kvpop_hf.ops.running_topk.fenwick_triton is first imported) so it runs on CPU.
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import pytest
 import torch
 
-from kvpop_hf.running_topk import (
+from kvpop_hf.ops.running_topk import (
     RunningTopK,
     priority_ranks,
     running_topk,
@@ -155,7 +155,7 @@ def test_mask_row_counts(cfg, tied):
 
 
 def _kernel_module():
-    import kvpop_hf.running_topk.fenwick_triton as ft
+    import kvpop_hf.ops.running_topk.fenwick_triton as ft
 
     if not ft._is_interpreted() and not torch.cuda.is_available():
         pytest.skip("fenwick_triton was imported without TRITON_INTERPRET=1 and no CUDA")

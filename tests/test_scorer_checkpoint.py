@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from kvpop_hf.scorers import build_scorer
-from kvpop_hf.trainer.priorities import sequence_priorities
+from kvpop_hf.ops.priorities import sequence_priorities
 from kvpop_hf.trainer.scorer_checkpoint import checkpointed_priorities
 
 

@@ -7,7 +7,7 @@ import torch
 from helpers import distinct_ids, tiny_model
 from kvpop_lab.testbed.oracle import target_queries
 from kvpop_hf.trainer import KVpopTrainer, KVpopTrainingArguments
-from kvpop_hf.trainer.targets import dense_causal_lse, future_attention_target, future_attention_target_reference
+from kvpop_hf.ops.targets import dense_causal_lse, future_attention_target, future_attention_target_reference
 
 
 def _qkl(B=2, Hq=4, Hkv=2, S=37, D=8, seed=0):

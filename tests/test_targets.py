@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from kvpop_hf.trainer.targets import (
+from kvpop_hf.ops.targets import (
     dense_causal_lse,
     future_attention_target,
     future_attention_target_reference,

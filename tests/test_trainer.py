@@ -239,7 +239,7 @@ def test_the_trainer_takes_its_backends_from_the_record(tmp_path, monkeypatch):
     """args.backends (a Backends, a dict or JSON): a bad choice is refused with the allowed values when the
     arguments are built; KVPOP_<FIELD> gives the default, an explicit field wins; the trainer resolves the record
     once, for args.device, before it touches the model, and a later change of the environment reaches nothing."""
-    import kvpop_hf.running_topk as topk
+    import kvpop_hf.ops.running_topk as topk
 
     for name in CHOICES:
         monkeypatch.delenv(env_var(name), raising=False)

@@ -154,7 +154,7 @@ def flex_call(device, q, k, v, lse=False, **kw):
 
 
 def causal_block_mask(S, device, block=128):
-    from kvpop_hf.flex_mask import block_mask_from_flags
+    from kvpop_hf.ops.flex_mask import block_mask_from_flags
     nb = -(-S // block)
     i = torch.arange(nb, device=device)
     q0, k0 = i[:, None] * block, i[None, :] * block
@@ -170,7 +170,7 @@ def causal_block_mask(S, device, block=128):
 
 def no_full(bm, mask_mod=None):
     """The same BlockMask with full blocks folded into the partial ones (mask_mod evaluated everywhere)."""
-    from kvpop_hf.flex_mask import block_mask_from_flags
+    from kvpop_hf.ops.flex_mask import block_mask_from_flags
     S_q, S_kv = bm.seq_lengths
     dense = bm.to_dense()  # [b, H, Qb, Kb] 0/1 (partial + full)
     return block_mask_from_flags(dense > 0, torch.zeros_like(dense, dtype=torch.bool), S_q, S_kv,
@@ -198,10 +198,10 @@ def same_block_mask(a, b) -> bool:
 def core_section(d: Diag, S: int, dtype, state: dict):
     import torch.nn.functional as F
 
-    from kvpop_hf.flex_mask import tiled_block_mask
-    from kvpop_hf.running_topk import running_topk
+    from kvpop_hf.ops.flex_mask import tiled_block_mask
+    from kvpop_hf.ops.running_topk import running_topk
     from kvpop_hf.trainer.sparse_attention import sparse_attention, sparse_attention_block_mask
-    from kvpop_hf.trainer.targets import (_expand_kv, _flex_log_sum, _prep_lse, future_attention_target,
+    from kvpop_hf.ops.targets import (_expand_kv, _flex_log_sum, _prep_lse, future_attention_target,
                                            future_block_mask_for, future_mask_mod)
 
     a, dev = d.args, d.device
@@ -251,7 +251,7 @@ def core_section(d: Diag, S: int, dtype, state: dict):
         lse = res[1].detach() if res is not None else None
         res = None
         if lse is None:
-            from kvpop_hf.trainer.targets import dense_causal_lse
+            from kvpop_hf.ops.targets import dense_causal_lse
             lse = dense_causal_lse(q, k)
             d.note(f"S={S}: sparse kernel failed; target uses the dense LSE")
         st["lse"] = lse
@@ -296,7 +296,7 @@ def core_section(d: Diag, S: int, dtype, state: dict):
 
 def variant_section(d: Diag, S: int, dtype, state: dict):
     from kvpop_hf.trainer.sparse_attention import sparse_attention, sparse_mask_mods
-    from kvpop_hf.trainer.targets import _flex_log_sum
+    from kvpop_hf.ops.targets import _flex_log_sum
 
     st = state.get(S)
     if st is None:
@@ -327,7 +327,7 @@ def variant_section(d: Diag, S: int, dtype, state: dict):
         def causal_only(bi, h, q_idx, kv_idx):
             return kv_idx <= q_idx
 
-        from kvpop_hf.flex_mask import block_mask_from_flags
+        from kvpop_hf.ops.flex_mask import block_mask_from_flags
         dense = bm.to_dense()
         full = torch.zeros_like(dense, dtype=torch.bool)
         if bm.full_kv_num_blocks is not None:
@@ -426,7 +426,7 @@ def main(argv=None):
             torch._logging.set_logs(recompiles=True)
         except Exception as err:  # noqa: BLE001
             print(f"recompile logs unavailable: {err}", flush=True)
-    from kvpop_hf.flex_compiled import recompile_limits
+    from kvpop_hf.ops.flex_compiled import recompile_limits
 
     for name, value in recompile_limits(64).items():  # this script's own process
         setattr(torch._dynamo.config, name, value)

@@ -12,7 +12,7 @@
 #   (rows of the latter in $OUT/h200_qwen3-8b_generate_run_ahead.csv).
 # Fused projections, all three scorers at 128k with a second process reusing the compile cache (one call, ~400 s):
 #   CONTEXTS=131072 CACHES=kvpop LOOPS=run_ahead PROJECTIONS=fused STATIC_INPUT_LOG=0 LIMIT_S=560.
-# PROJECTIONS="separate fused": every row again with q/k/v and gate/up as one product each (kvpop_hf.fused_projections;
+# PROJECTIONS="separate fused": every row again with q/k/v and gate/up as one product each (kvpop_hf.ops.fused_projections;
 #   rows in $OUT/h200_qwen3-8b_generate[_run_ahead]_fused.csv).
 # Usage: OUT=dir [CONTEXTS="4096 131072"] [CACHES="static kvpop"] [SCORERS="knorm mlp mlstm"] [STATIC_CONTEXTS=4096] [LIMIT_S=590]
 #        bash benchmarks/gpu/generate_call_speed.sh

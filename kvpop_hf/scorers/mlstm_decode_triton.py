@@ -1,7 +1,7 @@
 """The mLSTM scorer's work in one decode step, fused: read the scored token, absorb the new one, score, decay.
 
 Per (batch row, KV head), with ``t = seen[row]`` the new token's position (KVpop, arXiv:2607.05061 Eqs. 9-11;
-the torch version is :meth:`MLSTMScorer.absorb_and_read` plus :func:`kvpop_hf.priority.decayed_priorities`,
+the torch version is :meth:`MLSTMScorer.absorb_and_read` plus :func:`kvpop_hf.ops.priority.decayed_priorities`,
 called by ``KVpopLayer.decode_step``):
 
 1. the token read is the one in the new token's ring slot (delayed scoring: it leaves the window now) or the
@@ -27,9 +27,9 @@ import math
 
 import torch
 
-from ..decode_eviction import read_entry
-from ..kernels import lazy_kernel, next_pow2
-from ..priority import decayed_priorities
+from ..ops.decode_eviction import read_entry
+from ..ops.kernels import lazy_kernel, next_pow2
+from ..ops.priority import decayed_priorities
 
 __all__ = ["mlstm_decode_kernel", "mlstm_decode_priority_reference", "mlstm_decode_priority_triton"]
 

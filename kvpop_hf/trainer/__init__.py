@@ -3,9 +3,9 @@
 from .chunked_distillation import chunked_distillation_loss
 from .distillation import DistillationTrainer, StudentPass
 from .losses import balance_weights, boundary_loss, distillation_loss, margin_weights
-from .priorities import sequence_priorities
+from ..ops.priorities import sequence_priorities
 from .student import StudentSettings, student_forward
-from .targets import dense_causal_lse, future_attention_target, future_attention_target_reference
+from ..ops.targets import dense_causal_lse, future_attention_target, future_attention_target_reference
 from .trainer import KVpopTrainer, KVpopTrainingArguments
 
 __all__ = ["DistillationTrainer", "StudentPass", "KVpopTrainer", "KVpopTrainingArguments", "StudentSettings",

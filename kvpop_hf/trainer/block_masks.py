@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from ..flex_mask import block_mask_from_flags
+from ..ops.flex_mask import block_mask_from_flags
 
 __all__ = ["future_block_flags", "future_block_mask", "sparse_block_flags", "sparse_block_mask"]
 
@@ -18,7 +18,7 @@ def sparse_block_flags(rank: torch.Tensor, cutoff: torch.Tensor, sinks: int, win
                        max_tile_elems: int = 1 << 22):
     """Per-block (partial, full) flags ``[b, h, Qb, Kb]`` (bool) of the running top-k mask, computed analytically.
 
-    Mask (``kvpop_hf.running_topk.sparse_mask_reference``): query ``q`` sees key ``t`` iff ``t <= q`` and (``t < s`` or
+    Mask (``kvpop_hf.ops.running_topk.sparse_mask_reference``): query ``q`` sees key ``t`` iff ``t <= q`` and (``t < s`` or
     ``q - t < w`` or (``s <= t <= q - w`` and ``rank[t] <= cutoff[q]``)). For a query block ``[q0, q1]`` and a key
     ``t`` the long-range queries are ``[max(q0, t + w), q1]``; some of them keep ``t`` iff the suffix max of
     ``cutoff`` from there is ``>= rank[t]``, all of them iff its suffix min is. So the flags need only

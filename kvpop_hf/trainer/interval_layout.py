@@ -8,13 +8,13 @@ dropped never returns). With ``end_t`` that first query (``S`` for a sink, ``t +
     ``M[q, t] = start_t <= q < end_t``, ``start_t = t``, ``end_t = max(t + w, j1_t)``,
     ``j1_t = min{q : cutoff[q] < rank[t]}``,
 
-the mask of :func:`kvpop_hf.running_topk.sparse_mask_reference`, as intervals. In position order nearly every
+the mask of :func:`kvpop_hf.ops.running_topk.sparse_mask_reference`, as intervals. In position order nearly every
 ``128 x 128`` block holds a long-range survivor, so FlexAttention visits every block below the diagonal,
 each with the mask applied, although a query sees at most ``B = s + w + k`` keys. Reordering the keys by
 ``(start // segment, -end)`` (per row and KV head; attention does not depend on the order of its keys) puts,
 inside each segment of earlier keys, the ones still alive at a query first: a query block then visits about
 ``B / 128`` mostly full blocks, one boundary block per earlier segment and the blocks of its own segment
-(the same layout as the prompt chunks of inference, :mod:`kvpop_hf.interval_mask`).
+(the same layout as the prompt chunks of inference, :mod:`kvpop_hf.ops.interval_mask`).
 """
 
 from __future__ import annotations
@@ -24,9 +24,9 @@ from dataclasses import dataclass
 
 import torch
 
-from ..flex_mask import block_mask_from_flags
-from ..interval_mask import IntervalChunkMask, interval_block_flags, interval_layout
-from ..running_topk import RunningTopK
+from ..ops.flex_mask import block_mask_from_flags
+from ..ops.interval_mask import IntervalChunkMask, interval_block_flags, interval_layout
+from ..ops.running_topk import RunningTopK
 
 __all__ = ["IntervalLayout", "default_segment", "interval_sparse_layout", "sequence_intervals"]
 

@@ -11,17 +11,17 @@ from __future__ import annotations
 import torch
 import torch.nn.attention.flex_attention as _fa
 
-from ..dense_attention import expand_kv
-from ..flex_compiled import TRAINING_DYNAMIC, compiled_flex
-from ..flex_mask import tiled_block_mask
+from ..ops.dense_attention import expand_kv
+from ..ops.flex_compiled import TRAINING_DYNAMIC, compiled_flex
+from ..ops.flex_mask import tiled_block_mask
 from .block_masks import sparse_block_mask
 from .interval_layout import IntervalLayout, interval_sparse_layout
-from ..running_topk import RunningTopK, sparse_mask_reference
+from ..ops.running_topk import RunningTopK, sparse_mask_reference
 
 
 def _flex(device):
     """The flex of the training passes (sparse forward, targets): one graph per (sequence length, dtype, grad
-    mode, mask code) on CUDA (``dynamic=False``, see kvpop_hf/flex_compiled.py), eager elsewhere."""
+    mode, mask code) on CUDA (``dynamic=False``, see kvpop_hf/ops/flex_compiled.py), eager elsewhere."""
     return compiled_flex(device.type, TRAINING_DYNAMIC)
 
 
@@ -57,7 +57,7 @@ def sparse_attention_block_mask(topk: RunningTopK, sinks: int, window: int, grou
     head). The others give a ``BlockMask`` over the keys in position order (every block below the diagonal
     visited): ``"analytic"``: per-block flags from rank/cutoff (:func:`kvpop_hf.trainer.block_masks.sparse_block_mask`,
     ``O(S^2 / 128)`` work, a few dozen kernels); ``"tiled"``: the mask_mod evaluated tile by tile
-    (:func:`kvpop_hf.flex_mask.tiled_block_mask`, ``O(S^2)`` work, one loop step per query block). Both give the
+    (:func:`kvpop_hf.ops.flex_mask.tiled_block_mask`, ``O(S^2)`` work, one loop step per query block). Both give the
     same blocks as ``create_block_mask``."""
     if method == "interval":
         return interval_sparse_layout(topk, sinks, window, groups)

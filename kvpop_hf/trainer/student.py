@@ -26,15 +26,15 @@ from transformers import AttentionInterface, AttentionMaskInterface
 
 from ..attention_variants import AttentionVariant, causal_visible, variant_attention
 from ..backends import TRAINING_FIELDS, Backends
-from ..dense_attention import causal_attention
-from ..priority import decayed_priorities
-from ..running_topk import RunningTopK, running_topk
+from ..ops.dense_attention import causal_attention
+from ..ops.priority import decayed_priorities
+from ..ops.running_topk import RunningTopK, running_topk
 from .hidden_states import final_hidden_states
 from .losses import balance_weights, boundary_loss, margin_weights
-from .priorities import sequence_priorities
+from ..ops.priorities import sequence_priorities
 from .scorer_checkpoint import checkpointed_priorities
 from .sparse_attention import apply_sinks, sparse_attention, sparse_attention_block_mask, sparse_attention_reference
-from .targets import dense_causal_lse, future_attention_target
+from ..ops.targets import dense_causal_lse, future_attention_target
 
 TRAIN_ATTN_NAME = "kvpop_train"
 STUDENT_KWARG = "kvpop_student"  # forward keyword that carries a StudentCall
@@ -155,7 +155,7 @@ def target_topk_recall(student, target, sinks: int, window: int, n_queries: int,
                         valid_queries: torch.Tensor | None = None) -> torch.Tensor:
     """Target top-k recall: mean over ``n_queries`` evenly spaced queries (from ``sinks + window`` on) of
     ``|kept_student(q) & kept_target(q)| / |kept_target(q)|``, with ``kept_x(q)`` the long-range tokens that
-    the running top-k ``x`` (a :class:`~kvpop_hf.running_topk.RunningTopK`) keeps at query ``q``.
+    the running top-k ``x`` (a :class:`~kvpop_hf.ops.running_topk.RunningTopK`) keeps at query ``q``.
     ``valid_queries [b, S]`` (bool, the real positions of a right-padded batch): each row's queries are spaced
     over its own real tokens, so a padded row gives the recall of the row alone.
     A cheap training signal on the batch; the evaluation metric is the testbed's oracle top-k recall."""

@@ -36,7 +36,7 @@ from .chunked_distillation import chunked_lm_loss
 from .distillation import DistillationTrainer, StudentPass
 from .hidden_states import head_weights, lm_head_of, unwrap_model
 from .student import TRAIN_ATTN_NAME, StudentSettings, student_forward
-from .targets import reduce_power
+from ..ops.targets import reduce_power
 from .teacher_distillation import final_logit_softcap, supervised_positions
 
 SCORER_ATTR = "kvpop_scorer"

@@ -41,7 +41,7 @@ def compiled():
     The decode kernels are defined on first use: their getters define them here if no test has yet."""
     from kvpop_hf import decode_attention, decode_eviction
     from kvpop_hf.scorers import mlstm_decode_triton
-    from kvpop_hf.running_topk import fenwick_triton
+    from kvpop_hf.ops.running_topk import fenwick_triton
 
     kernels = {"split_decode_kernel": decode_attention.split_decode_kernel(),
                "evict_insert_kernel": decode_eviction.evict_insert_kernel(),

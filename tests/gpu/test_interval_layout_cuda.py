@@ -5,7 +5,7 @@ reference (float32), and against the position-order block mask in bfloat16 at a 
 import pytest
 import torch
 
-from kvpop_hf.running_topk import running_topk
+from kvpop_hf.ops.running_topk import running_topk
 from kvpop_hf.trainer.sparse_attention import sparse_attention, sparse_attention_block_mask, sparse_attention_reference
 
 

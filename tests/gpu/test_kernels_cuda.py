@@ -10,8 +10,8 @@ keys/values in both paths: 1e-3 (the bar of benchmarks/generation_speed.py's che
 import pytest
 import torch
 
-from kvpop_hf.decode_attention import decode_attention_reference, decode_attention_triton
-from kvpop_hf.decode_eviction import evict_and_insert_reference, evict_and_insert_triton
+from kvpop_hf.ops.decode_attention import decode_attention_reference, decode_attention_triton
+from kvpop_hf.ops.decode_eviction import evict_and_insert_reference, evict_and_insert_triton
 
 DTYPES = [torch.float32, torch.bfloat16]
 ATTN_TOL = {torch.float32: 5e-3, torch.bfloat16: 3e-2}

@@ -5,7 +5,7 @@ bfloat16 priorities (bf16 rounding makes many ties: the tie rule, newer wins, de
 import pytest
 import torch
 
-from kvpop_hf.running_topk import running_topk, running_topk_reference
+from kvpop_hf.ops.running_topk import running_topk, running_topk_reference
 
 FIELDS = ("rank", "cutoff", "boundary", "keep_new")
 CONFIGS = [(1, 0, 1, 1), (16, 2, 3, 4), (23, 1, 4, 50), (33, 4, 2, 8), (12, 12, 2, 3), (40, 2, 6, 0),

@@ -26,7 +26,7 @@ not depend on the contents, and a 32k prefill of 128 rows would take minutes. Th
 (the prompt is not run). ``--static-contexts`` limits the StaticCache rows to some contexts. ``--compile-mode max-autotune``
 passes ``compile_config=CompileConfig(mode="max-autotune")`` to ``generate`` (inductor tunes the matrix products;
 CUDA graphs stay on). ``--projections separate fused`` measures every row again after
-``kvpop_hf.fused_projections.fuse_projection_storage(model)`` with ``compile_config=fused_compile_config(mode)``
+``kvpop_hf.ops.fused_projections.fuse_projection_storage(model)`` with ``compile_config=fused_compile_config(mode)``
 (q/k/v and gate/up as one matrix product each in the compiled step). ``--profile-dir``
 writes a torch.profiler table (CPU and CUDA time) of three decode steps inside ``generate`` per (cache, scorer)
 at batch 1 and the first context, and the log prints each row's count of non-static CUDA-graph inputs.
@@ -62,7 +62,7 @@ import kvpop_hf  # noqa: E402,F401  (registers the "kvpop" attention)
 from kvpop_hf import KVpopCache, prefill_in_chunks  # noqa: E402
 from kvpop_hf.compat import with_cache  # noqa: E402
 from kvpop_hf.compile_cache import enable_compile_cache, save_compile_cache  # noqa: E402
-from kvpop_hf.fused_projections import fuse_projection_storage, fused_compile_config  # noqa: E402
+from kvpop_hf.ops.fused_projections import fuse_projection_storage, fused_compile_config  # noqa: E402
 from kvpop_hf.run_ahead import run_ahead_sample  # noqa: E402
 from kvpop_lab.utils.provenance import git_commit, versions  # noqa: E402
 from kvpop_lab.bench.generation_speed import build_model, fill_dense, fill_kvpop  # noqa: E402
@@ -350,7 +350,7 @@ def parser() -> argparse.ArgumentParser:
                     help="decoding loops per row: generate's own (stock) and/or custom_generate=run_ahead_sample "
                          "(kvpop_hf.run_ahead; its rows go to <out-prefix>_run_ahead.csv)")
     ap.add_argument("--projections", nargs="+", default=["separate"], choices=["separate", "fused"],
-                    help="fused: every row again after kvpop_hf.fused_projections.fuse_projection_storage(model), "
+                    help="fused: every row again after kvpop_hf.ops.fused_projections.fuse_projection_storage(model), "
                          "compiled with fused_compile_config (rows to <out-prefix>[_run_ahead]_fused.csv)")
     ap.add_argument("--no-retry", action="store_true", help="a failed generate is not retried after a dynamo reset")
     ap.add_argument("--compile-reuse", metavar="DIR", default=None,

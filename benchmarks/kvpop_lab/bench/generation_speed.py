@@ -217,8 +217,8 @@ def profile_prefill_chunk(model, cache, prompt, chunk, device, path: Path) -> No
     from torch.profiler import ProfilerActivity, profile, record_function
 
     import kvpop_hf.attention as attention
-    import kvpop_hf.flex_mask as flex_mask
-    import kvpop_hf.interval_mask as interval_mask
+    import kvpop_hf.ops.flex_mask as flex_mask
+    import kvpop_hf.ops.interval_mask as interval_mask
     from kvpop_hf.layer import KVpopLayer
 
     def ranged(fn, name):
@@ -268,7 +268,7 @@ def host_launch_summary(events) -> str:
 
 def check_eviction_kernel(device, dtype, trials: int = 20) -> str:
     """The fused decode eviction (Triton) against its torch reference on random states on ``device``."""
-    from kvpop_hf.decode_eviction import evict_and_insert_reference, evict_and_insert_triton
+    from kvpop_hf.ops.decode_eviction import evict_and_insert_reference, evict_and_insert_triton
 
     if device.type != "cuda":
         return "eviction kernel check: skipped (CPU)"
@@ -332,7 +332,7 @@ def check_mlstm_step_kernel(device, dtype, config, budget, trials: int = 8) -> s
 def check_decode_attention(device, dtype, config, B, trials: int = 8) -> str:
     """The split-KV decode attention (Triton) against its SDPA reference on random inputs of the model's
     head shapes, and the time of one layer's call of each (median of 200 calls, batch 1, ``B`` slots)."""
-    from kvpop_hf.decode_attention import decode_attention_reference, decode_attention_triton
+    from kvpop_hf.ops.decode_attention import decode_attention_reference, decode_attention_triton
 
     if device.type != "cuda":
         return "decode attention check: skipped (CPU)"

@@ -6,7 +6,7 @@
   Oracle priorities ``r* = future_attention_target(q, k, dense_causal_lse(q, k), window)`` ``[1, Hkv, S]``;
   scorer priorities ``p = sequence_priorities(scorer, layer, k, v, window, log_gamma, decay_step)``.
   With ``kept_x(q)`` the long-range tokens kept at query ``q`` by the running top-k of ``x``
-  (:func:`kvpop_hf.running_topk.running_topk`), the oracle top-k recall (:func:`oracle_topk_recall`) is the
+  (:func:`kvpop_hf.ops.running_topk.running_topk`), the oracle top-k recall (:func:`oracle_topk_recall`) is the
   mean over queries of ``|kept_p(q) & kept_r*(q)| / |kept_r*(q)|``, counting every query where eviction
   happens (more than ``topk`` eligible tokens). Sinks and window are kept by both and not counted.
   (Training logs a different, cheaper signal, ``target_topk_recall``: see
@@ -30,9 +30,9 @@ import torch
 from kvpop_hf.backends import Backends
 from kvpop_hf.cache import KVpopCache
 from kvpop_hf.compat import with_cache
-from kvpop_hf.priority import decayed_priorities
-from kvpop_hf.running_topk import running_topk
-from kvpop_hf.trainer.priorities import sequence_priorities
+from kvpop_hf.ops.priority import decayed_priorities
+from kvpop_hf.ops.running_topk import running_topk
+from kvpop_hf.ops.priorities import sequence_priorities
 from .models import load_model
 from kvpop_hf.policies import POLICIES
 from kvpop_hf.plotting import pyplot

@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import torch
 
-from kvpop_hf.dense_attention import expand_kv
+from kvpop_hf.ops.dense_attention import expand_kv
 from kvpop_hf.scorers.base import Scorer
-from kvpop_hf.trainer.targets import dense_causal_lse, future_attention_target, reduce_power
+from kvpop_hf.ops.targets import dense_causal_lse, future_attention_target, reduce_power
 from .qkv import record_qkv
 
 __all__ = ["OracleScorer", "check_kind", "oracle_kind_arg", "oracle_table", "oracle_table_from_qkv", "target_queries"]

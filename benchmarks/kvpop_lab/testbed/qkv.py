@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from kvpop_hf.dense_attention import causal_attention
+from kvpop_hf.ops.dense_attention import causal_attention
 
 _REC_NAME = "kvpop_record"
 

@@ -27,7 +27,7 @@ from typing import Sequence
 import torch
 
 from kvpop_hf.backends import Backends
-from kvpop_hf.running_topk import running_topk
+from kvpop_hf.ops.running_topk import running_topk
 
 __all__ = ["causal_recall_bound", "shared_prefix", "twin_recall_rows"]
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from ...decode_eviction import ring_slot
+from ...ops.decode_eviction import ring_slot
 from ...handoff import LayerHandoff, attach
 from ...layer import NEG_INF, KVpopLayer
 from .scores import attend_and_score

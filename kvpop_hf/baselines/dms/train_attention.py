@@ -16,7 +16,7 @@ import torch
 from torch.nn import functional as F
 from transformers import AttentionInterface, AttentionMaskInterface
 
-from ...dense_attention import causal_attention
+from ...ops.dense_attention import causal_attention
 from ...trainer.hidden_states import final_hidden_states
 from .mask import soft_eviction_bias
 from .relaxation import eviction_probability, log_keep, relaxed_logits

@@ -3,7 +3,7 @@ ordering, larger is worse; KVP, ICML 2026, Sec. 5) of any static-priority policy
 
 A policy is a :class:`~kvpop_hf.scorers.Scorer` (heuristic or learned). At context length ``n`` of a trace
 its ordering ``sigma`` sorts tokens ``0..n-1`` by the priority the cache would give them
-(:func:`~kvpop_hf.trainer.priorities.sequence_priorities` on the prefix; a delayed stateful scorer has not
+(:func:`~kvpop_hf.ops.priorities.sequence_priorities` on the prefix; a delayed stateful scorer has not
 read its last ``window`` tokens yet, they rank last). With ``protect=(sinks, window)`` the tokens every
 KVpopCache keeps (first ``sinks``, last ``window``) rank first, as in the cache; ``None`` is the paper's
 pure ranking. ``u`` is the future attention of :func:`~kvpop_hf.baselines.kvp.reward.future_attention`.
@@ -17,7 +17,7 @@ from typing import Sequence
 
 import torch
 
-from ...trainer.priorities import sequence_priorities
+from ...ops.priorities import sequence_priorities
 from .reward import EPS, future_attention, normalized_auc_cost
 
 FRACTIONS = (0.25, 0.5, 0.75)

@@ -62,7 +62,7 @@ from typing import Optional
 
 import torch
 
-from ..dense_attention import expand_kv
+from .dense_attention import expand_kv
 
 __all__ = [
     "dense_causal_lse",
@@ -290,7 +290,7 @@ def future_attention_target_reference(q, k, lse, window, eps=1e-6, agg="log_mean
 
 def _flex_fn(device: torch.device):
     """Eager flex on CPU, compiled (once, lazily; shared with the sparse forward) on CUDA."""
-    from .sparse_attention import _flex
+    from ..trainer.sparse_attention import _flex
 
     return _flex(device)
 
@@ -305,7 +305,7 @@ def future_mask_mod(window: int):
 def future_block_mask_for(S: int, window: int, device):
     """``BlockMask`` of :func:`future_mask_mod`, shared by all rows/heads, built analytically from block
     indices (``O((S/128)^2)`` ints; :func:`kvpop_hf.trainer.block_masks.future_block_mask`)."""
-    from .block_masks import future_block_mask
+    from ..trainer.block_masks import future_block_mask
 
     return future_block_mask(S, window, future_mask_mod(window), device)
 

@@ -5,19 +5,19 @@ the chunk's new tokens) and which of them each query sees. Two implementations:
 
 * dense: the plan's ``[b, Hkv, L, C]`` visibility as an SDPA mask (the G query heads of a KV head share it);
 * flex: FlexAttention with a block mask built from the plan's compact form (no ``[L x C]`` mask), compiled on
-  CUDA (:mod:`kvpop_hf.flex_compiled`).
+  CUDA (:mod:`kvpop_hf.ops.flex_compiled`).
 """
 
 from __future__ import annotations
 
 from torch.nn import functional as F
 
-from .backends import INFERENCE_FIELDS, Backends
+from ..backends import INFERENCE_FIELDS, Backends
 
 
 def _flex_fns(device_type: str):
     """``(flex_attention, create_block_mask)``, compiled on CUDA with torch's default ``dynamic``
-    (kvpop_hf/flex_compiled.py)."""
+    (kvpop_hf/ops/flex_compiled.py)."""
     from .flex_compiled import compiled_create_block_mask, compiled_flex
 
     return compiled_flex(device_type, None), compiled_create_block_mask(device_type, None)
@@ -26,7 +26,7 @@ def _flex_fns(device_type: str):
 def flex_chunk_attention(plan, query, key, value, scaling, backends: Backends | None = None):
     """FlexAttention over the chunk's candidates. ``backends`` (resolved; default: the device's) gives the block
     mask (``_flex_block_mask``): ``interval`` (the default) reorders the candidates so that each query block visits
-    about ``B / 128`` key blocks (kvpop_hf/interval_mask.py), the variants ``tiled`` (plan order with the
+    about ``B / 128`` key blocks (kvpop_hf/ops/interval_mask.py), the variants ``tiled`` (plan order with the
     rank/cutoff block flags) and ``create`` (``create_block_mask``) keep plan order; and the cutoff
     (``_chunk_cutoff``)."""
     backends = backends or Backends.defaults(query.device, INFERENCE_FIELDS)
@@ -63,7 +63,7 @@ def attend_chunk(plan, query, key, value, scaling, backends: Backends, variant=N
     (:func:`kvpop_hf.attention_variants.variant_attention`); a plan with a sliding window (a KVpop layer on a
     sliding layer) the dense path: FlexAttention's block masks here express neither."""
     if variant is not None and not variant.plain:
-        from .attention_variants import variant_attention
+        from ..attention_variants import variant_attention
 
         return variant_attention(query, key, value, plan.visibility(), scaling, variant)
     if backends.chunk_attention == "flex" and getattr(plan, "attention_window", None) is None:

@@ -59,7 +59,7 @@ class IntervalChunkMask:
 
 
 def interval_chunk_mask(cm: CompactChunkMask) -> IntervalChunkMask:
-    """The intervals of :class:`~kvpop_hf.flex_mask.CompactChunkMask` ``cm`` (candidates in plan order: the
+    """The intervals of :class:`~kvpop_hf.ops.flex_mask.CompactChunkMask` ``cm`` (candidates in plan order: the
     ``n_old`` stored slots, then the ``L`` new tokens, so ``cm.own[b, j] = C - L + j``)."""
     rank, pos, qpos, cutoff = cm.cand_rank, cm.cand_pos, cm.query_pos, cm.cutoff
     s, w = int(cm.sinks), int(cm.window)

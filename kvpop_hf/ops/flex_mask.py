@@ -13,7 +13,7 @@ where ``cutoff_j`` is the rank of the k-th best candidate eligible at ``q_j`` (`
 token, candidate ``n_old + j``. That is exactly ``ChunkPlan.visibility()``.
 
 ``cutoff`` comes from :func:`chunk_cutoff`: by default :func:`blocked_chunk_cutoff`, in parallel over
-blocks of queries; its variants run the running top-k machinery of :mod:`kvpop_hf.running_topk` instead:
+blocks of queries; its variants run the running top-k machinery of :mod:`kvpop_hf.ops.running_topk` instead:
 candidates are laid out as a sequence sorted by eligibility time (position), with priority ``-rank`` so
 that the sequence's priority ranks are the plan's ranks, and the running top-k with ``sinks=0, window=1``
 answers "k-th best among the first ``n`` candidates" for every ``n``; query ``j`` reads it at
@@ -76,12 +76,12 @@ def chunk_cutoff(pos: torch.Tensor, order: torch.Tensor, query_pos: torch.Tensor
 
     pos ``[b,h,C]``, order ``[b,h,C]`` (candidate indices, best first), query_pos ``[b,L]``.
     ``backend`` (the private variant ``Backends._chunk_cutoff``): ``"blocked"`` (the default,
-    :func:`blocked_chunk_cutoff`: parallel over query blocks) or a :func:`kvpop_hf.running_topk.running_topk` backend
+    :func:`blocked_chunk_cutoff`: parallel over query blocks) or a :func:`kvpop_hf.ops.running_topk.running_topk` backend
     (``"torch"``, ``"wavelet"``, ``"triton"``: a running top-k sweep per head); each equals
     :func:`chunk_cutoff_reference` (tests/test_flex_chunk_attention.py).
     ``rank``: :func:`ranks_of` ``(order)`` when the caller has it already.
     """
-    from .backends import resolve_choice
+    from ..backends import resolve_choice
     from .running_topk import running_topk
 
     backend = resolve_choice("_chunk_cutoff", backend, pos.device)

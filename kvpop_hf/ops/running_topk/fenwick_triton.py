@@ -10,7 +10,7 @@ tree lives in a global int32 scratch buffer ``[rows, S + 1]`` (O(S) memory
 per row).
 
 This module imports triton at import time (an ImportError naming the fix
-without it); ``kvpop_hf.running_topk`` imports this module on the first use of the
+without it); ``kvpop_hf.ops.running_topk`` imports this module on the first use of the
 ``"triton"`` backend.  ``TRITON_INTERPRET=1`` must be set *before* the first
 import to run the kernel on CPU through the Triton interpreter.
 """
@@ -125,7 +125,7 @@ def running_topk_triton(prio: torch.Tensor, sinks: int, window: int, k: int) -> 
     if not prio.is_cuda and not _is_interpreted():
         raise ValueError(
             "running_topk_triton needs a CUDA tensor, or TRITON_INTERPRET=1 set "
-            "before kvpop_hf.running_topk.fenwick_triton is first imported"
+            "before kvpop_hf.ops.running_topk.fenwick_triton is first imported"
         )
     shape = prio.shape
     S = shape[-1]

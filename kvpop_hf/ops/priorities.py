@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from ..priority import decayed_priorities
+from .priority import decayed_priorities
 
 
 def sequence_priorities(scorer, layer_idx: int, keys: torch.Tensor, values: torch.Tensor, window: int,

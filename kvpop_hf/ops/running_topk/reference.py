@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..config import check_int
+from ...config import check_int
 
 __all__ = [
     "RunningTopK",

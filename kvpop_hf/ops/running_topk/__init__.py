@@ -9,7 +9,7 @@ Backends: :func:`running_topk_reference` (vectorised torch, O(S^2) work per
 row; the CPU default), :func:`running_topk_wavelet` (wavelet matrix in plain
 torch, all queries in parallel, O(S log S) work per row; the CUDA default) and
 :func:`running_topk_triton` (Triton Fenwick-tree kernel, one sequential sweep
-over the queries per row; imported lazily so ``import kvpop_hf.running_topk`` never
+over the queries per row; imported lazily so ``import kvpop_hf.ops.running_topk`` never
 imports triton).  All three return identical results.
 """
 
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from ..backends import resolve_choice
+from ...backends import resolve_choice
 from .reference import (
     RunningTopK,
     _validate,
@@ -40,7 +40,7 @@ __all__ = [
 
 
 def running_topk_triton(prio: torch.Tensor, sinks: int, window: int, k: int) -> RunningTopK:
-    """Triton Fenwick-tree backend; see :mod:`kvpop_hf.running_topk.fenwick_triton`.
+    """Triton Fenwick-tree backend; see :mod:`kvpop_hf.ops.running_topk.fenwick_triton`.
 
     ``prio``: ``[..., S]`` float; returns :class:`RunningTopK` of ``[..., S]``.
     """
