@@ -25,7 +25,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 
-from kvpop_hf import decode_attention as da  # noqa: E402
+from kvpop_hf.ops import decode_attention as da  # noqa: E402
 from kvpop_lab.utils.provenance import git_commit  # noqa: E402
 
 

@@ -3,7 +3,7 @@
 import torch
 from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
-from kvpop_hf import chunk_attention
+from kvpop_hf.ops import chunk_attention
 from kvpop_hf.ops.flex_compiled import TRAINING_DYNAMIC, compiled_create_block_mask, compiled_flex
 from kvpop_hf.trainer import sparse_attention
 
@@ -24,7 +24,7 @@ def test_one_compiled_function_per_device_and_policy():
 
 def test_the_training_flex_raises_the_recompile_limit_for_its_calls_only(monkeypatch):
     """The recompile limit is patched around each training call; the global dynamo config is left alone."""
-    from kvpop_hf import flex_compiled
+    from kvpop_hf.ops import flex_compiled
 
     cfg = torch._dynamo.config
     before = cfg.recompile_limit

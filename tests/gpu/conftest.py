@@ -39,7 +39,7 @@ def _is_interpreted(fn) -> bool:
 def compiled():
     """Fails (instead of silently testing the interpreter) when a kernel was defined under TRITON_INTERPRET=1.
     The decode kernels are defined on first use: their getters define them here if no test has yet."""
-    from kvpop_hf import decode_attention, decode_eviction
+    from kvpop_hf.ops import decode_attention, decode_eviction
     from kvpop_hf.scorers import mlstm_decode_triton
     from kvpop_hf.ops.running_topk import fenwick_triton
 
