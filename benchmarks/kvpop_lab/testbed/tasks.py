@@ -23,6 +23,10 @@ Families
 ``niah_multikey``  several key -> value needles (numbers or UUID-like), query one.
 ``cwe``            common-words extraction (a few words repeated many times).
 ``fwe``            frequent-words extraction (Zipf-distributed words, top 3).
+``niah_multivalue``, ``niah_multiquery``
+                   RULER-style needles: one key with several values, several keys asked at once
+                   (:mod:`kvpop_lab.testbed.ruler_tasks`; in :data:`ALL_FAMILIES`, not in :data:`FAMILIES`).
+``lookup``         the teacher's fact-recall drill (training only).
 """
 
 from __future__ import annotations
@@ -721,9 +725,13 @@ _REGISTRY: dict[str, Callable[..., Problem]] = {
     "fwe": fwe,
     "lookup": lookup,
 }
+# the RULER-style needle families (multi-value, multi-query) build on the helpers above
+from .ruler_tasks import RULER_FAMILIES as _RULER_FAMILIES  # noqa: E402
+
+_REGISTRY.update(_RULER_FAMILIES)
 #: the evaluated families (paper Tables 1/2 analogues)
 FAMILIES: tuple[str, ...] = ("reasoning", "vt", "niah_multikey", "cwe", "fwe")
-#: every generator, including training-only drills
+#: every generator: the evaluated families, the RULER-style ones and the training-only drill
 ALL_FAMILIES: tuple[str, ...] = tuple(_REGISTRY)
 
 
