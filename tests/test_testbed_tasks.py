@@ -347,7 +347,9 @@ def test_ruler_families_registered(tok, family, knobs):
     from kvpop_lab.testbed.ruler_tasks import RULER_FAMILIES
     from kvpop_lab.testbed.training_rows import testbed_rows
 
-    assert family in ALL_FAMILIES and family not in FAMILIES
+    from kvpop_lab.testbed.tasks import _RULER
+
+    assert family in ALL_FAMILIES and family not in FAMILIES and set(_RULER) == set(RULER_FAMILIES)
     p = make_problem(family, length=700, seed=5, **knobs)
     assert p == RULER_FAMILIES[family](5, length=700, **knobs)
     ex = training_example(p, tok)
