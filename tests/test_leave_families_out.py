@@ -182,11 +182,21 @@ def test_plan_and_split_commands(tmp_path, capsys):
 def test_teacher_table(tmp_path):
     rng = random.Random(3)
     hits = {f: _draw(rng, 0.9) for f in FAMS}
-    _write_eval(tmp_path / "eval", {("dense", None): hits})
-    rows = lfo.teacher_table(tmp_path / "eval", tmp_path / "out")
+    _write_eval(tmp_path / "eval", {("dense", None): {f: hits[f] for f in FAMS[:3]}})
+    _write_eval(tmp_path / "eval_cwe", {("dense", None): {"cwe": hits["cwe"]}}, outputs_only=True)
+    rows = lfo.teacher_table([tmp_path / "eval", tmp_path / "eval_cwe"], tmp_path / "out")
     assert [r["family"] for r in rows] == list(FAMS)
     for r in rows:
         em = sum(hits[r["family"]]) / N
         assert r["em"] == pytest.approx(em, abs=1e-5) and r["n"] == N and r["meets"] == (em >= 0.9)
         assert r["se"] == pytest.approx(math.sqrt(em * (1 - em) / N), abs=1e-5)
     assert "every family >= 0.9" in (tmp_path / "out" / "teacher_dense_em.md").read_text()
+
+
+def test_plan_of_a_work_folder_is_fixed(tmp_path):
+    assert lfo.main(["plan", str(tmp_path), "--setting", "length=4096", "--setting", "steps=400"]) == 0
+    assert lfo.main(["plan", str(tmp_path), "--setting", "length=4096", "--setting", "steps=400"]) == 0  # same: fine
+    with pytest.raises(SystemExit, match="holds another plan.*steps: 400 -> 300"):
+        lfo.main(["plan", str(tmp_path), "--setting", "length=4096", "--setting", "steps=300"])
+    with pytest.raises(SystemExit, match="order"):
+        lfo.main(["plan", str(tmp_path), "--order", "vt,reasoning", "--setting", "length=4096", "--setting", "steps=400"])

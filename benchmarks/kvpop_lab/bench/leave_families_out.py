@@ -9,8 +9,8 @@ the retrofit data). ``benchmarks/gpu/leave_families_out.sh`` runs it; this modul
   the shell;
 * ``train KIND ARGS...``: ``kvpop_hf.cli.retrofit`` (KIND ``kvpop``) or ``kvpop_hf.cli.train_dms`` (``dms``) with
   ARGS, then ``lfo_training.json`` (steps, training seconds) written into the run's ``--output_dir``;
-* ``table WORK --out DIR``: the tables and the curve (below); ``teacher EVAL_DIR --out DIR``: the teacher's dense EM
-  per family.
+* ``table WORK --out DIR``: the tables and the curve (below); ``teacher EVAL_DIR... --out DIR``: the teacher's dense
+  EM per family.
 
 Layout of WORK (the contract between the driver and the table builder):
 
@@ -343,20 +343,30 @@ def markdown(rows, points, verdicts, plan) -> str:
     return "\n".join(lines) + "\n"
 
 
-def teacher_table(eval_dir: Path, out: Path, families=None, min_em: float = THRESHOLD) -> list[dict]:
-    """The teacher's dense EM per family (kvpop-eval folder ``eval_dir``): ``teacher_dense_em.csv`` and ``.md`` in
-    ``out`` with EM, SE, n and whether EM >= ``min_em``."""
-    eval_dir, out = Path(eval_dir), Path(out)
-    meta = json.loads((eval_dir / "meta.json").read_text()) if (eval_dir / "meta.json").is_file() else {}
-    fams = families or meta.get("families") or [r["family"] for r in csv.DictReader(open(eval_dir / "results.csv"))]
-    rows = []
-    for fam in dict.fromkeys(fams):
-        dense = [r for r in rows_of(eval_dir, fam) if r["policy"] == "dense"]
-        if dense:
-            em, n = dense[0]["em"], dense[0]["n"]
-            rows.append({"family": fam, "em": em, "se": binomial_se(em, n), "n": n, "meets": em >= min_em})
+def _families_of(folder: Path) -> list[str]:
+    """The families of a kvpop-eval folder, in its order (results.csv, else outputs.jsonl)."""
+    if (folder / "results.csv").is_file():
+        return list(dict.fromkeys(r["family"] for r in csv.DictReader(open(folder / "results.csv"))))
+    if (folder / "outputs.jsonl").is_file():
+        return list(dict.fromkeys(json.loads(line)["family"] for line in open(folder / "outputs.jsonl")))
+    raise SystemExit(f"{folder}: neither results.csv nor outputs.jsonl (not a kvpop-eval folder)")
+
+
+def teacher_table(eval_dirs, out: Path, min_em: float = THRESHOLD) -> list[dict]:
+    """The teacher's dense EM per family from kvpop-eval folders (one or several; for a family in several, the
+    first wins): ``teacher_dense_em.csv`` and ``.md`` in ``out`` with EM, SE, n and whether EM >= ``min_em``."""
+    eval_dirs = [Path(eval_dirs)] if isinstance(eval_dirs, (str, Path)) else [Path(d) for d in eval_dirs]
+    out = Path(out)
+    rows, seen = [], set()
+    for folder in eval_dirs:
+        for fam in _families_of(folder):
+            dense = [r for r in rows_of(folder, fam) if r["policy"] == "dense"]
+            if dense and fam not in seen:
+                seen.add(fam)
+                em, n = dense[0]["em"], dense[0]["n"]
+                rows.append({"family": fam, "em": em, "se": binomial_se(em, n), "n": n, "meets": em >= min_em})
     if not rows:
-        raise SystemExit(f"{eval_dir}: no dense rows")
+        raise SystemExit(f"{', '.join(map(str, eval_dirs))}: no dense rows")
     out.mkdir(parents=True, exist_ok=True)
     write_csv(rows, out / "teacher_dense_em.csv")
     md = ["| family | dense EM | ± SE | n | >= %.2f |" % min_em, "|---|---|---|---|---|"]
@@ -381,7 +391,7 @@ def main(argv=None) -> int:
         return 0
     ap = argparse.ArgumentParser(prog="leave_families_out", description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
-    p = sub.add_parser("plan", help="check the split and write WORK/plan.json")
+    p = sub.add_parser("plan", help="check the split and write WORK/plan.json (or check it against the one there)")
     p.add_argument("work", type=Path)
     p.add_argument("--families", type=_names, default=list(FAMILIES))
     p.add_argument("--order", type=_names, default=list(ORDER), help="retrofit families, added in this order")
@@ -396,7 +406,7 @@ def main(argv=None) -> int:
     t.add_argument("work", type=Path)
     t.add_argument("--out", type=Path, required=True)
     e = sub.add_parser("teacher", help="the teacher's dense EM per family")
-    e.add_argument("eval_dir", type=Path)
+    e.add_argument("eval_dirs", type=Path, nargs="+", help="kvpop-eval folders with dense rows")
     e.add_argument("--out", type=Path, required=True)
     e.add_argument("--min-em", type=float, default=THRESHOLD)
     args = ap.parse_args(argv)
@@ -413,8 +423,15 @@ def main(argv=None) -> int:
             plan = make_plan(args.families, args.order, args.ks, **settings)
         except ValueError as err:
             raise SystemExit(str(err)) from None
+        path = args.work / "plan.json"
+        if path.is_file():  # the plan of a WORK is fixed at its first call: its folders were made under it
+            old = json.loads(path.read_text())
+            changed = sorted(k for k in set(old) | set(plan) if old.get(k) != plan.get(k))
+            if changed:
+                raise SystemExit(f"{path} holds another plan ({', '.join(f'{k}: {old.get(k)} -> {plan.get(k)}' for k in changed)}); "
+                                 "use the knobs of its first call or another WORK")
         args.work.mkdir(parents=True, exist_ok=True)
-        (args.work / "plan.json").write_text(json.dumps(plan, indent=2) + "\n")
+        path.write_text(json.dumps(plan, indent=2) + "\n")
         for k in plan["ks"]:
             sp = plan["splits"][str(k)]
             print(f"k={k}: retrofit {','.join(sp['retrofit'])}; held out {','.join(sp['heldout'])}")
@@ -431,7 +448,7 @@ def main(argv=None) -> int:
             print("note: no curve point yet (every common held-out family of a (policy, compression, k) is needed)",
                   file=sys.stderr)
     else:
-        rows = teacher_table(args.eval_dir, args.out, min_em=args.min_em)
+        rows = teacher_table(args.eval_dirs, args.out, min_em=args.min_em)
         print((args.out / "teacher_dense_em.md").read_text())
         if not all(r["meets"] for r in rows):
             print(f"note: below {args.min_em}: " + ", ".join(r["family"] for r in rows if not r["meets"]),
