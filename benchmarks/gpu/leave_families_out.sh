@@ -149,7 +149,8 @@ train_one() {  # policy seed NN
     python3 -c "import sys; from kvpop_lab.testbed.weight_delta import save_weight_delta as s; print(s(*sys.argv[1:]))" \
       "$ck" "$TEACHER" >> "$D/train_${name}_s$s.log" 2>&1 || rc=$?
   fi
-  stamp "train $name seed $s on $RETRO exit $rc $(cat "$ck/lfo_training.json" 2>/dev/null | tr -d '\n ' | cut -c1-60)"
+  [ $rc = 124 ] && stamp "train $name seed $s: killed at $limit s, no checkpoint (SEEDS=$s alone, or fewer STEPS)"
+  stamp "train $name seed $s on $RETRO exit $rc $(tr -d '\n ' 2>/dev/null < "$ck/lfo_training.json" | cut -c1-60)"
 }
 
 stage_train() {
