@@ -200,3 +200,51 @@ def test_plan_of_a_work_folder_is_fixed(tmp_path):
         lfo.main(["plan", str(tmp_path), "--setting", "length=4096", "--setting", "steps=300"])
     with pytest.raises(SystemExit, match="order"):
         lfo.main(["plan", str(tmp_path), "--order", "vt,reasoning", "--setting", "length=4096", "--setting", "steps=400"])
+
+
+def test_retrofit_variety_picks_the_next_step(tmp_path):
+    """benchmarks/gpu/retrofit_variety.sh (DRY=1): the step that the folders' contents call for."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    mf, lw = tmp_path / "mf", tmp_path / "lw"
+    env = dict(os.environ, PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"], DRY="1",
+               MF_WORK=str(mf), LFO_WORK=str(lw), FAMILIES="reasoning,cwe", KS="1,2", SEEDS="0", POLICIES="kvpop",
+               COMPRESSIONS="88")
+
+    def step(**extra):
+        r = subprocess.run(["bash", "benchmarks/gpu/retrofit_variety.sh"], cwd=root, env={**env, **extra},
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+        return r.stdout.split("next step: ")[1].splitlines()[0], r.stdout
+
+    def touch(path, text=""):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+
+    assert step()[0] == "teacher-train"
+    touch(mf / "round1" / "teacher" / "config.json", "{}")
+    quick = mf / "round1" / "quick"
+    _write_eval(quick, {("dense", None): {"reasoning": [1] * N, "cwe": [1] * (N - 4) + [0] * 4}})  # cwe 0.8
+    assert step()[0] == "teacher-train"
+    assert step(QUICK_MIN="0.8")[0] == "teacher-eval"
+    assert step(MAX_ROUNDS="1")[0] == "teacher-eval"
+    touch(mf / "final_teacher.txt", str(mf / "round1" / "teacher"))
+    lfo.teacher_table(quick, mf)
+    name, out = step()
+    assert name == "baselines" and "below 0.9 on cwe" in out
+    for fam in ("reasoning", "cwe"):
+        touch(lw / "baselines" / f"eval_{fam}" / "results.csv")
+    assert step()[0] == "train 1"
+    touch(lw / "k1" / "ckpt_s0" / "kvpop_distill_cr88" / lfo.RECORD)
+    assert step()[0] == "evaluate 1"
+    touch(lw / "k1" / "eval_kvpop_distill_s0" / "results.csv")
+    assert step()[0] == "train 2"
+    touch(lw / "k2" / "ckpt_s0" / "kvpop_distill_cr88" / lfo.RECORD)
+    touch(lw / "k2" / "eval_kvpop_distill_s0" / "results.csv")
+    assert step()[0] == "table"
+    touch(lw / "tables" / "table.md")
+    assert step()[0] == "done"

@@ -23,6 +23,8 @@
 #   STAGE=evaluate K=k  kvpop-eval of the split's checkpoints, one process per (policy, seed), on every family
 #                    (HELDOUT_ONLY=1: the held-out ones only; --in-domain: the retrofit families)
 #                    -> WORK/k<k>/eval_<policy>_s<seed>/; OUT/eval_k<k>.tar
+#   A stage skips what WORK already holds (a checkpoint with its lfo_training.json, an evaluation with its
+#   results.csv): a call cut short is finished by the same call again.
 #   STAGE=table      python -m kvpop_lab.bench.leave_families_out table -> WORK/tables/ (per_seed.csv, held_out.csv,
 #                    curve.csv, curve.png, verdict.json, table.md); OUT/ the same files
 #
@@ -115,6 +117,7 @@ stage_baselines() {
   local fam
   mkdir -p "$WORK/baselines"
   for fam in ${FAMILIES//,/ }; do
+    [ -f "$WORK/baselines/eval_$fam/results.csv" ] && { stamp "baselines $fam: done before"; continue; }
     evaluate "$WORK/baselines/eval_$fam" "$EBS" "$fam" "$fam" --policies "${BASE_POLICIES:-dense,snapkv,streaming}" \
       "$CFLAG" "$(comps)" &
   done
@@ -127,6 +130,7 @@ train_one() {  # policy seed NN
   case ",$RETRO," in *,reasoning,*) knob=(--knob reasoning.n_facts=10 reasoning.steps=4) ;; esac
   name=$([ "$p" = kvpop ] && echo kvpop_distill || echo dms)_cr$c
   ck=$D/ckpt_s$s/$name
+  if [ -f "$ck/lfo_training.json" ] && [ -f "$ck/model_delta.json" ]; then stamp "train $name seed $s: done before"; return; fi
   local common=(--model "$TEACHER" --dataset "testbed:$RETRO" "${knob[@]}" --seq_len $L --sinks 4 --window $W
     --lora_rank 8 --merge_lora True --learning_rate 1e-3 --per_device_train_batch_size "$BS" --max_steps "$STEPS"
     --output_dir "$ck" --logging_steps 10 --report_to none --save_strategy no --disable_tqdm True --seed "$s"
@@ -171,6 +175,7 @@ stage_evaluate() {
       specs+=(--scorer-checkpoint "$pol@cr$nn=$D/ckpt_s$s/${pol}_cr$nn"); c+="0.$nn,"
     done
     if [ -z "$c" ]; then stamp "no $pol checkpoint of seed $s in $D: skipped"; continue; fi
+    if [ -f "$D/eval_${pol}_s$s/results.csv" ]; then stamp "eval ${pol}_s$s: done before"; continue; fi
     bs=$EBS; [ "$p" = dms ] && bs=${DEBS:-20}
     evaluate "$D/eval_${pol}_s$s" "$bs" "$fams" "$RETRO" --policies "$pol" "$CFLAG" "${c%,}" "${specs[@]}" &
   done; done

@@ -256,7 +256,7 @@ def _fmt(v):
 def write_csv(rows: list[dict], path: Path) -> None:
     cols = list(dict.fromkeys(c for r in rows for c in r))
     with open(path, "w", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=cols)
+        w = csv.DictWriter(fh, fieldnames=cols, lineterminator="\n")
         w.writeheader()
         for r in rows:
             w.writerow({c: _fmt(r.get(c)) for c in cols})
