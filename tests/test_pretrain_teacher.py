@@ -165,3 +165,48 @@ def test_family_weight_flag_is_refused_before_any_work(tmp_path):
                            timeout=120, env=dict(os.environ, PYTHONPATH=ROOT))
         assert r.returncode != 0 and msg in r.stderr, r.stderr[-2000:]
         assert not (tmp_path / "t").exists()
+
+
+def test_mixture_weights_over_chosen_families():
+    from kvpop_lab.pretrain_teacher import mixture_weights
+    fams = ("reasoning", "vt", "niah_multivalue", "niah_multiquery")
+    w = mixture_weights(0.4, 0.1, [("vt", 0.2)], fams)
+    assert set(w) == set(fams) | {"lookup"} and w["vt"] == 0.2
+    assert w["niah_multivalue"] == w["niah_multiquery"] == pytest.approx(0.15)
+    assert sum(w.values()) == pytest.approx(1.0)
+    w = mixture_weights(None, 0.0, [], ("cwe", "niah_multiquery"))  # no reasoning: none in the mixture
+    assert w == pytest.approx({"cwe": 0.5, "niah_multiquery": 0.5})
+    assert mixture_weights(None, 0.0, [])["reasoning"] == 0.5  # the default families keep reasoning at 0.5
+    for args, msg in [((0.5, 0.0, [], ("vt", "cwe")), "reasoning is not among --families"),
+                      ((None, 0.0, [], ("vt", "lookup")), "unknown family lookup"),
+                      ((None, 0.0, [], ("vt", "bogus")), "unknown family bogus"),
+                      ((None, 0.0, [], ("vt", "vt")), "vt given twice"),
+                      ((None, 0.0, [], ()), "names no family"),
+                      ((None, 0.0, [("cwe", 0.1)], ("vt", "fwe")), "unknown family 'cwe'")]:
+        with pytest.raises(ValueError, match=msg):
+            mixture_weights(*args)
+
+
+def test_families_and_size_flags_are_refused_before_any_work(tmp_path):
+    for flags, msg in [(["--families", "vt,bogus"], "unknown family bogus"),
+                       (["--families", "vt,cwe", "--reasoning-weight", "0.3"], "not among --families"),
+                       (["--heads", "6", "--kv-heads", "4"], "multiple of --kv-heads"),
+                       (["--layers", "0"], "--layers must be >= 1"),
+                       (["--max-weights-mib", "0"], "--max-weights-mib must be > 0")]:
+        r = _run_pretrain(["--out", str(tmp_path / "t"), "--device", "cpu", *flags])
+        assert r.returncode != 0 and msg in r.stderr, (flags, r.stderr[-2000:])
+        assert not (tmp_path / "t").exists()
+
+
+def test_many_family_run_trains_and_evaluates_the_chosen_families(tmp_path):
+    out = tmp_path / "many"
+    fams = "reasoning,vt,niah_multikey,niah_multivalue,niah_multiquery,cwe,fwe"
+    r = _run_pretrain(["--out", str(out), "--families", fams, "--reasoning-weight", "0.3", "--lookup-weight", "0.1",
+                       "--steps", "2", "--seq-len", "256:256", "--batch-size", "2", "--warmup", "1", "--eval-n", "1",
+                       "--workers", "0", "--hidden", "64", "--layers", "1", "--heads", "4", "--kv-heads", "2",
+                       "--head-dim", "16", "--knob", "reasoning.steps=3", "--device", "cpu"])
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    man = json.loads((out / "manifest.json").read_text())
+    assert set(man["data"]["families"]) == set(fams.split(",")) | {"lookup"}
+    assert man["data"]["families"]["niah_multiquery"] == pytest.approx(0.1)
+    assert set(man["eval"]["em"]) == set(fams.split(",")) | {"lookup", "all"}

@@ -336,3 +336,28 @@ def test_lookup_drill_bad_knobs():
         make_problem("lookup", length=256, n_facts=4, n_queries=9)
     with pytest.raises(ValueError, match="too small"):
         make_problem("lookup", length=64, n_facts=30)
+
+
+@pytest.mark.parametrize("family,knobs", [("niah_multivalue", {"num_values": 3}),
+                                          ("niah_multiquery", {"num_needles": 6, "num_queries": 2})])
+def test_ruler_families_registered(tok, family, knobs):
+    """The RULER-style needles are make_problem families (teacher pretraining, retrofit data, kvpop-eval), scored
+    like the others: the supervised target decodes to the answer with its commas."""
+    from kvpop_lab.testbed import ALL_FAMILIES
+    from kvpop_lab.testbed.ruler_tasks import RULER_FAMILIES
+    from kvpop_lab.testbed.training_rows import testbed_rows
+
+    from kvpop_lab.testbed.tasks import _RULER
+
+    assert family in ALL_FAMILIES and family not in FAMILIES and set(_RULER) == set(RULER_FAMILIES)
+    p = make_problem(family, length=700, seed=5, **knobs)
+    assert p == RULER_FAMILIES[family](5, length=700, **knobs)
+    ex = training_example(p, tok)
+    assert len(ex["input_ids"]) == p.meta["n_tokens"] and tok.unk_token_id not in ex["input_ids"]
+    tgt = ex["input_ids"][len(ex["input_ids"]) - sum(l != -100 for l in ex["labels"]):]
+    assert extract_answer(tok.decode(tgt, skip_special_tokens=True)) == p.answer and " , " in p.answer
+    assert {q.family for q in mixture([family, "vt"], n=6, length_range=400, seed=1)} == {family, "vt"}
+    rows = testbed_rows(f"{family},reasoning", tok, 512, 4, seed=0, knobs=[f"{family}.value_digits=5"])
+    assert len(rows) == 4 and all(r["input_ids"].shape == (512,) for r in rows)
+    with pytest.raises(ValueError, match="unknown knob.*valid knobs: "):
+        make_problem(family, length=700, n_facts=3)

@@ -16,6 +16,7 @@ from .tasks import (
     training_example,
     vt,
 )
+from .ruler_tasks import niah_multiquery, niah_multivalue
 from .tokenizer import build_tokenizer, count_tokens, extract_answer, normalize
 
 __all__ = [
@@ -32,6 +33,8 @@ __all__ = [
     "make_problem",
     "mixture",
     "niah_multikey",
+    "niah_multiquery",
+    "niah_multivalue",
     "normalize",
     "reasoning",
     "reasoning_twin",

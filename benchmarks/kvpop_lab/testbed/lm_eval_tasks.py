@@ -46,21 +46,6 @@ EXPORT_FAMILIES: dict[str, tuple[str, dict]] = {
 }
 
 
-def _make(gen: str, length: int, seed: int, **knobs):
-    """A problem of a testbed family (:func:`make_problem`) or of a RULER-style one (:mod:`.ruler_tasks`)."""
-    import inspect
-
-    from .ruler_tasks import RULER_FAMILIES
-
-    if gen not in RULER_FAMILIES:
-        return make_problem(gen, length=length, seed=seed, **knobs)
-    fn = RULER_FAMILIES[gen]
-    valid = [p for p in inspect.signature(fn).parameters if p not in ("seed", "length")]
-    bad = sorted(set(knobs) - set(valid))
-    if bad:
-        raise ValueError(f"{gen}: unknown knob(s) {bad}; valid knobs: {', '.join(valid)}")
-    return fn(seed, length=length, **knobs)
-
 _UTILS = '''"""Loader and metric of the kvpop testbed tasks (written by kvpop_lab.testbed.lm_eval_tasks)."""
 from pathlib import Path
 
@@ -101,7 +86,7 @@ def fit_problem(family: str, length: int, seed: int, tokenizer, knobs: dict, tri
     kw = {**fixed, **knobs}
     glen, best = length, None
     for _ in range(tries):
-        p = _make(gen, glen, seed, **kw)
+        p = make_problem(gen, length=glen, seed=seed, **kw)
         n = _count(tokenizer, p)
         if n <= length and (best is None or n > best[1]):
             best = (p, n)

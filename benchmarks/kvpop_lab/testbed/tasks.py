@@ -23,6 +23,10 @@ Families
 ``niah_multikey``  several key -> value needles (numbers or UUID-like), query one.
 ``cwe``            common-words extraction (a few words repeated many times).
 ``fwe``            frequent-words extraction (Zipf-distributed words, top 3).
+``niah_multivalue``, ``niah_multiquery``
+                   RULER-style needles: one key with several values, several keys asked at once
+                   (:mod:`kvpop_lab.testbed.ruler_tasks`; in :data:`ALL_FAMILIES`, not in :data:`FAMILIES`).
+``lookup``         the teacher's fact-recall drill (training only).
 """
 
 from __future__ import annotations
@@ -721,10 +725,20 @@ _REGISTRY: dict[str, Callable[..., Problem]] = {
     "fwe": fwe,
     "lookup": lookup,
 }
+#: the RULER-style needles of :mod:`.ruler_tasks`, which builds on this module's helpers: imported on first use
+_RULER: tuple[str, ...] = ("niah_multivalue", "niah_multiquery")
 #: the evaluated families (paper Tables 1/2 analogues)
 FAMILIES: tuple[str, ...] = ("reasoning", "vt", "niah_multikey", "cwe", "fwe")
-#: every generator, including training-only drills
-ALL_FAMILIES: tuple[str, ...] = tuple(_REGISTRY)
+#: every generator: the evaluated families, the RULER-style ones and the training-only drill
+ALL_FAMILIES: tuple[str, ...] = tuple(_REGISTRY) + _RULER
+
+
+def _generator(family: str) -> Callable[..., Problem]:
+    if family in _RULER:
+        from .ruler_tasks import RULER_FAMILIES
+
+        return RULER_FAMILIES[family]
+    return _REGISTRY[family]
 
 
 def make_problem(family: str, length: int = 1024, seed: int = 0, **knobs: Any) -> Problem:
@@ -733,9 +747,9 @@ def make_problem(family: str, length: int = 1024, seed: int = 0, **knobs: Any) -
     Same arguments -> identical text. Unknown families or knobs raise
     ``ValueError`` naming the valid choices.
     """
-    if family not in _REGISTRY:
+    if family not in ALL_FAMILIES:
         raise ValueError(f"unknown family {family!r}; valid families: {', '.join(ALL_FAMILIES)}")
-    fn = _REGISTRY[family]
+    fn = _generator(family)
     valid = [p for p in inspect.signature(fn).parameters if p not in ("seed", "length")]
     bad = sorted(set(knobs) - set(valid))
     if bad:
@@ -787,7 +801,7 @@ def mixture(families: Sequence[str] | Mapping[str, float] = FAMILIES, n: int | N
     if not names:
         raise ValueError("families must not be empty")
     for f in names:
-        if f not in _REGISTRY:
+        if f not in ALL_FAMILIES:
             raise ValueError(f"unknown family {f!r}; valid families: {', '.join(ALL_FAMILIES)}")
     lo, hi = (length_range, length_range) if isinstance(length_range, int) else tuple(length_range)
     if lo > hi or lo < MIN_LENGTH:

@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# How varied must retrofit data be (issue 48, docs/retrofit_data.md): every call runs the next step of the whole
+# experiment, read from what MF_WORK and LFO_WORK hold, so the same command is repeated until it says "done":
+#
+#   1. teacher rounds  benchmarks/gpu/many_family_teacher.sh STAGE=train, until the last round's quick check has
+#                      dense EM >= QUICK_MIN on every family or MAX_ROUNDS rounds ran
+#   2. teacher table   many_family_teacher.sh STAGE=eval (80 problems per family) -> MF_WORK/teacher_dense_em.md
+#   3. baselines       benchmarks/gpu/leave_families_out.sh STAGE=baselines
+#   4. per k of KS     leave_families_out.sh STAGE=train K=k, then STAGE=evaluate K=k
+#   5. table           leave_families_out.sh STAGE=table -> LFO_WORK/tables/
+#
+# Usage: OUT=$OUT bash benchmarks/gpu/retrofit_variety.sh          (one step, at most ~9.5 min on one GPU)
+#        DRY=1 bash benchmarks/gpu/retrofit_variety.sh              (print the next step only)
+# On a fresh machine, carry what the step reads (docs/retrofit_data.md). Knobs: MF_WORK (out/many_family), LFO_WORK
+# (out/leave_families_out), QUICK_MIN (0.9), MAX_ROUNDS (3), and every knob of the two scripts (FAMILIES, KS, SEEDS,
+# POLICIES, COMPRESSIONS, INIT, TB, STEPS, ...), passed through.
+set -u
+HERE=$(cd "$(dirname "$0")" && pwd)
+MF=${MF_WORK:-out/many_family}; LW=${LFO_WORK:-out/leave_families_out}
+FAMILIES=${FAMILIES:-reasoning,vt,niah_multikey,niah_multivalue,niah_multiquery,cwe,fwe}
+KS=${KS:-1,2,4}; SEEDS=${SEEDS:-0 1}; POLICIES=${POLICIES:-kvpop dms}; COMPRESSIONS=${COMPRESSIONS:-88 94}
+
+latest_round() {
+  local r=0 d n
+  for d in "$MF"/round*/teacher/config.json; do
+    [ -f "$d" ] || continue
+    n=${d#"$MF"/round}; n=${n%%/*}
+    [ "$n" -gt "$r" ] && r=$n
+  done
+  echo $r
+}
+
+quick_ok() {  # round: 0 when its quick check has dense EM >= QUICK_MIN on every family (or has no check to read)
+  python3 - "$MF/round$1/quick/results.csv" "${QUICK_MIN:-0.9}" <<'EOF'
+import csv, sys
+try:
+    ems = [float(r["em"]) for r in csv.DictReader(open(sys.argv[1])) if r["policy"] == "dense"]
+except OSError:
+    sys.exit(0)  # no quick check: the full evaluation decides
+sys.exit(0 if ems and min(ems) >= float(sys.argv[2]) else 1)
+EOF
+}
+
+pol_name() { [ "$1" = kvpop ] && echo kvpop_distill || echo dms; }
+
+next_step() {
+  local r k s p c fam
+  if [ ! -f "$MF/final_teacher.txt" ]; then
+    r=$(latest_round)
+    if [ "$r" -gt 0 ] && { [ "$r" -ge "${MAX_ROUNDS:-3}" ] || quick_ok "$r"; }; then echo teacher-eval
+    else echo teacher-train; fi
+    return
+  fi
+  for fam in ${FAMILIES//,/ }; do
+    [ -f "$LW/baselines/eval_$fam/results.csv" ] || { echo baselines; return; }
+  done
+  for k in ${KS//,/ }; do
+    for s in $SEEDS; do for p in $POLICIES; do for c in $COMPRESSIONS; do
+      [ -f "$LW/k$k/ckpt_s$s/$(pol_name "$p")_cr$c/lfo_training.json" ] || { echo "train $k"; return; }
+    done; done; done
+    for s in $SEEDS; do for p in $POLICIES; do
+      [ -f "$LW/k$k/eval_$(pol_name "$p")_s${s}/results.csv" ] || { echo "evaluate $k"; return; }
+    done; done
+  done
+  [ -f "$LW/tables/table.md" ] || { echo table; return; }
+  echo done
+}
+
+step=$(next_step)
+echo "next step: $step"
+if [ -f "$MF/teacher_dense_em.csv" ] && grep -q ",False$" "$MF/teacher_dense_em.csv"; then
+  echo "note: the teacher's dense EM is below 0.9 on $(grep ",False$" "$MF/teacher_dense_em.csv" | cut -d, -f1 | paste -sd,);" \
+    "for more rounds remove $MF/final_teacher.txt and raise MAX_ROUNDS"
+fi
+[ "${DRY:-0}" = 1 ] && exit 0
+: "${OUT:?set OUT to an output directory}"
+export FAMILIES KS SEEDS POLICIES COMPRESSIONS
+case "$step" in
+  teacher-train) WORK=$MF STAGE=train bash "$HERE/many_family_teacher.sh" ;;
+  teacher-eval) WORK=$MF STAGE=eval bash "$HERE/many_family_teacher.sh" ;;
+  baselines|table) WORK=$LW TEACHER=$(cat "$MF/final_teacher.txt") STAGE=$step bash "$HERE/leave_families_out.sh" ;;
+  train*|evaluate*) WORK=$LW TEACHER=$(cat "$MF/final_teacher.txt") STAGE=${step% *} K=${step#* } \
+      bash "$HERE/leave_families_out.sh" ;;
+  done) echo "every step has run: $LW/tables/table.md, $MF/teacher_dense_em.md" ;;
+esac
