@@ -13,18 +13,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 FAMILIES = "reasoning,niah_multiquery,cwe"
-
-
-def _compression_flag() -> str:
-    """kvpop-eval's compression flag (--compression; --budgets before its rename)."""
-    from kvpop_lab.testbed.evaluate import build_parser
-
-    flags = {s for a in build_parser()._actions for s in a.option_strings}
-    return "--compression" if "--compression" in flags else "--budgets"
 
 
 def _run(script, env, timeout=900):
@@ -39,7 +30,6 @@ def _rows(path):
     return list(csv.DictReader(open(path)))
 
 
-@pytest.mark.slow
 def test_many_family_teacher_then_leave_families_out(tmp_path):
     work_t, out = tmp_path / "teacher_work", tmp_path / "out"
     teacher_env = dict(OUT=str(out / "t"), WORK=str(work_t), DEVICE="cpu", INIT="scratch", HIDDEN="64", LAYERS="1",
@@ -65,7 +55,7 @@ def test_many_family_teacher_then_leave_families_out(tmp_path):
     work = tmp_path / "lfo_work"
     env = dict(OUT=str(out / "l"), WORK=str(work), TEACHER=teacher, DEVICE="cpu", LEN="512", WINDOW="16", STEPS="2",
                BS="1", EVAL_N="2", EBS="2", DEBS="2", SEEDS="0", COMPRESSIONS="88", FAMILIES=FAMILIES,
-               ORDER="reasoning", KS="1", COMPRESSION_FLAG=_compression_flag(), DEADLINE="900")
+               ORDER="reasoning", KS="1", DEADLINE="900")
     for stage in ("baselines", "train", "evaluate", "table"):
         rc, log = _run("leave_families_out.sh", {**env, "STAGE": stage, "K": "1", "HELDOUT_ONLY": "1"})
         assert rc == 0, (stage, log[-4000:])

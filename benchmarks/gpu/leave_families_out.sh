@@ -40,8 +40,8 @@
 # call --, SEEDS ("0 1"), POLICIES ("kvpop dms"), COMPRESSIONS ("88 94"), STEPS (400), BS (4), CAP (seconds a
 # training may run, 480), DMS_WEIGHTS ("88:3 94:1"), BASE_POLICIES (dense,snapkv,streaming), LEN (4096), WINDOW
 # (64), EVAL_N (80), SEED_BASE (2^48 + 5000: the problems of the teacher's table), EBS (40; DEBS for DMS, 20),
-# HELDOUT_ONLY (0), THREADS (torch threads per process, 1), DEVICE (cuda), DEADLINE (seconds, 570),
-# COMPRESSION_FLAG (kvpop-eval's compression flag, --compression).
+# HELDOUT_ONLY (0), THREADS (torch threads per process, 1), DEVICE (cuda), DEADLINE (seconds, 570).
+
 # A CPU smoke test (tests/test_leave_families_out_pipeline.py): DEVICE=cpu LEN=512 WINDOW=16 STEPS=2 BS=1 EVAL_N=2
 # EBS=2 DEBS=2 SEEDS=0 with a tiny teacher.
 set -u
@@ -52,7 +52,7 @@ STAGE=${STAGE:-}; WORK=${WORK:-out/leave_families_out}; L=${LEN:-4096}; W=${WIND
 FAMILIES=${FAMILIES:-reasoning,vt,niah_multikey,niah_multivalue,niah_multiquery,cwe,fwe}
 ORDER=${ORDER:-reasoning,vt,niah_multikey,cwe}; KS=${KS:-1,2,4}; SEEDS=${SEEDS:-0 1}; POLICIES=${POLICIES:-kvpop dms}
 COMPRESSIONS=${COMPRESSIONS:-88 94}; STEPS=${STEPS:-400}; BS=${BS:-4}; CAP=${CAP:-480}; EBS=${EBS:-40}
-DEVICE=${DEVICE:-cuda}; TH=${THREADS:-1}; DEADLINE=${DEADLINE:-570}; CFLAG=${COMPRESSION_FLAG:---compression}
+DEVICE=${DEVICE:-cuda}; TH=${THREADS:-1}; DEADLINE=${DEADLINE:-570}
 SEED_BASE=${SEED_BASE:-$((2 ** 48 + 5000))}
 LFO="python3 -m kvpop_lab.bench.leave_families_out"
 if [ "$DEVICE" = cpu ]; then TRAIN_DEV=(--use_cpu True); else TRAIN_DEV=(--bf16); fi
@@ -119,7 +119,7 @@ stage_baselines() {
   for fam in ${FAMILIES//,/ }; do
     [ -f "$WORK/baselines/eval_$fam/results.csv" ] && { stamp "baselines $fam: done before"; continue; }
     evaluate "$WORK/baselines/eval_$fam" "$EBS" "$fam" "$fam" --policies "${BASE_POLICIES:-dense,snapkv,streaming}" \
-      "$CFLAG" "$(comps)" &
+      --compression "$(comps)" &
   done
   wait
   pack baselines baselines
@@ -177,7 +177,7 @@ stage_evaluate() {
     if [ -z "$c" ]; then stamp "no $pol checkpoint of seed $s in $D: skipped"; continue; fi
     if [ -f "$D/eval_${pol}_s$s/results.csv" ]; then stamp "eval ${pol}_s$s: done before"; continue; fi
     bs=$EBS; [ "$p" = dms ] && bs=${DEBS:-20}
-    evaluate "$D/eval_${pol}_s$s" "$bs" "$fams" "$RETRO" --policies "$pol" "$CFLAG" "${c%,}" "${specs[@]}" &
+    evaluate "$D/eval_${pol}_s$s" "$bs" "$fams" "$RETRO" --policies "$pol" --compression "${c%,}" "${specs[@]}" &
   done; done
   wait
   pack "eval_k$K" "k$K/eval_*"
