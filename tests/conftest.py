@@ -15,7 +15,7 @@ def pytest_configure(config):
 
 
 # -- tiers ---------------------------------------------------------------------------------------------
-# Every test is in one tier, by its file (a test may also mark itself `quality`):
+# Every test is in one tier, by its file (a test may also mark itself `quality` or `scripts`):
 #   unit     the library's behaviour, called directly (the quick tier: `python -m pytest -m unit`)
 #   scripts  commands, benchmarks, examples, the laboratory and the repository's own checks, run as a user
 #            runs them (console commands, benchmark mains, GPU-script argument parsing, the results page)
@@ -41,7 +41,7 @@ def pytest_collection_modifyitems(config, items):
         name = os.path.basename(str(item.fspath))
         if item.get_closest_marker("quality") or name in QUALITY:
             tier = "quality"
-        elif name in SCRIPTS:
+        elif name in SCRIPTS or item.get_closest_marker("scripts"):
             tier = "scripts"
         else:
             tier = "unit"

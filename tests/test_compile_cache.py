@@ -35,6 +35,7 @@ def _run(directory, mode):
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.scripts  # another process or the command line
 def test_second_process_reuses_the_first_ones_compilation(tmp_path):
     shared = tmp_path / "shared"
     first = _run(shared, "save")

@@ -76,6 +76,7 @@ LL_PAIRS = [(PROMPTS[0], " 1 2 3"), (PROMPTS[0], " 4"), (PROMPTS[1], " kages stu
 
 
 # -- the command line -------------------------------------------------------------------------------
+@pytest.mark.scripts  # another process or the command line
 def test_cli_runs_kvpop_on_an_exported_task_and_the_table_reads_it(tiny_dir, tasks_dir, tmp_path, monkeypatch):
     from kvpop_hf.integrations.lm_eval import main
     from kvpop_hf.integrations.lm_eval_table import main as table_main
@@ -103,6 +104,7 @@ def test_cli_runs_kvpop_on_an_exported_task_and_the_table_reads_it(tiny_dir, tas
     assert len(csv) == 4 and csv[0].startswith("policy,budget,cr")
 
 
+@pytest.mark.scripts  # another process or the command line
 def test_console_command_is_lm_evals_cli(tiny_dir):
     """The console command's function hands its arguments to lm-eval's own command line unchanged."""
     out = subprocess.run([sys.executable, "-c", "from kvpop_hf.integrations.lm_eval import main; main()", "--help"],

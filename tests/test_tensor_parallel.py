@@ -26,6 +26,7 @@ from kvpop_hf.tensor_parallel import slice_scorer
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.scripts  # another process or the command line
 def test_two_gloo_ranks_generate_the_single_process_tokens(tmp_path):
     from tp_generate_script import SCORERS, run
 
