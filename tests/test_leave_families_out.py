@@ -25,7 +25,7 @@ def _write_eval(folder, runs, outputs_only=False):
     folder.mkdir(parents=True)
     rows, outs = [], []
     for (policy, comp), by_family in runs.items():
-        b = None if comp is None else parse_budgets(str(comp), LENGTH, 4, 32)[0]
+        b = None if comp is None else parse_budgets(compression=str(comp), length=LENGTH, sinks=4, window=32)[0]
         for fam, hits in by_family.items():
             rows.append({"policy": policy, "budget": "full" if b is None else b.B, "cr": 0.0 if b is None else b.cr,
                          "sinks": "", "window": "", "topk": "", "family": fam, "em": sum(hits) / len(hits),

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import random
 
-from .tasks import (Problem, _as_rng, _check_length, _check_positive_int, _cost, _filler_lines, _finish, _fixed_cost,
+from .problem import (Problem, _as_rng, _check_length, _check_positive_int, _cost, _filler_lines, _finish, _fixed_cost,
                     _interleave, _number, _too_small)
 from .tokenizer import ANSWER_MARKER
 from .vocab import ENTITY_WORDS
