@@ -138,7 +138,7 @@ train_one() {  # policy seed NN
   limit=$(left); [ "$limit" -gt "$CAP" ] && limit=$CAP
   if [ "$p" = kvpop ]; then
     local topk
-    topk=$(python3 -c "from kvpop_hf.policies import parse_budgets as p; print(p('0.$c', $L, 4, $W)[0].topk)")
+    topk=$(python3 -c "from kvpop_hf.policies import parse_budgets as p; print(p(compression='0.$c', length=$L, sinks=4, window=$W)[0].topk)")
     OMP_NUM_THREADS=$TH timeout "$limit" $LFO train kvpop "${common[@]}" --topk "$topk" --scorer mlstm \
       --scorer_kwargs '{"token_readout": true}' --train_backbone True --distill_weight 1.0 \
       --scorer_learning_rate 3e-3 --target_reduce max --target_queries labels > "$D/train_${name}_s$s.log" 2>&1
