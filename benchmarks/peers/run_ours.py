@@ -1,0 +1,98 @@
+"""This repository's policies on the exported problems, through kvpop-eval's exact-match function
+(``kvpop_hf.testbed.dense_eval.exact_match``) with the kvpop attention: the KVpop side of the peers table.
+
+    PYTHONPATH=.:benchmarks python -m peers.run_ours --problems /work/peers/data/record_4k.jsonl \\
+        --out /work/peers/out/kvpop [--n 20] [--policies dense,snapkv,knorm,streaming,tova,keydiff]
+
+Each policy keeps ``B = round((1 - c) * 4096)`` entries per layer and KV head at every step (4 sinks, the 64 newest
+tokens, ``B - 68`` slots by the policy's score), as kvpop-eval runs it. The problems are regenerated from their
+seeds and checked against the file's prompt ids. One JSONL per (policy, compression), ``<policy>_cr<NN>.jsonl``
+(``dense.jsonl``): ``index``, ``seed``, ``correct``, ``prediction``, ``answer``, ``generated``, ``seconds``. Batch 1
+(generation length: the problem's own, as in the file); problems outer, policies inner, so an interrupted run
+leaves every policy on the same first problems.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from peers.problems import POLICIES, RECORD, bind_factory, budget, exact_match, load_model, read_jsonl, record_problems
+
+DEFAULT = ("dense", "snapkv", "knorm", "streaming", "tova", "keydiff")
+
+
+def check_problems(problems, rows, tokenizer) -> None:
+    """The regenerated problems encode to the file's prompt ids (the peers saw the same tokens)."""
+    for p, row in zip(problems, rows):
+        if tokenizer(p.prompt)["input_ids"] != row["prompt_ids"]:
+            raise ValueError(f"problem {row['index']} (seed {row['seed']}) does not encode to the ids of the problem "
+                             "file: re-export it with python -m peers.export.")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--problems", required=True, help="JSONL from python -m peers.export")
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--model", default="checkpoints/testbed-4k-teacher")
+    ap.add_argument("--n", type=int, default=0, help="first n problems (0: all in the file)")
+    ap.add_argument("--policies", default=",".join(DEFAULT))
+    ap.add_argument("--compressions", default="0.88,0.94")
+    args = ap.parse_args(argv)
+    policies = [p for p in args.policies.split(",") if p]
+    bad = [p for p in policies if p not in POLICIES or POLICIES[p].needs_checkpoint]
+    if bad:
+        ap.error(f"{bad}: not a policy without checkpoint; choose from {', '.join(DEFAULT)} (kvpop-eval names)")
+    comps = [float(c) for c in args.compressions.split(",") if c]
+    rows = read_jsonl(args.problems)
+    rows = rows[:args.n] if args.n else rows
+    if any(r["seed"] != RECORD["seed_base"] + r["index"] for r in rows):
+        ap.error(f"{args.problems} is not the table of record's draw (seed = {RECORD['seed_base']} + index)")
+
+    import torch
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(args.model)
+    tok.padding_side = "left"
+    problems = record_problems(len(rows))
+    check_problems(problems, rows, tok)
+    model = load_model(args.model, torch.float32, torch.device("cpu"))
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "meta.json").write_text(json.dumps({"argv": sys.argv, "n": len(rows), "batch_size": 1,
+                                               "dtype": "float32", "torch": torch.__version__}, indent=2) + "\n")
+    runs = [("dense", None)] if "dense" in policies else []
+    runs += [(p, c) for p in policies if p != "dense" for c in comps]
+    files = {}
+    for name, comp in runs:
+        tag = "dense" if comp is None else f"{name}_cr{round(100 * comp)}"
+        files[(name, comp)] = open(out / f"{tag}.jsonl", "w")
+    # problems outer, policies inner: an interrupted run leaves every policy on the same first problems
+    for row, problem in zip(rows, problems):
+        for name, comp in runs:
+            factory = None
+            if comp is not None:
+                b = budget(comp)
+                make = bind_factory(name)
+                factory = (lambda make=make, b=b: make(model.config, b["sinks"], b["window"], b["topk"]))
+            t0 = time.time()
+            em = exact_match(model, tok, [problem], batch_size=1, cache_factory=factory, progress=False)
+            o = em["outputs"][0]
+            fh = files[(name, comp)]
+            fh.write(json.dumps({"index": row["index"], "seed": row["seed"], "policy": name,
+                                 "compression": None if comp is None else f"{comp:.2f}",
+                                 "B": None if comp is None else budget(comp)["B"], "correct": o["correct"],
+                                 "prediction": o["prediction"], "answer": o["answer"], "generated": o["generated"],
+                                 "seconds": round(time.time() - t0, 3)}) + "\n")
+            fh.flush()
+        print(f"problem {row['index']} done", flush=True)
+    for fh in files.values():
+        fh.close()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
