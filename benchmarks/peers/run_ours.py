@@ -8,7 +8,9 @@ Each policy keeps ``B = round((1 - c) * 4096)`` entries per layer and KV head at
 tokens, ``B - 68`` slots by the policy's score), as kvpop-eval runs it. The problems are regenerated from their
 seeds and checked against the file's prompt ids. One JSONL per (policy, compression), ``<policy>_cr<NN>.jsonl``
 (``dense.jsonl``): ``index``, ``seed``, ``correct``, ``prediction``, ``answer``, ``generated``, ``seconds``. Batch 1
-(generation length: the problem's own, as in the file); problems outer, policies inner, so an interrupted run
+(generation length: the problem's own, as in the file). The static-score policies get the prompt in
+``--prefill-chunk`` token chunks (CPU time: one 3991-token chunk costs a 3991 x 3991 visibility mask per layer);
+by the eviction contract every query keeps the same set either way. Problems outer, policies inner, so an interrupted run
 leaves every policy on the same first problems.
 """
 
@@ -33,6 +35,15 @@ def check_problems(problems, rows, tokenizer) -> None:
                              "file: re-export it with python -m peers.export.")
 
 
+def chunk_for(factory, chunk: int) -> int | None:
+    """``prefill_chunk_size`` for a policy: ``chunk`` for a static-score cache (chunking keeps the same sets),
+    None (one chunk) for dense and the attention-scored policies (whose kept sets depend on the chunking)."""
+    if factory is None or not chunk:
+        return None
+    scorer = getattr(factory(), "scorer", None)
+    return None if scorer is None or getattr(scorer, "dynamic", False) else chunk
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--problems", required=True, help="JSONL from python -m peers.export")
@@ -41,6 +52,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--n", type=int, default=0, help="first n problems (0: all in the file)")
     ap.add_argument("--policies", default=",".join(DEFAULT))
     ap.add_argument("--compressions", default="0.88,0.94")
+    ap.add_argument("--prefill-chunk", type=int, default=512,
+                    help="feed the prompt in chunks of this many tokens to the static-score policies (streaming, knorm, "
+                         "keydiff: the same kept sets as one chunk, docs/design.md section 1); 0: one chunk. "
+                         "TOVA and SnapKV always take the prompt as one chunk, as kvpop-eval does")
     args = ap.parse_args(argv)
     policies = [p for p in args.policies.split(",") if p]
     bad = [p for p in policies if p not in POLICIES or POLICIES[p].needs_checkpoint]
@@ -49,6 +64,8 @@ def main(argv: list[str] | None = None) -> int:
     comps = [float(c) for c in args.compressions.split(",") if c]
     rows = read_jsonl(args.problems)
     rows = rows[:args.n] if args.n else rows
+    if args.prefill_chunk < 0:
+        ap.error(f"--prefill-chunk must be >= 0, got {args.prefill_chunk}")
     if any(r["seed"] != RECORD["seed_base"] + r["index"] for r in rows):
         ap.error(f"{args.problems} is not the table of record's draw (seed = {RECORD['seed_base']} + index)")
 
@@ -63,6 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "meta.json").write_text(json.dumps({"argv": sys.argv, "n": len(rows), "batch_size": 1,
+                                               "prefill_chunk_static": args.prefill_chunk,
                                                "dtype": "float32", "torch": torch.__version__}, indent=2) + "\n")
     runs = [("dense", None)] if "dense" in policies else []
     runs += [(p, c) for p in policies if p != "dense" for c in comps]
@@ -78,6 +96,7 @@ def main(argv: list[str] | None = None) -> int:
                 b = budget(comp)
                 make = bind_factory(name)
                 factory = (lambda make=make, b=b: make(model.config, b["sinks"], b["window"], b["topk"]))
+            model.generation_config.prefill_chunk_size = chunk_for(factory, args.prefill_chunk)
             t0 = time.time()
             em = exact_match(model, tok, [problem], batch_size=1, cache_factory=factory, progress=False)
             o = em["outputs"][0]
