@@ -27,6 +27,8 @@ def prefill_ratio(k_len: int, budget: int) -> float:
     if not 1 <= budget <= k_len:
         raise ValueError(f"budget must be in [1, k_len={k_len}], got {budget}: a prompt shorter than the budget "
                          "needs no compression.")
+    if budget == k_len:
+        return 0.0
     ratio = 1.0 - (budget + 0.5) / k_len  # int() of budget + 0.5 is budget, away from float rounding at integers
     if n_kept(k_len, ratio) != budget:
         raise AssertionError(f"no ratio keeps {budget} of {k_len}")  # float arithmetic bug, not bad input

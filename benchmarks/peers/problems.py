@@ -23,7 +23,7 @@ from kvpop_hf.testbed.policies import POLICIES, bind_factory, parse_budgets
 from kvpop_hf.testbed.tasks import Problem
 
 __all__ = ["RECORD", "record_problems", "budget", "max_new_tokens", "problem_record", "write_jsonl", "read_jsonl",
-           "score_ids", "exact_match", "load_model", "POLICIES", "bind_factory", "Problem"]
+           "score_ids", "prefix_share", "exact_match", "load_model", "POLICIES", "bind_factory", "Problem"]
 
 # the table of record's draw (results/quality_4k_record.csv, benchmarks/gpu/testbed_4k.sh SEED_BASE/EVAL_N)
 RECORD = {"family": "reasoning", "length": 4096, "seed_base": 2 ** 48 + 5000, "n": 80,
@@ -92,3 +92,15 @@ def score_ids(tokenizer: Any, generated_ids: list[int], answer: str) -> dict:
     pred = extract_answer(text)
     gold = normalize(answer)
     return {"prediction": pred, "answer": gold, "correct": pred == gold, "generated": normalize(text)}
+
+
+def prefix_share(generated: str, target: str) -> float:
+    """The share of the reference target's words (``normalize``-d, whitespace-split) that ``generated`` reproduces
+    before its first wrong word: where a trace goes astray, a finer signal than the final answer."""
+    gen, ref = normalize(generated).split(), normalize(target).split()
+    if not ref:
+        raise ValueError("empty reference target")
+    n = 0
+    while n < min(len(gen), len(ref)) and gen[n] == ref[n]:
+        n += 1
+    return n / len(ref)

@@ -117,7 +117,8 @@ def main(argv: list[str] | None = None) -> int:
     (out / "meta.json").write_text(json.dumps({
         "argv": sys.argv, "torch": torch.__version__, "transformers": transformers.__version__,
         "kvpress": getattr(kvpress, "__version__", None) or _dist_version("kvpress"), "model": args.model,
-        "dtype": "float32", "attn_implementation": "sdpa", "n": len(rows)}, indent=2) + "\n")
+        "dtype": "float32", "attn_implementation": "sdpa", "n": len(rows), "commit": _git_commit(),
+        "date": time.strftime("%Y-%m-%d", time.gmtime())}, indent=2) + "\n")
     runs = [("dense", None, None)] if "dense" in presses else []
     runs += [(p, m, c) for p in presses if p != "dense" for c in comps for m in modes]
     files = {}
@@ -140,6 +141,18 @@ def main(argv: list[str] | None = None) -> int:
     for fh in files.values():
         fh.close()
     return 0
+
+
+def _git_commit() -> str:
+    """HEAD of the repository this script lies in ("unknown" without git)."""
+    import subprocess
+
+    try:
+        res = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).resolve().parent, capture_output=True,
+                             text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return res.stdout.strip() or "unknown"
 
 
 def _dist_version(name: str) -> str:

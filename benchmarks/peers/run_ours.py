@@ -72,6 +72,8 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     from transformers import AutoTokenizer
 
+    from kvpop_hf.utils.provenance import git_commit
+
     tok = AutoTokenizer.from_pretrained(args.model)
     tok.padding_side = "left"
     problems = record_problems(len(rows))
@@ -81,7 +83,9 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     (out / "meta.json").write_text(json.dumps({"argv": sys.argv, "n": len(rows), "batch_size": 1,
                                                "prefill_chunk_static": args.prefill_chunk,
-                                               "dtype": "float32", "torch": torch.__version__}, indent=2) + "\n")
+                                               "dtype": "float32", "torch": torch.__version__,
+                                               "commit": git_commit(Path(__file__)),
+                                               "date": time.strftime("%Y-%m-%d", time.gmtime())}, indent=2) + "\n")
     runs = [("dense", None)] if "dense" in policies else []
     runs += [(p, c) for p in policies if p != "dense" for c in comps]
     files = {}

@@ -1,0 +1,170 @@
+"""Score the peers runs with this repository's exact match and write the quality table with its provenance.
+
+    PYTHONPATH=.:benchmarks python -m peers.score --problems /work/peers/data/record_4k.jsonl \\
+        --kvpress /work/peers/out/kvpress --kvpop /work/peers/out/kvpop --out results/peers/quality_4k.csv
+
+kvpress rows (token ids from ``peers.run_kvpress``) are decoded with the teacher's tokenizer and scored by
+``peers.problems.score_ids`` (kvpop-eval's row rule); KVpop rows carry kvpop-eval's own verdict
+(``peers.run_ours``). Only the problems every run finished count (the first ``n`` of the file), so an interrupted
+run still gives one table on one set of problems. EM with its binomial standard error ``sqrt(p (1 - p) / n)``;
+``trace_prefix``: the mean share of the reference trace reproduced before the first wrong word
+(``peers.problems.prefix_share``), finer than EM where a policy loses most answers.
+Commit and date come from each run folder's ``meta.json`` (``--kvpress-commit`` / ``--kvpop-commit`` for a
+folder without them).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+from pathlib import Path
+
+from peers.mapping import decoding_interval
+
+LIBRARIES = {"kvpress": "kvpress 0.5.5", "kvpop": "kvpop-hf"}
+COLUMNS = ["library", "policy", "mode", "compression", "B", "entries_end", "n", "em", "se", "trace_prefix", "command",
+           "commit", "date"]
+EXPORT = "PYTHONPATH=.:benchmarks python -m peers.export --out P"
+
+
+def em_se(hits: list[bool]) -> tuple[float, float]:
+    """Exact match and its binomial standard error over ``hits``."""
+    if not hits:
+        raise ValueError("no problems to score: every run must finish at least its first problem")
+    p = sum(hits) / len(hits)
+    return p, math.sqrt(p * (1 - p) / len(hits))
+
+
+def load_runs(folder: Path) -> dict[str, dict[int, dict]]:
+    """``{file stem: {problem index: line}}`` of every ``*.jsonl`` in a run folder."""
+    runs = {}
+    for f in sorted(folder.glob("*.jsonl")):
+        runs[f.stem] = {r["index"]: r for r in (json.loads(x) for x in f.read_text().splitlines() if x.strip())}
+    if not runs:
+        raise FileNotFoundError(f"{folder} holds no run files (*.jsonl): run peers.run_kvpress / peers.run_ours first")
+    return runs
+
+
+def common_prefix(runs: list[dict[int, dict]]) -> int:
+    """The number of leading problem indices 0, 1, ... that every run holds."""
+    n = 0
+    while all(n in r for r in runs):
+        n += 1
+    return n
+
+
+def mode_label(library: str, stem: str, line: dict) -> str:
+    """How the budget is held: ``full`` (dense), ``fixed B`` (KVpop), kvpress ``prefill`` or
+    ``prefill + decoding every N``."""
+    if stem == "dense":
+        return "full"
+    if library == "kvpop":
+        return "fixed B"
+    if line["mode"] == "prefill":
+        return "prefill"
+    return f"prefill + decoding every {decoding_interval(line['press'])}"
+
+
+def provenance(folder: Path, commit: str | None) -> tuple[str, str]:
+    meta_path = folder / "meta.json"
+    meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
+    commit = commit or meta.get("commit")
+    if not commit:
+        raise ValueError(f"{meta_path} names no commit: pass the commit the run ran at (--kvpress-commit / "
+                         "--kvpop-commit)")
+    date = meta.get("date")
+    if not date:
+        import time
+
+        date = time.strftime("%Y-%m-%d", time.gmtime(meta_path.stat().st_mtime))
+    return commit[:7], date
+
+
+def table(problems: list[dict], folders: dict[str, Path], commands: dict[str, str], commits: dict[str, str | None],
+          tokenizer) -> tuple[list[dict], int]:
+    """The rows of the quality table and the number of problems they share."""
+    from peers.problems import prefix_share, score_ids
+
+    runs = {lib: load_runs(folder) for lib, folder in folders.items()}
+    n = min(common_prefix([r for lib in runs.values() for r in lib.values()]), len(problems))
+    if n == 0:
+        raise ValueError("no problem is finished by every run: nothing to compare")
+    rows = []
+    for lib, lib_runs in runs.items():
+        commit, date = provenance(folders[lib], commits.get(lib))
+        for stem, lines in lib_runs.items():
+            hits, entries, prefix = [], [], []
+            for i in range(n):
+                line, prob = lines[i], problems[i]
+                if line["seed"] != prob["seed"]:
+                    raise ValueError(f"{folders[lib]}/{stem}.jsonl problem {i} has seed {line['seed']}, the problem "
+                                     f"file {prob['seed']}: they come from different exports")
+                if lib == "kvpress":
+                    scored = score_ids(tokenizer, line["generated_ids"], prob["answer"])
+                    hits.append(scored["correct"])
+                    prefix.append(prefix_share(scored["generated"], prob["target"]))
+                    entries.append(line["entries_end"])
+                else:
+                    hits.append(bool(line["correct"]))
+                    prefix.append(prefix_share(line["generated"], prob["target"]))
+            em, se = em_se(hits)
+            first = lines[0]
+            comp = first.get("compression")
+            policy = first.get("press") or first.get("policy")
+            rows.append({"library": LIBRARIES[lib], "policy": policy, "mode": mode_label(lib, stem, first),
+                         "compression": "" if comp is None else f"{round(100 * float(comp))}%",
+                         "B": "" if comp is None else first["B"],
+                         "entries_end": max(entries) if entries else ("" if comp is None else first["B"]),
+                         "n": n, "em": f"{em:.3f}", "se": f"{se:.3f}",
+                         "trace_prefix": f"{sum(prefix) / n:.3f}", "command": commands[lib], "commit": commit,
+                         "date": date})
+    order = {"dense": 0, "streaming": 1, "knorm": 2, "keydiff": 3, "snapkv": 4, "tova": 5}
+    rows.sort(key=lambda r: (order.get(r["policy"], 9), r["compression"], r["library"] != "kvpop-hf", r["mode"]))
+    return rows, n
+
+
+def write_csv(rows: list[dict], path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=COLUMNS)
+        w.writeheader()
+        w.writerows(rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--problems", required=True)
+    ap.add_argument("--kvpress", required=True, type=Path, help="run folder of peers.run_kvpress")
+    ap.add_argument("--kvpop", required=True, type=Path, help="run folder of peers.run_ours")
+    ap.add_argument("--out", required=True, type=Path, help="CSV to write")
+    ap.add_argument("--tokenizer", default="checkpoints/testbed-4k-teacher")
+    ap.add_argument("--kvpress-commit", default=None)
+    ap.add_argument("--kvpop-commit", default=None)
+    ap.add_argument("--kvpress-command", default="OMP_NUM_THREADS=1 PYTHONPATH=benchmarks <kvpress venv>/bin/python "
+                    "-m peers.run_kvpress --problems P --out K")
+    ap.add_argument("--kvpop-command", default="OMP_NUM_THREADS=1 PYTHONPATH=.:benchmarks python -m peers.run_ours "
+                    "--problems P --out O")
+    args = ap.parse_args(argv)
+    from transformers import AutoTokenizer
+
+    from peers.problems import read_jsonl
+
+    problems = read_jsonl(args.problems)
+    tok = AutoTokenizer.from_pretrained(args.tokenizer)
+    score = "PYTHONPATH=.:benchmarks python -m peers.score --problems P --kvpress K --kvpop O --out CSV"
+    commands = {"kvpress": f"{EXPORT}; {args.kvpress_command}; {score}",
+                "kvpop": f"{EXPORT}; {args.kvpop_command}; {score}"}
+    rows, n = table(problems, {"kvpress": args.kvpress, "kvpop": args.kvpop}, commands,
+                    {"kvpress": args.kvpress_commit, "kvpop": args.kvpop_commit}, tok)
+    write_csv(rows, args.out)
+    for r in rows:
+        print(f"{r['library']:14s} {r['policy']:9s} {r['compression']:4s} {r['mode']:30s} "
+              f"EM {r['em']} ± {r['se']}  prefix {r['trace_prefix']}  entries {r['entries_end']}")
+    print(f"{n} problems; wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

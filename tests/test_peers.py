@@ -1,0 +1,165 @@
+"""The glue of the peers benchmark (benchmarks/peers): budgets, kvpress's ratio mapping, the problem file's round
+trip, the exact-match rule on token ids, and the scorer's bookkeeping. No peer library is needed."""
+
+import ast
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from peers import mapping, score
+from peers.problems import (RECORD, budget, max_new_tokens, prefix_share, problem_record, read_jsonl, record_problems,
+                            score_ids, write_jsonl)
+from peers.run_ours import check_problems, chunk_for
+
+ROOT = Path(__file__).resolve().parents[1]
+TEACHER = ROOT / "checkpoints" / "testbed-4k-teacher"
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(TEACHER)
+
+
+@pytest.fixture(scope="module")
+def problems():
+    return record_problems(2)
+
+
+def test_budgets_are_kvpop_evals():
+    from kvpop_hf.testbed.policies import parse_budgets
+
+    assert budget(0.88) == {"B": 492, "sinks": 4, "window": 64, "topk": 424}
+    assert budget(0.94) == {"B": 246, "sinks": 4, "window": 64, "topk": 178}
+    for c in (0.5, 0.75, 0.9):
+        assert budget(c)["B"] == parse_budgets(str(c), 4096, 4, 64)[0].B == round((1 - c) * 4096)
+
+
+@pytest.mark.parametrize("k_len", [492, 500, 3991, 3992, 4095, 8191])
+@pytest.mark.parametrize("B", [1, 246, 292, 492])
+def test_prefill_ratio_keeps_exactly_B(k_len, B):
+    ratio = mapping.prefill_ratio(k_len, B)
+    assert 0 <= ratio < 1
+    assert mapping.n_kept(k_len, ratio) == B
+
+
+def test_prefill_ratio_refuses_a_budget_beyond_the_prompt():
+    with pytest.raises(ValueError, match="needs no compression"):
+        mapping.prefill_ratio(200, 246)
+    with pytest.raises(ValueError, match="budget must be"):
+        mapping.prefill_ratio(200, 0)
+
+
+def test_decoding_interval():
+    assert mapping.decoding_interval("snapkv") == 65  # its score needs more buffered steps than its 64-query window
+    assert {mapping.decoding_interval(p) for p in ("knorm", "streaming", "tova", "keydiff")} == {1}
+
+
+def test_record_draw():
+    assert RECORD["seed_base"] == 2 ** 48 + 5000 and RECORD["n"] == 80 and RECORD["length"] == 4096
+    with pytest.raises(ValueError, match="n must be"):
+        record_problems(0)
+
+
+def test_problem_file_round_trip(tmp_path, tokenizer, problems):
+    rows = [problem_record(i, RECORD["seed_base"] + i, p, tokenizer) for i, p in enumerate(problems)]
+    path = tmp_path / "p.jsonl"
+    assert write_jsonl(path, rows) == 2
+    back = read_jsonl(path)
+    assert back == json.loads(json.dumps(rows))
+    for row, p in zip(back, problems):
+        assert row["prompt_ids"][0] == tokenizer.bos_token_id
+        assert row["prompt_ids"] == tokenizer(p.prompt)["input_ids"]
+        assert row["max_new_tokens"] == max_new_tokens(p)
+        assert row["budgets"] == {"0.88": 492, "0.94": 246}
+    check_problems(problems, back, tokenizer)
+    back[1]["prompt_ids"] = back[1]["prompt_ids"][:-1]
+    with pytest.raises(ValueError, match="does not encode"):
+        check_problems(problems, back, tokenizer)
+
+
+def test_read_jsonl_names_a_missing_file(tmp_path):
+    with pytest.raises(FileNotFoundError, match="peers.export"):
+        read_jsonl(tmp_path / "none.jsonl")
+
+
+class _Replay(torch.nn.Module):
+    """A stand-in model whose generate appends fixed token ids: exact_match's verdict on known output."""
+
+    def __init__(self, new_ids):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.zeros(1))
+        self.new_ids = new_ids
+
+    def generate(self, input_ids, **kw):
+        return torch.cat([input_ids, torch.tensor([self.new_ids])], dim=1)
+
+
+def _target_ids(tokenizer, problem, answer=None):
+    text = problem.target if answer is None else problem.target.rsplit(" ", 1)[0] + f" {answer}"
+    return tokenizer(text, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id, 7, 8]
+
+
+def test_score_ids_agrees_with_kvpop_evals_exact_match(tokenizer, problems):
+    from peers.problems import exact_match
+
+    p = problems[0]
+    wrong = str((int(p.answer) + 1) % 10)
+    for ids, want in ((_target_ids(tokenizer, p), True), (_target_ids(tokenizer, p, wrong), False)):
+        mine = score_ids(tokenizer, ids, p.answer)
+        theirs = exact_match(_Replay(ids), tokenizer, [p], batch_size=1, progress=False)["outputs"][0]
+        assert mine["correct"] is theirs["correct"] is want
+        assert mine["prediction"] == theirs["prediction"] and mine["generated"] == theirs["generated"]
+
+
+def test_prefix_share(problems):
+    t = problems[0].target
+    assert prefix_share(t, t) == 1.0
+    words = t.split()
+    assert prefix_share(" ".join(words[:3] + ["nope"] + words[4:]), t) == pytest.approx(3 / len(words))
+    assert prefix_share("", t) == 0.0
+
+
+def test_scorer_bookkeeping(tmp_path):
+    assert score.em_se([True, False, True, True]) == (0.75, pytest.approx((0.75 * 0.25 / 4) ** 0.5))
+    with pytest.raises(ValueError, match="no problems"):
+        score.em_se([])
+    assert score.common_prefix([{0: 1, 1: 1, 2: 1}, {0: 1, 1: 1}, {0: 1, 1: 1, 3: 1}]) == 2
+    assert score.common_prefix([{1: 1}]) == 0
+    assert score.mode_label("kvpress", "snapkv_decoding_cr88", {"mode": "decoding", "press": "snapkv"}) == \
+        "prefill + decoding every 65"
+    assert score.mode_label("kvpop", "tova_cr88", {}) == "fixed B"
+    with pytest.raises(FileNotFoundError, match="no run files"):
+        score.load_runs(tmp_path)
+
+
+def test_static_policies_take_chunks():
+    from kvpop_hf.testbed.policies import bind_factory
+    from transformers import AutoConfig
+
+    cfg = AutoConfig.from_pretrained(TEACHER)
+    make = {name: (lambda n=name: bind_factory(n)(cfg, 4, 64, 424)) for name in ("streaming", "knorm", "tova", "snapkv")}
+    assert chunk_for(make["streaming"], 512) == chunk_for(make["knorm"], 512) == 512
+    assert chunk_for(make["tova"], 512) is chunk_for(make["snapkv"], 512) is None  # kept sets depend on the chunking
+    assert chunk_for(None, 512) is None and chunk_for(make["knorm"], 0) is None
+
+
+def _imports(path):
+    tree = ast.parse(Path(path).read_text())
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names.add(node.module.split(".")[0])
+    return names
+
+
+def test_peer_runner_imports_nothing_of_kvpop_and_the_library_nothing_of_the_peers():
+    assert "kvpop_hf" not in _imports(ROOT / "benchmarks" / "peers" / "run_kvpress.py")
+    assert "kvpop_hf" not in _imports(ROOT / "benchmarks" / "peers" / "mapping.py")
+    for f in (ROOT / "kvpop_hf").rglob("*.py"):
+        assert not _imports(f) & {"kvpress", "trimkv"}, f
