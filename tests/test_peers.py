@@ -163,3 +163,22 @@ def test_peer_runner_imports_nothing_of_kvpop_and_the_library_nothing_of_the_pee
     assert "kvpop_hf" not in _imports(ROOT / "benchmarks" / "peers" / "mapping.py")
     for f in (ROOT / "kvpop_hf").rglob("*.py"):
         assert not _imports(f) & {"kvpress", "trimkv"}, f
+
+
+def test_run_files_resume(tmp_path):
+    from peers.runfiles import open_run_file, write_meta
+
+    path = tmp_path / "knorm_cr88.jsonl"
+    path.write_text('{"index": 0}\n{"index": 1}\n{"index": 2, "gen')  # stopped mid-write
+    fh, done = open_run_file(path, resume=True)
+    fh.write('{"index": 2}\n')
+    fh.close()
+    assert done == {0, 1}
+    assert [json.loads(x)["index"] for x in path.read_text().splitlines()] == [0, 1, 2]
+    fh, done = open_run_file(path, resume=False)
+    fh.close()
+    assert done == set() and path.read_text() == ""
+    write_meta(tmp_path, {"argv": ["a"], "commit": "c1", "date": "d1", "n": 3}, resume=False)
+    write_meta(tmp_path, {"argv": ["b"], "commit": "c2", "date": "d2", "n": 3}, resume=True)
+    meta = json.loads((tmp_path / "meta.json").read_text())
+    assert meta["commit"] == "c1" and meta["resumed"] == [{"argv": ["b"], "commit": "c2", "date": "d2"}]

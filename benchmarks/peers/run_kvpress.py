@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 from peers.mapping import decoding_interval, prefill_ratio
+from peers.runfiles import open_run_file, write_meta
 
 PRESSES = ("dense", "snapkv", "knorm", "streaming", "tova", "keydiff")
 MODES = ("prefill", "decoding")
@@ -89,6 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--modes", default=",".join(MODES))
     ap.add_argument("--compressions", default="0.88,0.94")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    ap.add_argument("--resume", action="store_true", help="keep the problems a stopped run wrote and skip them")
     args = ap.parse_args(argv)
     presses = [p for p in args.presses.split(",") if p]
     modes = [m for m in args.modes.split(",") if m]
@@ -114,20 +116,22 @@ def main(argv: list[str] | None = None) -> int:
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32, attn_implementation="sdpa").eval()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "meta.json").write_text(json.dumps({
+    write_meta(out, {
         "argv": sys.argv, "torch": torch.__version__, "transformers": transformers.__version__,
         "kvpress": getattr(kvpress, "__version__", None) or _dist_version("kvpress"), "model": args.model,
         "dtype": "float32", "attn_implementation": "sdpa", "n": len(rows), "commit": _git_commit(),
-        "date": time.strftime("%Y-%m-%d", time.gmtime())}, indent=2) + "\n")
+        "date": time.strftime("%Y-%m-%d", time.gmtime())}, args.resume)
     runs = [("dense", None, None)] if "dense" in presses else []
     runs += [(p, m, c) for p in presses if p != "dense" for c in comps for m in modes]
-    files = {}
+    files, done = {}, {}
     for name, mode, comp in runs:
         tag = "dense" if name == "dense" else f"{name}_{mode}_cr{round(100 * float(comp))}"
-        files[(name, mode, comp)] = open(out / f"{tag}.jsonl", "w")
+        files[(name, mode, comp)], done[(name, mode, comp)] = open_run_file(out / f"{tag}.jsonl", args.resume)
     # problems outer, presses inner: an interrupted run leaves every press on the same first problems
     for row in rows:
         for name, mode, comp in runs:
+            if row["index"] in done[(name, mode, comp)]:
+                continue
             t = time.time()
             press = None if name == "dense" else build(name, mode, len(row["prompt_ids"]), row["budgets"][comp])
             gen, entries = generate(model, row, press)

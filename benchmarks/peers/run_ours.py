@@ -22,6 +22,7 @@ import sys
 import time
 from pathlib import Path
 
+from peers.runfiles import open_run_file, write_meta
 from peers.problems import POLICIES, RECORD, bind_factory, budget, exact_match, load_model, read_jsonl, record_problems
 
 DEFAULT = ("dense", "snapkv", "knorm", "streaming", "tova", "keydiff")
@@ -56,6 +57,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="feed the prompt in chunks of this many tokens to the static-score policies (streaming, knorm, "
                          "keydiff: the same kept sets as one chunk, docs/design.md section 1); 0: one chunk. "
                          "TOVA and SnapKV always take the prompt as one chunk, as kvpop-eval does")
+    ap.add_argument("--resume", action="store_true", help="keep the problems a stopped run wrote and skip them")
     args = ap.parse_args(argv)
     policies = [p for p in args.policies.split(",") if p]
     bad = [p for p in policies if p not in POLICIES or POLICIES[p].needs_checkpoint]
@@ -81,20 +83,22 @@ def main(argv: list[str] | None = None) -> int:
     model = load_model(args.model, torch.float32, torch.device("cpu"))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "meta.json").write_text(json.dumps({"argv": sys.argv, "n": len(rows), "batch_size": 1,
+    write_meta(out, {"argv": sys.argv, "n": len(rows), "batch_size": 1,
                                                "prefill_chunk_static": args.prefill_chunk,
                                                "dtype": "float32", "torch": torch.__version__,
                                                "commit": git_commit(Path(__file__)),
-                                               "date": time.strftime("%Y-%m-%d", time.gmtime())}, indent=2) + "\n")
+                                               "date": time.strftime("%Y-%m-%d", time.gmtime())}, args.resume)
     runs = [("dense", None)] if "dense" in policies else []
     runs += [(p, c) for p in policies if p != "dense" for c in comps]
-    files = {}
+    files, done = {}, {}
     for name, comp in runs:
         tag = "dense" if comp is None else f"{name}_cr{round(100 * comp)}"
-        files[(name, comp)] = open(out / f"{tag}.jsonl", "w")
+        files[(name, comp)], done[(name, comp)] = open_run_file(out / f"{tag}.jsonl", args.resume)
     # problems outer, policies inner: an interrupted run leaves every policy on the same first problems
     for row, problem in zip(rows, problems):
         for name, comp in runs:
+            if row["index"] in done[(name, comp)]:
+                continue
             factory = None
             if comp is not None:
                 b = budget(comp)
