@@ -83,15 +83,16 @@ def provenance(folder: Path, commit: str | None) -> tuple[str, str]:
 
 
 def table(problems: list[dict], folders: dict[str, Path], commands: dict[str, str], commits: dict[str, str | None],
-          tokenizer) -> tuple[list[dict], int]:
-    """The rows of the quality table and the number of problems they share."""
+          tokenizer) -> tuple[list[dict], int, dict]:
+    """The rows of the quality table, the number of problems they share, and per row (same order) the
+    per-problem ``(hits, prefix shares)``."""
     from peers.problems import prefix_share, score_ids
 
     runs = {lib: load_runs(folder) for lib, folder in folders.items()}
     n = min(common_prefix([r for lib in runs.values() for r in lib.values()]), len(problems))
     if n == 0:
         raise ValueError("no problem is finished by every run: nothing to compare")
-    rows = []
+    rows, per_problem = [], {}
     for lib, lib_runs in runs.items():
         commit, date = provenance(folders[lib], commits.get(lib))
         for stem, lines in lib_runs.items():
@@ -120,9 +121,41 @@ def table(problems: list[dict], folders: dict[str, Path], commands: dict[str, st
                          "n": n, "em": f"{em:.3f}", "se": f"{se:.3f}",
                          "trace_prefix": f"{sum(prefix) / n:.3f}", "command": commands[lib], "commit": commit,
                          "date": date})
+            per_problem[id(rows[-1])] = (hits, prefix)
     order = {"dense": 0, "streaming": 1, "knorm": 2, "keydiff": 3, "snapkv": 4, "tova": 5}
     rows.sort(key=lambda r: (order.get(r["policy"], 9), r["compression"], r["library"] != "kvpop-hf", r["mode"]))
-    return rows, n
+    return rows, n, [per_problem[id(r)] for r in rows]
+
+
+def compare(rows: list[dict], per_problem: list) -> list[dict]:
+    """Each kvpress row against KVpop's row of the same policy and compression: the EM difference in units of
+    its standard error ``sqrt(se1^2 + se2^2)`` and the paired difference of the trace prefix (mean +- SE)."""
+    ours = {(r["policy"], r["compression"]): i for i, r in enumerate(rows) if r["library"] == "kvpop-hf"}
+    out = []
+    for i, r in enumerate(rows):
+        j = ours.get((r["policy"], r["compression"]))
+        if r["library"] == "kvpop-hf" or j is None:
+            continue
+        (h1, p1), (h0, p0) = per_problem[i], per_problem[j]
+        em1, se1 = em_se(h1)
+        em0, se0 = em_se(h0)
+        se = math.sqrt(se1 ** 2 + se0 ** 2)
+        d = [a - b for a, b in zip(p1, p0)]
+        mean = sum(d) / len(d)
+        sd = math.sqrt(sum((x - mean) ** 2 for x in d) / (len(d) - 1)) if len(d) > 1 else float("nan")
+        out.append({"policy": r["policy"], "compression": r["compression"], "kvpress mode": r["mode"],
+                    "EM kvpop": f"{em0:.3f}", "EM kvpress": f"{em1:.3f}",
+                    "EM diff / SE": "0" if se == 0 and em1 == em0 else f"{(em1 - em0) / se:+.1f}" if se else "inf",
+                    "prefix kvpop": f"{sum(p0) / len(p0):.3f}", "prefix kvpress": f"{sum(p1) / len(p1):.3f}",
+                    "prefix diff": f"{mean:+.3f} ± {sd / math.sqrt(len(d)):.3f}"})
+    return out
+
+
+def markdown(rows: list[dict]) -> str:
+    cols = list(rows[0])
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    lines += ["| " + " | ".join(str(r[c]) for c in cols) + " |" for r in rows]
+    return "\n".join(lines) + "\n"
 
 
 def write_csv(rows: list[dict], path: Path) -> None:
@@ -140,6 +173,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--kvpop", required=True, type=Path, help="run folder of peers.run_ours")
     ap.add_argument("--out", required=True, type=Path, help="CSV to write")
     ap.add_argument("--tokenizer", default="checkpoints/testbed-4k-teacher")
+    ap.add_argument("--compare", type=Path, default=None,
+                    help="also write the kvpress-vs-KVpop comparison of each policy as a markdown table here")
     ap.add_argument("--kvpress-commit", default=None)
     ap.add_argument("--kvpop-commit", default=None)
     ap.add_argument("--kvpress-command", default="OMP_NUM_THREADS=1 PYTHONPATH=benchmarks <kvpress venv>/bin/python "
@@ -156,9 +191,12 @@ def main(argv: list[str] | None = None) -> int:
     score = "PYTHONPATH=.:benchmarks python -m peers.score --problems P --kvpress K --kvpop O --out CSV"
     commands = {"kvpress": f"{EXPORT}; {args.kvpress_command}; {score}",
                 "kvpop": f"{EXPORT}; {args.kvpop_command}; {score}"}
-    rows, n = table(problems, {"kvpress": args.kvpress, "kvpop": args.kvpop}, commands,
+    rows, n, per_problem = table(problems, {"kvpress": args.kvpress, "kvpop": args.kvpop}, commands,
                     {"kvpress": args.kvpress_commit, "kvpop": args.kvpop_commit}, tok)
     write_csv(rows, args.out)
+    if args.compare:
+        args.compare.parent.mkdir(parents=True, exist_ok=True)
+        args.compare.write_text(markdown(compare(rows, per_problem)))
     for r in rows:
         print(f"{r['library']:14s} {r['policy']:9s} {r['compression']:4s} {r['mode']:30s} "
               f"EM {r['em']} ± {r['se']}  prefix {r['trace_prefix']}  entries {r['entries_end']}")
