@@ -182,3 +182,29 @@ def test_run_files_resume(tmp_path):
     write_meta(tmp_path, {"argv": ["b"], "commit": "c2", "date": "d2", "n": 3}, resume=True)
     meta = json.loads((tmp_path / "meta.json").read_text())
     assert meta["commit"] == "c1" and meta["resumed"] == [{"argv": ["b"], "commit": "c2", "date": "d2"}]
+
+
+def test_scorer_counts_variants_apart(tmp_path, tokenizer, problems):
+    rows = [problem_record(i, RECORD["seed_base"] + i, p, tokenizer) for i, p in enumerate(problems)]
+    kvpress, kvpop = tmp_path / "kvpress", tmp_path / "kvpop"
+    for folder in (kvpress, kvpop):
+        folder.mkdir()
+        (folder / "meta.json").write_text('{"date": "2026-12-05"}')
+    right = tokenizer(problems[0].target, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+    wrong = [tokenizer.eos_token_id]
+    write_jsonl(kvpress / "knorm_prefill_cr88.jsonl", [
+        {"index": i, "seed": r["seed"], "press": "knorm", "mode": "prefill", "compression": "0.88", "B": 492,
+         "generated_ids": ids, "entries_end": 596} for i, (r, ids) in enumerate(zip(rows, (right, wrong)))])
+    base = {"policy": "knorm", "compression": "0.88", "B": 492, "prediction": "", "answer": "", "generated": ""}
+    write_jsonl(kvpop / "knorm_cr88.jsonl", [dict(base, index=i, seed=r["seed"], window=64, correct=False)
+                                            for i, r in enumerate(rows)])
+    write_jsonl(kvpop / "knorm_cr88_w168.jsonl", [dict(base, index=0, seed=rows[0]["seed"], window=168, correct=True)])
+    out = score.table(rows, {"kvpress": kvpress, "kvpop": kvpop}, {"kvpress": "a", "kvpop": "b"},
+                      {"kvpress": "c1", "kvpop": "c2"}, tokenizer)
+    table, n, per_problem = out
+    assert n == 2
+    got = {(r["library"], r["mode"]): (r["n"], r["em"]) for r in table}
+    assert got == {("kvpress 0.5.5", "prefill"): (2, "0.500"), ("kvpop-hf", "fixed B"): (2, "0.000"),
+                   ("kvpop-hf", "fixed B, window 168"): (1, "1.000")}
+    cmp = {r["mode"]: r for r in score.compare(table, per_problem)}
+    assert cmp["prefill"]["EM diff / SE"] == "+1.4" and cmp["fixed B, window 168"]["EM diff / SE"] == "inf"

@@ -38,10 +38,10 @@ def record_problems(n: int = RECORD["n"], seed_base: int = RECORD["seed_base"]) 
             for i in range(n)]
 
 
-def budget(compression: float, length: int = RECORD["length"]) -> dict[str, int]:
+def budget(compression: float, length: int = RECORD["length"], window: int = RECORD["window"]) -> dict[str, int]:
     """``{"B", "sinks", "window", "topk"}`` of compression ``c`` as kvpop-eval spends it:
-    ``B = round((1 - c) * length)`` entries per layer and KV head."""
-    b = parse_budgets([repr(float(compression))], length, RECORD["sinks"], RECORD["window"])[0]
+    ``B = round((1 - c) * length)`` entries per layer and KV head, ``topk = B - sinks - window``."""
+    b = parse_budgets([repr(float(compression))], length, RECORD["sinks"], window)[0]
     return {"B": b.B, "sinks": b.sinks, "window": b.window, "topk": b.topk}
 
 

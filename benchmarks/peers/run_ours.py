@@ -57,6 +57,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="feed the prompt in chunks of this many tokens to the static-score policies (streaming, knorm, "
                          "keydiff: the same kept sets as one chunk, docs/design.md section 1); 0: one chunk. "
                          "TOVA and SnapKV always take the prompt as one chunk, as kvpop-eval does")
+    ap.add_argument("--window", type=int, default=RECORD["window"],
+                    help="the protected window (the record's 64); the budget B stays, topk = B - 4 - window")
+    ap.add_argument("--snapkv-obs-window", type=int, default=0,
+                    help="SnapKV's voting queries (0: the window, as kvpop-eval sets it)")
     ap.add_argument("--resume", action="store_true", help="keep the problems a stopped run wrote and skip them")
     args = ap.parse_args(argv)
     policies = [p for p in args.policies.split(",") if p]
@@ -64,6 +68,11 @@ def main(argv: list[str] | None = None) -> int:
     if bad:
         ap.error(f"{bad}: not a policy without checkpoint; choose from {', '.join(DEFAULT)} (kvpop-eval names)")
     comps = [float(c) for c in args.compressions.split(",") if c]
+    for c in comps:
+        try:
+            budget(c, window=args.window)
+        except ValueError as err:
+            ap.error(str(err))
     rows = read_jsonl(args.problems)
     rows = rows[:args.n] if args.n else rows
     if args.prefill_chunk < 0:
@@ -74,6 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     from transformers import AutoTokenizer
 
+    from kvpop_hf import KVpopCache
     from kvpop_hf.utils.provenance import git_commit
 
     tok = AutoTokenizer.from_pretrained(args.model)
@@ -90,9 +100,11 @@ def main(argv: list[str] | None = None) -> int:
                                                "date": time.strftime("%Y-%m-%d", time.gmtime())}, args.resume)
     runs = [("dense", None)] if "dense" in policies else []
     runs += [(p, c) for p in policies if p != "dense" for c in comps]
+    variant = "" if args.window == RECORD["window"] else f"_w{args.window}"
+    variant += f"_obs{args.snapkv_obs_window}" if args.snapkv_obs_window else ""
     files, done = {}, {}
     for name, comp in runs:
-        tag = "dense" if comp is None else f"{name}_cr{round(100 * comp)}"
+        tag = "dense" if comp is None else f"{name}_cr{round(100 * comp)}" + variant
         files[(name, comp)], done[(name, comp)] = open_run_file(out / f"{tag}.jsonl", args.resume)
     # problems outer, policies inner: an interrupted run leaves every policy on the same first problems
     for row, problem in zip(rows, problems):
@@ -101,9 +113,13 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             factory = None
             if comp is not None:
-                b = budget(comp)
+                b = budget(comp, window=args.window)
                 make = bind_factory(name)
                 factory = (lambda make=make, b=b: make(model.config, b["sinks"], b["window"], b["topk"]))
+                if name == "snapkv" and args.snapkv_obs_window:
+                    factory = (lambda b=b: KVpopCache(model.config, sinks=b["sinks"], window=b["window"],
+                                                      topk=b["topk"], scorer="snapkv",
+                                                      scorer_kwargs={"obs_window": args.snapkv_obs_window}))
             model.generation_config.prefill_chunk_size = chunk_for(factory, args.prefill_chunk)
             t0 = time.time()
             em = exact_match(model, tok, [problem], batch_size=1, cache_factory=factory, progress=False)
@@ -111,7 +127,9 @@ def main(argv: list[str] | None = None) -> int:
             fh = files[(name, comp)]
             fh.write(json.dumps({"index": row["index"], "seed": row["seed"], "policy": name,
                                  "compression": None if comp is None else f"{comp:.2f}",
-                                 "B": None if comp is None else budget(comp)["B"], "correct": o["correct"],
+                                 "B": None if comp is None else budget(comp)["B"], "window": args.window,
+                                 "obs_window": (args.snapkv_obs_window or None) if name == "snapkv" else None,
+                                 "correct": o["correct"],
                                  "prediction": o["prediction"], "answer": o["answer"], "generated": o["generated"],
                                  "seconds": round(time.time() - t0, 3)}) + "\n")
             fh.flush()

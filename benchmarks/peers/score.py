@@ -55,13 +55,21 @@ def common_prefix(runs: list[dict[int, dict]]) -> int:
     return n
 
 
+def is_variant(stem: str) -> bool:
+    """A KVpop run with another window than the record's (``peers.run_ours --window``: ``<policy>_cr<NN>_w<W>...``);
+    it counts its own first problems, the others count the problems all of them finished."""
+    return "_w" in stem
+
+
 def mode_label(library: str, stem: str, line: dict) -> str:
     """How the budget is held: ``full`` (dense), ``fixed B`` (KVpop), kvpress ``prefill`` or
     ``prefill + decoding every N``."""
     if stem == "dense":
         return "full"
     if library == "kvpop":
-        return "fixed B"
+        window = line.get("window", 64)
+        obs = line.get("obs_window")
+        return "fixed B" if window == 64 else f"fixed B, window {window}" + (f", {obs} voting queries" if obs else "")
     if line["mode"] == "prefill":
         return "prefill"
     return f"prefill + decoding every {decoding_interval(line['press'])}"
@@ -76,6 +84,8 @@ def provenance(folder: Path, commit: str | None) -> tuple[str, str]:
                          "--kvpop-commit)")
     date = meta.get("date")
     if not date:
+        if not meta_path.is_file():
+            raise FileNotFoundError(f"{meta_path} not found: the runners write it; a run folder needs it for the date")
         import time
 
         date = time.strftime("%Y-%m-%d", time.gmtime(meta_path.stat().st_mtime))
@@ -89,7 +99,8 @@ def table(problems: list[dict], folders: dict[str, Path], commands: dict[str, st
     from peers.problems import prefix_share, score_ids
 
     runs = {lib: load_runs(folder) for lib, folder in folders.items()}
-    n = min(common_prefix([r for lib in runs.values() for r in lib.values()]), len(problems))
+    main = [r for lib in runs.values() for stem, r in lib.items() if not is_variant(stem)]
+    n = min(common_prefix(main), len(problems))
     if n == 0:
         raise ValueError("no problem is finished by every run: nothing to compare")
     rows, per_problem = [], {}
@@ -97,7 +108,10 @@ def table(problems: list[dict], folders: dict[str, Path], commands: dict[str, st
         commit, date = provenance(folders[lib], commits.get(lib))
         for stem, lines in lib_runs.items():
             hits, entries, prefix = [], [], []
-            for i in range(n):
+            n_run = min(n, common_prefix([lines])) if is_variant(stem) else n
+            if n_run == 0:
+                continue
+            for i in range(n_run):
                 line, prob = lines[i], problems[i]
                 if line["seed"] != prob["seed"]:
                     raise ValueError(f"{folders[lib]}/{stem}.jsonl problem {i} has seed {line['seed']}, the problem "
@@ -118,7 +132,7 @@ def table(problems: list[dict], folders: dict[str, Path], commands: dict[str, st
                          "compression": "" if comp is None else f"{round(100 * float(comp))}%",
                          "B": "" if comp is None else first["B"],
                          "entries_end": max(entries) if entries else ("" if comp is None else first["B"]),
-                         "n": n, "em": f"{em:.3f}", "se": f"{se:.3f}",
+                         "n": n_run, "em": f"{em:.3f}", "se": f"{se:.3f}",
                          "trace_prefix": f"{sum(prefix) / n:.3f}", "command": commands[lib], "commit": commit,
                          "date": date})
             per_problem[id(rows[-1])] = (hits, prefix)
@@ -128,25 +142,27 @@ def table(problems: list[dict], folders: dict[str, Path], commands: dict[str, st
 
 
 def compare(rows: list[dict], per_problem: list) -> list[dict]:
-    """Each kvpress row against KVpop's row of the same policy and compression: the EM difference in units of
+    """Each other row against KVpop's row (window 64) of the same policy and compression: the EM difference in units of
     its standard error ``sqrt(se1^2 + se2^2)`` and the paired difference of the trace prefix (mean +- SE)."""
-    ours = {(r["policy"], r["compression"]): i for i, r in enumerate(rows) if r["library"] == "kvpop-hf"}
+    ours = {(r["policy"], r["compression"]): i for i, r in enumerate(rows)
+            if r["library"] == "kvpop-hf" and r["mode"] == "fixed B"}
     out = []
-    for i, r in enumerate(rows):
+    for i, r in enumerate(rows):  # kvpress rows and KVpop's other variants, each against KVpop's row
         j = ours.get((r["policy"], r["compression"]))
-        if r["library"] == "kvpop-hf" or j is None:
+        if j is None or i == j:
             continue
-        (h1, p1), (h0, p0) = per_problem[i], per_problem[j]
+        m = min(len(per_problem[i][0]), len(per_problem[j][0]))  # a variant may have fewer problems
+        (h1, p1), (h0, p0) = [(h[:m], p[:m]) for h, p in (per_problem[i], per_problem[j])]
         em1, se1 = em_se(h1)
         em0, se0 = em_se(h0)
         se = math.sqrt(se1 ** 2 + se0 ** 2)
         d = [a - b for a, b in zip(p1, p0)]
         mean = sum(d) / len(d)
         sd = math.sqrt(sum((x - mean) ** 2 for x in d) / (len(d) - 1)) if len(d) > 1 else float("nan")
-        out.append({"policy": r["policy"], "compression": r["compression"], "kvpress mode": r["mode"],
-                    "EM kvpop": f"{em0:.3f}", "EM kvpress": f"{em1:.3f}",
+        out.append({"policy": r["policy"], "compression": r["compression"], "library": r["library"], "mode": r["mode"],
+                    "EM kvpop": f"{em0:.3f}", "EM other": f"{em1:.3f}",
                     "EM diff / SE": "0" if se == 0 and em1 == em0 else f"{(em1 - em0) / se:+.1f}" if se else "inf",
-                    "prefix kvpop": f"{sum(p0) / len(p0):.3f}", "prefix kvpress": f"{sum(p1) / len(p1):.3f}",
+                    "prefix kvpop": f"{sum(p0) / len(p0):.3f}", "prefix other": f"{sum(p1) / len(p1):.3f}",
                     "prefix diff": f"{mean:+.3f} ± {sd / math.sqrt(len(d)):.3f}"})
     return out
 
