@@ -208,3 +208,13 @@ def test_scorer_counts_variants_apart(tmp_path, tokenizer, problems):
                    ("kvpop-hf", "fixed B, window 168"): (1, "1.000")}
     cmp = {r["mode"]: r for r in score.compare(table, per_problem)}
     assert cmp["prefill"]["EM diff / SE"] == "+1.4" and cmp["fixed B, window 168"]["EM diff / SE"] == "inf"
+
+
+def test_provenance_names_the_resumed_runs(tmp_path):
+    (tmp_path / "meta.json").write_text(json.dumps({"commit": "aaaaaaa1", "date": "2026-12-05", "resumed": [
+        {"commit": "bbbbbbb2"}, {"commit": "aaaaaaa1"}, {"commit": "bbbbbbb2"}, {"commit": "ccccccc3"}]}))
+    assert score.provenance(tmp_path, None) == ("aaaaaaa (resumed at bbbbbbb, ccccccc)", "2026-12-05")
+    (tmp_path / "meta.json").write_text("{}")
+    with pytest.raises(ValueError, match="names no commit"):
+        score.provenance(tmp_path, None)
+    assert score.provenance(tmp_path, "ddddddd4")[0] == "ddddddd"

@@ -76,12 +76,20 @@ def mode_label(library: str, stem: str, line: dict) -> str:
 
 
 def provenance(folder: Path, commit: str | None) -> tuple[str, str]:
+    """``(commit, date)`` of a run folder from its ``meta.json``: the first run's commit (or ``commit``), with the
+    commits of ``--resume`` runs after it, and the first run's date."""
     meta_path = folder / "meta.json"
     meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
     commit = commit or meta.get("commit")
     if not commit:
         raise ValueError(f"{meta_path} names no commit: pass the commit the run ran at (--kvpress-commit / "
                          "--kvpop-commit)")
+    later = []
+    for run in meta.get("resumed", []):
+        c = (run.get("commit") or "unknown")[:7]
+        if c != commit[:7] and c not in later:
+            later.append(c)
+    text = commit[:7] + (f" (resumed at {', '.join(later)})" if later else "")
     date = meta.get("date")
     if not date:
         if not meta_path.is_file():
@@ -89,7 +97,7 @@ def provenance(folder: Path, commit: str | None) -> tuple[str, str]:
         import time
 
         date = time.strftime("%Y-%m-%d", time.gmtime(meta_path.stat().st_mtime))
-    return commit[:7], date
+    return text, date
 
 
 def table(problems: list[dict], folders: dict[str, Path], commands: dict[str, str], commits: dict[str, str | None],
