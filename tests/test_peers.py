@@ -206,6 +206,8 @@ def test_scorer_counts_variants_apart(tmp_path, tokenizer, problems):
     got = {(r["library"], r["mode"]): (r["n"], r["em"]) for r in table}
     assert got == {("kvpress 0.5.5", "prefill"): (2, "0.500"), ("kvpop-hf", "fixed B"): (2, "0.000"),
                    ("kvpop-hf", "fixed B, window 168"): (1, "1.000")}
+    kp = next(r for r in table if r["library"] == "kvpress 0.5.5")
+    assert kp["answered"] == "0.500" and float(kp["trace_prefix"]) == pytest.approx(0.5, abs=1e-3)
     cmp = {r["mode"]: r for r in score.compare(table, per_problem)}
     assert cmp["prefill"]["EM diff / SE"] == "+1.4" and cmp["fixed B, window 168"]["EM diff / SE"] == "inf"
 

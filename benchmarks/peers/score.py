@@ -8,7 +8,9 @@ kvpress rows (token ids from ``peers.run_kvpress``) are decoded with the teacher
 (``peers.run_ours``). Only the problems every run finished count (the first ``n`` of the file), so an interrupted
 run still gives one table on one set of problems. EM with its binomial standard error ``sqrt(p (1 - p) / n)``;
 ``trace_prefix``: the mean share of the reference trace reproduced before the first wrong word
-(``peers.problems.prefix_share``), finer than EM where a policy loses most answers.
+(``peers.problems.prefix_share``), finer than EM where a policy loses most answers; ``answered``: the share of
+outputs that reach ``answer :`` at all (the answer is one digit, so a well-formed trace with wrong lookups still
+answers right about one time in ten).
 Commit and date come from each run folder's ``meta.json`` (``--kvpress-commit`` / ``--kvpop-commit`` for a
 folder without them).
 """
@@ -24,8 +26,9 @@ from pathlib import Path
 from peers.mapping import decoding_interval
 
 LIBRARIES = {"kvpress": "kvpress 0.5.5", "kvpop": "kvpop-hf"}
-COLUMNS = ["library", "policy", "mode", "compression", "B", "entries_end", "n", "em", "se", "trace_prefix", "command",
+COLUMNS = ["library", "policy", "mode", "compression", "B", "entries_end", "n", "em", "se", "trace_prefix", "answered", "command",
            "commit", "date"]
+ANSWER = "answer :"  # the marker before a reasoning trace's answer (kvpop_hf.testbed.tokenizer.ANSWER_MARKER)
 EXPORT = "PYTHONPATH=.:benchmarks python -m peers.export --out P"
 
 
@@ -115,7 +118,7 @@ def table(problems: list[dict], folders: dict[str, Path], commands: dict[str, st
     for lib, lib_runs in runs.items():
         commit, date = provenance(folders[lib], commits.get(lib))
         for stem, lines in lib_runs.items():
-            hits, entries, prefix = [], [], []
+            hits, entries, prefix, answered = [], [], [], []
             n_run = min(n, common_prefix([lines])) if is_variant(stem) else n
             if n_run == 0:
                 continue
@@ -128,10 +131,12 @@ def table(problems: list[dict], folders: dict[str, Path], commands: dict[str, st
                     scored = score_ids(tokenizer, line["generated_ids"], prob["answer"])
                     hits.append(scored["correct"])
                     prefix.append(prefix_share(scored["generated"], prob["target"]))
+                    answered.append(ANSWER in scored["generated"])
                     entries.append(line["entries_end"])
                 else:
                     hits.append(bool(line["correct"]))
                     prefix.append(prefix_share(line["generated"], prob["target"]))
+                    answered.append(ANSWER in line["generated"])
             em, se = em_se(hits)
             first = lines[0]
             comp = first.get("compression")
@@ -141,7 +146,8 @@ def table(problems: list[dict], folders: dict[str, Path], commands: dict[str, st
                          "B": "" if comp is None else first["B"],
                          "entries_end": max(entries) if entries else ("" if comp is None else first["B"]),
                          "n": n_run, "em": f"{em:.3f}", "se": f"{se:.3f}",
-                         "trace_prefix": f"{sum(prefix) / n:.3f}", "command": commands[lib], "commit": commit,
+                         "trace_prefix": f"{sum(prefix) / n_run:.3f}", "answered": f"{sum(answered) / n_run:.3f}",
+                         "command": commands[lib], "commit": commit,
                          "date": date})
             per_problem[id(rows[-1])] = (hits, prefix)
     order = {"dense": 0, "streaming": 1, "knorm": 2, "keydiff": 3, "snapkv": 4, "tova": 5}
