@@ -1,0 +1,222 @@
+"""The glue of the peers benchmark (benchmarks/kvpop_lab/peers): budgets, kvpress's ratio mapping, the problem file's round
+trip, the exact-match rule on token ids, and the scorer's bookkeeping. No peer library is needed."""
+
+import ast
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from kvpop_lab.peers import mapping, score
+from kvpop_lab.peers.problems import (RECORD, budget, max_new_tokens, prefix_share, problem_record, read_jsonl, record_problems,
+                            score_ids, write_jsonl)
+from kvpop_lab.peers.run_ours import check_problems, chunk_for
+
+ROOT = Path(__file__).resolve().parents[1]
+TEACHER = ROOT / "checkpoints" / "testbed-4k-teacher"
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(TEACHER)
+
+
+@pytest.fixture(scope="module")
+def problems():
+    return record_problems(2)
+
+
+def test_budgets_are_kvpop_evals():
+    from kvpop_hf.policies import parse_budgets
+
+    assert budget(0.88) == {"B": 492, "sinks": 4, "window": 64, "topk": 424}
+    assert budget(0.94) == {"B": 246, "sinks": 4, "window": 64, "topk": 178}
+    for c in (0.5, 0.75, 0.9):
+        assert budget(c)["B"] == parse_budgets(compression=str(c), length=4096, sinks=4, window=64)[0].B == round((1 - c) * 4096)
+
+
+@pytest.mark.parametrize("k_len", [492, 500, 3991, 3992, 4095, 8191])
+@pytest.mark.parametrize("B", [1, 246, 292, 492])
+def test_prefill_ratio_keeps_exactly_B(k_len, B):
+    ratio = mapping.prefill_ratio(k_len, B)
+    assert 0 <= ratio < 1
+    assert mapping.n_kept(k_len, ratio) == B
+
+
+def test_prefill_ratio_refuses_a_budget_beyond_the_prompt():
+    with pytest.raises(ValueError, match="needs no compression"):
+        mapping.prefill_ratio(200, 246)
+    with pytest.raises(ValueError, match="budget must be"):
+        mapping.prefill_ratio(200, 0)
+
+
+def test_decoding_interval():
+    assert mapping.decoding_interval("snapkv") == 65  # its score needs more buffered steps than its 64-query window
+    assert {mapping.decoding_interval(p) for p in ("knorm", "streaming", "tova", "keydiff")} == {1}
+
+
+def test_record_draw():
+    assert RECORD["seed_base"] == 2 ** 48 + 5000 and RECORD["n"] == 80 and RECORD["length"] == 4096
+    with pytest.raises(ValueError, match="n must be"):
+        record_problems(0)
+
+
+def test_problem_file_round_trip(tmp_path, tokenizer, problems):
+    rows = [problem_record(i, RECORD["seed_base"] + i, p, tokenizer) for i, p in enumerate(problems)]
+    path = tmp_path / "p.jsonl"
+    assert write_jsonl(path, rows) == 2
+    back = read_jsonl(path)
+    assert back == json.loads(json.dumps(rows))
+    for row, p in zip(back, problems):
+        assert row["prompt_ids"][0] == tokenizer.bos_token_id
+        assert row["prompt_ids"] == tokenizer(p.prompt)["input_ids"]
+        assert row["max_new_tokens"] == max_new_tokens(p)
+        assert row["budgets"] == {"0.88": 492, "0.94": 246}
+    check_problems(problems, back, tokenizer)
+    back[1]["prompt_ids"] = back[1]["prompt_ids"][:-1]
+    with pytest.raises(ValueError, match="does not encode"):
+        check_problems(problems, back, tokenizer)
+
+
+def test_read_jsonl_names_a_missing_file(tmp_path):
+    with pytest.raises(FileNotFoundError, match="kvpop_lab.peers.export"):
+        read_jsonl(tmp_path / "none.jsonl")
+
+
+class _Replay(torch.nn.Module):
+    """A stand-in model whose generate appends fixed token ids: exact_match's verdict on known output."""
+
+    def __init__(self, new_ids):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.zeros(1))
+        self.new_ids = new_ids
+
+    def generate(self, input_ids, **kw):
+        return torch.cat([input_ids, torch.tensor([self.new_ids])], dim=1)
+
+
+def _target_ids(tokenizer, problem, answer=None):
+    text = problem.target if answer is None else problem.target.rsplit(" ", 1)[0] + f" {answer}"
+    return tokenizer(text, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id, 7, 8]
+
+
+def test_score_ids_agrees_with_kvpop_evals_exact_match(tokenizer, problems):
+    from kvpop_lab.peers.problems import exact_match
+
+    p = problems[0]
+    wrong = str((int(p.answer) + 1) % 10)
+    for ids, want in ((_target_ids(tokenizer, p), True), (_target_ids(tokenizer, p, wrong), False)):
+        mine = score_ids(tokenizer, ids, p.answer)
+        theirs = exact_match(_Replay(ids), tokenizer, [p], batch_size=1, progress=False)["outputs"][0]
+        assert mine["correct"] is theirs["correct"] is want
+        assert mine["prediction"] == theirs["prediction"] and mine["generated"] == theirs["generated"]
+
+
+def test_prefix_share(problems):
+    t = problems[0].target
+    assert prefix_share(t, t) == 1.0
+    words = t.split()
+    assert prefix_share(" ".join(words[:3] + ["nope"] + words[4:]), t) == pytest.approx(3 / len(words))
+    assert prefix_share("", t) == 0.0
+
+
+def test_scorer_bookkeeping(tmp_path):
+    assert score.em_se([True, False, True, True]) == (0.75, pytest.approx((0.75 * 0.25 / 4) ** 0.5))
+    with pytest.raises(ValueError, match="no problems"):
+        score.em_se([])
+    assert score.common_prefix([{0: 1, 1: 1, 2: 1}, {0: 1, 1: 1}, {0: 1, 1: 1, 3: 1}]) == 2
+    assert score.common_prefix([{1: 1}]) == 0
+    assert score.mode_label("kvpress", "snapkv_decoding_cr88", {"mode": "decoding", "press": "snapkv"}) == \
+        "prefill + decoding every 65"
+    assert score.mode_label("kvpop", "tova_cr88", {}) == "fixed B"
+    with pytest.raises(FileNotFoundError, match="no run files"):
+        score.load_runs(tmp_path)
+
+
+def test_static_policies_take_chunks():
+    from kvpop_hf.policies import bind_factory
+    from transformers import AutoConfig
+
+    cfg = AutoConfig.from_pretrained(TEACHER)
+    make = {name: (lambda n=name: bind_factory(n)(cfg, 4, 64, 424)) for name in ("streaming", "knorm", "tova", "snapkv")}
+    assert chunk_for(make["streaming"], 512) == chunk_for(make["knorm"], 512) == 512
+    assert chunk_for(make["tova"], 512) is chunk_for(make["snapkv"], 512) is None  # kept sets depend on the chunking
+    assert chunk_for(None, 512) is None and chunk_for(make["knorm"], 0) is None
+
+
+def _imports(path):
+    tree = ast.parse(Path(path).read_text())
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names.add(node.module.split(".")[0])
+    return names
+
+
+def test_peer_runner_imports_nothing_of_kvpop_and_the_library_nothing_of_the_peers():
+    assert "kvpop_hf" not in _imports(ROOT / "benchmarks" / "kvpop_lab" / "peers" / "run_kvpress.py")
+    assert "kvpop_hf" not in _imports(ROOT / "benchmarks" / "kvpop_lab" / "peers" / "mapping.py")
+    for f in (ROOT / "kvpop_hf").rglob("*.py"):
+        assert not _imports(f) & {"kvpress", "trimkv"}, f
+
+
+def test_run_files_resume(tmp_path):
+    from kvpop_lab.peers.runfiles import open_run_file, write_meta
+
+    path = tmp_path / "knorm_cr88.jsonl"
+    path.write_text('{"index": 0}\n{"index": 1}\n{"index": 2, "gen')  # stopped mid-write
+    fh, done = open_run_file(path, resume=True)
+    fh.write('{"index": 2}\n')
+    fh.close()
+    assert done == {0, 1}
+    assert [json.loads(x)["index"] for x in path.read_text().splitlines()] == [0, 1, 2]
+    fh, done = open_run_file(path, resume=False)
+    fh.close()
+    assert done == set() and path.read_text() == ""
+    write_meta(tmp_path, {"argv": ["a"], "commit": "c1", "date": "d1", "n": 3}, resume=False)
+    write_meta(tmp_path, {"argv": ["b"], "commit": "c2", "date": "d2", "n": 3}, resume=True)
+    meta = json.loads((tmp_path / "meta.json").read_text())
+    assert meta["commit"] == "c1" and meta["resumed"] == [{"argv": ["b"], "commit": "c2", "date": "d2"}]
+
+
+def test_scorer_counts_variants_apart(tmp_path, tokenizer, problems):
+    rows = [problem_record(i, RECORD["seed_base"] + i, p, tokenizer) for i, p in enumerate(problems)]
+    kvpress, kvpop = tmp_path / "kvpress", tmp_path / "kvpop"
+    for folder in (kvpress, kvpop):
+        folder.mkdir()
+        (folder / "meta.json").write_text('{"date": "2026-12-05"}')
+    right = tokenizer(problems[0].target, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+    wrong = [tokenizer.eos_token_id]
+    write_jsonl(kvpress / "knorm_prefill_cr88.jsonl", [
+        {"index": i, "seed": r["seed"], "press": "knorm", "mode": "prefill", "compression": "0.88", "B": 492,
+         "generated_ids": ids, "entries_end": 596} for i, (r, ids) in enumerate(zip(rows, (right, wrong)))])
+    base = {"policy": "knorm", "compression": "0.88", "B": 492, "prediction": "", "answer": "", "generated": ""}
+    write_jsonl(kvpop / "knorm_cr88.jsonl", [dict(base, index=i, seed=r["seed"], window=64, correct=False)
+                                            for i, r in enumerate(rows)])
+    write_jsonl(kvpop / "knorm_cr88_w168.jsonl", [dict(base, index=0, seed=rows[0]["seed"], window=168, correct=True)])
+    out = score.table(rows, {"kvpress": kvpress, "kvpop": kvpop}, {"kvpress": "a", "kvpop": "b"},
+                      {"kvpress": "c1", "kvpop": "c2"}, tokenizer)
+    table, n, per_problem = out
+    assert n == 2
+    got = {(r["library"], r["mode"]): (r["n"], r["em"]) for r in table}
+    assert got == {("kvpress 0.5.5", "prefill"): (2, "0.500"), ("kvpop-hf", "fixed B"): (2, "0.000"),
+                   ("kvpop-hf", "fixed B, window 168"): (1, "1.000")}
+    kp = next(r for r in table if r["library"] == "kvpress 0.5.5")
+    assert kp["answered"] == "0.500" and float(kp["trace_prefix"]) == pytest.approx(0.5, abs=1e-3)
+    cmp = {r["mode"]: r for r in score.compare(table, per_problem)}
+    assert cmp["prefill"]["EM diff / SE"] == "+1.4" and cmp["fixed B, window 168"]["EM diff / SE"] == "inf"
+
+
+def test_provenance_names_the_resumed_runs(tmp_path):
+    (tmp_path / "meta.json").write_text(json.dumps({"commit": "aaaaaaa1", "date": "2026-12-05", "resumed": [
+        {"commit": "bbbbbbb2"}, {"commit": "aaaaaaa1"}, {"commit": "bbbbbbb2"}, {"commit": "ccccccc3"}]}))
+    assert score.provenance(tmp_path, None) == ("aaaaaaa (resumed at bbbbbbb, ccccccc)", "2026-12-05")
+    (tmp_path / "meta.json").write_text("{}")
+    with pytest.raises(ValueError, match="names no commit"):
+        score.provenance(tmp_path, None)
+    assert score.provenance(tmp_path, "ddddddd4")[0] == "ddddddd"
