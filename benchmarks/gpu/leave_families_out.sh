@@ -90,17 +90,7 @@ if [ "$STAGE" = train ] || [ "$STAGE" = evaluate ]; then
 fi
 mkdir -p "$OUT"
 
-pack() {  # name patterns... (relative to WORK, expanded there): a tar in OUT, split in 15 MiB parts when larger (OUT returns 8 files)
-  local name=$1; shift
-  # shellcheck disable=SC2048,SC2086  # the patterns expand inside WORK
-  if ! (cd "$WORK" && shopt -s nullglob && tar -cf - $*) > "$OUT/$name.tar"; then
-    rm -f "$OUT/$name.tar"; stamp "pack $name: nothing packed (tar failed)"; return 1
-  fi
-  if [ "$(stat -c %s "$OUT/$name.tar")" -gt $((15 * 1024 * 1024)) ]; then
-    split -b 15m "$OUT/$name.tar" "$OUT/$name.tar.part-" && rm "$OUT/$name.tar"
-  fi
-  stamp "packed $name ($(find "$OUT" -maxdepth 1 -name "$name.tar*" | wc -l) file(s))"
-}
+source benchmarks/gpu/pack.sh  # pack NAME PATTERNS...
 
 evaluate() {  # out-dir batch-size families in-domain args...  (kvpop-eval with the 4k knobs)
   local d=$1 bs=$2 fams=$3 ind=$4; shift 4
