@@ -90,10 +90,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--compression", type=float, default=0.88)
     ap.add_argument("--prefill-chunk", type=int, default=None, help="kvpop prefill_chunk= (default: one forward)")
     ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--no-compile", action="store_true",
+                    help="pass disable_compile=True to model.generate (no automatic compile of the decode step)")
+    ap.add_argument("--stack-every", type=float, default=0,
+                    help="seconds: print every thread's stack this often to stderr (0: never), to see where time goes")
     ap.add_argument("--out", required=True)
     argv = list(sys.argv[1:] if argv is None else argv)
     args = ap.parse_args(argv)
     ensure_lm_eval()
+    import faulthandler
+
+    faulthandler.enable()  # a crash in compiled code prints the Python stack
+    if args.stack_every:
+        faulthandler.dump_traceback_later(args.stack_every, repeat=True)
 
     import tempfile
 
@@ -115,18 +124,19 @@ def main(argv: list[str] | None = None) -> int:
     g = torch.Generator().manual_seed(0)
     prompts = [" ".join(f"w{i}" for i in torch.randint(3, model.config.vocab_size, (args.context,), generator=g)
                         .tolist()) for _ in range(args.batch)]  # one token per word, no <bos> added
-    gen = {"until": [], "max_gen_toks": args.new_tokens, "do_sample": False}
+    gen = {"until": [], "max_gen_toks": args.new_tokens, "do_sample": False,
+           **({"disable_compile": True} if args.no_compile else {})}
 
-    def requests(ps):
-        return [Instance("generate_until", {}, (p, dict(gen)), i) for i, p in enumerate(ps)]
+    def requests(ps, new_tokens=args.new_tokens):
+        return [Instance("generate_until", {}, (p, {**gen, "max_gen_toks": new_tokens}), i) for i, p in enumerate(ps)]
 
     ckpt = tempfile.mkdtemp()
     KVpopCache(model.config, sinks=4, window=64, topk=64, scorer="mlstm",
                scorer_kwargs={"delayed": True}).save_pretrained(ckpt)
-    runs = [("hf", {})] + [(f"kvpop:{p}", {"policy": p, "sinks": 4, "window": 64, "compression": args.compression,
+    runs = [(f"kvpop:{p}", {"policy": p, "sinks": 4, "window": 64, "compression": args.compression,
                                            **({"scorer": ckpt} if p == "kvpop" else {}),
                                            **({"prefill_chunk": args.prefill_chunk} if args.prefill_chunk else {})})
-                           for p in args.policies.split(",") if p]
+                           for p in args.policies.split(",") if p] + [("hf", {})]
     meta = {"command": "python benchmarks/lm_eval_throughput.py " + shlex.join(argv), "commit": git_commit(),
             "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "device": torch.cuda.get_device_name(device) if cuda else "cpu",
@@ -141,8 +151,10 @@ def main(argv: list[str] | None = None) -> int:
             lm = KVpopLM(pretrained=model, tokenizer=tok, batch_size=args.batch,
                          max_length=model.config.max_position_embeddings, **margs)
         model.set_attn_implementation("sdpa" if name == "hf" else "kvpop")
-        for _ in range(args.warmup):  # the timed batch's shape, short prompts: compiles what the timed run reuses
-            lm.generate_until(requests([" ".join(p.split()[:512]) for p in prompts]), disable_tqdm=True)
+        t_warm = time.perf_counter()
+        for _ in range(args.warmup):  # the timed batch itself, 8 new tokens: compiles what the timed run reuses
+            lm.generate_until(requests(prompts, min(8, args.new_tokens)), disable_tqdm=True)
+        print(f"{name}: warmup {time.perf_counter() - t_warm:.1f} s", flush=True)
         gc.collect()
         if cuda:
             torch.cuda.synchronize(device)
@@ -154,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
             torch.cuda.synchronize(device)
         secs = time.perf_counter() - t0
         peak = (torch.cuda.max_memory_allocated(device) - weights) if cuda else float("nan")
-        row = {"run": name, "model_args": {k: v for k, v in margs.items() if k != "scorer"}, "seconds": round(secs, 3),
+        row = {"run": name, "compile": not args.no_compile, "model_args": {k: v for k, v in margs.items() if k != "scorer"}, "seconds": round(secs, 3),
                "new_tokens_per_s": round(args.batch * args.new_tokens / secs, 2),
                "peak_mem_above_weights_gib": round(peak / 2 ** 30, 3),
                "new_words_per_row": [len(t.split()) for t in texts], "first_row_text_head": texts[0][:80]}
