@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# lm-eval generate_until throughput and peak memory, --model kvpop vs --model hf, in one process on one H200:
-# Qwen3-8B shapes with random bf16 weights, batch 16, 16384-token prompts, 256 new tokens, greedy. lm-eval is not
+# lm-eval generate_until throughput and peak memory, --model kvpop vs --model hf, in one process on one GPU:
+# Qwen3-8B shapes with random bf16 weights, batch BATCH (16; 8 on an 80 GB card), 16384-token prompts, 256 new tokens, greedy. lm-eval is not
 # installed there: carry its wheel (pure Python) as .whl/lm_eval
 #   here:  pip download --no-deps -d .whl/lm_eval lm-eval==0.4.13
 #   run:   OUT=dir KVPOP_GIT_COMMIT=<commit> bash benchmarks/gpu/lm_eval_throughput.sh     (carry: .whl)
