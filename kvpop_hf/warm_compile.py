@@ -15,8 +15,9 @@ you serve (``--fuse-projections`` when the serving processes run
 :func:`kvpop_hf.ops.fused_projections.fuse_projection_storage` and pass ``fused_compile_config(mode)``); the prompt
 length does not matter (the cache's buffers have ``B`` slots whatever the context). Weights
 are never changed; ``--random-weights`` builds the model from its config instead (same graphs, no download of the
-weights). Scorers are names of :data:`kvpop_hf.scorers.SCORERS` (with ``--budget``) or KVpop checkpoints
-(a directory or a Hub repo id, their own budget unless ``--budget`` is given).
+weights). Scorers are names of :data:`kvpop_hf.scorers.SCORERS` (at ``--sinks``, ``--window`` and ``--topk``,
+default 4, 256 and 3836) or KVpop checkpoints (a directory or a Hub repo id, at their own budget but for those of
+the three flags given).
 """
 
 from __future__ import annotations
@@ -29,25 +30,31 @@ from pathlib import Path
 
 import torch
 
+from .cli.budget_flags import add_budget_flags
+
 __all__ = ["main", "warm"]
 
 
-def _build_cache(model, scorer: str, budget):
+DEFAULT_BUDGET = {"sinks": 4, "window": 256, "topk": 3836}  # of a scorer given by name
+
+
+def _build_cache(model, scorer: str, overrides: dict):
+    """A scorer name's cache at ``DEFAULT_BUDGET`` updated by ``overrides``; a checkpoint's at its own."""
     from .cache import KVpopCache
     from .scorers import SCORERS
 
     if scorer in SCORERS:
-        sinks, window, topk = budget or (4, 256, 3836)
-        return KVpopCache(model.config, sinks=sinks, window=window, topk=topk, scorer=scorer)
-    overrides = {} if budget is None else dict(zip(("sinks", "window", "topk"), budget))
+        return KVpopCache(model.config, **{**DEFAULT_BUDGET, **overrides}, scorer=scorer)
     return KVpopCache.from_pretrained(scorer, model.config, **overrides)
 
 
-def warm(model, cache_dir: str | os.PathLike, scorers: list[str], batches: list[int], budget=None,
-         prompt_tokens: int = 16, new_tokens: int = 4, progress: bool = True,
-         compile_mode: str | None = None, fuse_projections: bool = False) -> tuple[list[dict], Path | None]:
+def warm(model, cache_dir: str | os.PathLike, scorers: list[str], batches: list[int], sinks: int | None = None,
+         window: int | None = None, topk: int | None = None, prompt_tokens: int = 16, new_tokens: int = 4,
+         progress: bool = True, compile_mode: str | None = None,
+         fuse_projections: bool = False) -> tuple[list[dict], Path | None]:
     """One greedy ``generate`` of ``new_tokens`` per (scorer, batch) with the compile cache ``cache_dir`` on, then
-    the bundle written. The model must already be on its device. ``compile_mode``: generate's
+    the bundle written. The model must already be on its device. ``sinks``, ``window``, ``topk``: the budget of the
+    caches (None: a checkpoint's own, else ``DEFAULT_BUDGET``'s). ``compile_mode``: generate's
     ``compile_config=CompileConfig(mode=...)`` (None: transformers' default), the one the serving processes pass.
     ``fuse_projections``: store the model's q/k/v and gate/up weights as one buffer each (in place) and compile with
     ``fused_compile_config(compile_mode)``, as serving processes that fuse them do.
@@ -69,9 +76,10 @@ def warm(model, cache_dir: str | os.PathLike, scorers: list[str], batches: list[
 
         fuse_projection_storage(model)
         extra = {"compile_config": fused_compile_config(compile_mode)}
+    overrides = {k: v for k, v in (("sinks", sinks), ("window", window), ("topk", topk)) if v is not None}
     combos = [(s, b) for s in scorers for b in batches]
     for scorer, batch in tqdm(combos, desc="warming the compile cache", disable=not progress):
-        cache = _build_cache(model, scorer, budget)
+        cache = _build_cache(model, scorer, overrides)
         ids = torch.randint(1, model.config.vocab_size, (batch, prompt_tokens), device=device)
         t0 = time.perf_counter()
         model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=new_tokens,
@@ -86,8 +94,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--model", required=True, help="a model directory or Hub repo id (AutoModelForCausalLM)")
     ap.add_argument("--cache-dir", required=True, help="the compile cache directory the serving processes will use")
     ap.add_argument("--scorer", nargs="+", default=["knorm"], help="scorer names or KVpop checkpoints")
-    ap.add_argument("--budget", type=int, nargs=3, default=None, metavar=("SINKS", "WINDOW", "TOPK"),
-                    help="default: a checkpoint's own, else 4 256 3836")
+    add_budget_flags(ap, sinks=None, window=None, topk=None,
+                     default_note="default: a checkpoint's own, else sinks 4, window 256, topk 3836")
     ap.add_argument("--batches", type=int, nargs="+", default=[1])
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     ap.add_argument("--device", default="cuda")
@@ -110,13 +118,15 @@ def _check(args) -> None:
     if args.new_tokens < 3:
         raise SystemExit("kvpop-warm-compile: --new-tokens must be >= 3 (the first token is the prompt's; the "
                          "second compiles the decode step; the third replays it).")
-    if args.budget is not None:
-        from .config import KVpopConfig
+    from .config import KVpopConfig
 
-        try:
-            KVpopConfig(sinks=args.budget[0], window=args.budget[1], topk=args.budget[2]).validate()
-        except ValueError as err:
-            raise SystemExit(f"kvpop-warm-compile: --budget {args.budget}: {err}") from None
+    for name in DEFAULT_BUDGET:
+        value = getattr(args, name)
+        if value is not None:
+            try:
+                KVpopConfig(**{**DEFAULT_BUDGET, name: value}).validate()
+            except ValueError as err:
+                raise SystemExit(f"kvpop-warm-compile: --{name} {value}: {err}") from None
     from .scorers import SCORERS
 
     for s in args.scorer:
@@ -149,8 +159,9 @@ def main(argv=None) -> int:
     if device.type != "cuda":
         print(f"kvpop-warm-compile: on {device.type}, generate does not compile decode steps; nothing will be cached.",
               file=sys.stderr)
-    records, bundle = warm(model, args.cache_dir, args.scorer, args.batches, args.budget, new_tokens=args.new_tokens,
-                           compile_mode=args.compile_mode, fuse_projections=args.fuse_projections)
+    records, bundle = warm(model, args.cache_dir, args.scorer, args.batches, sinks=args.sinks, window=args.window,
+                           topk=args.topk, new_tokens=args.new_tokens, compile_mode=args.compile_mode,
+                           fuse_projections=args.fuse_projections)
     for r in records:
         print(f"{r['scorer']} batch {r['batch']}: {r['seconds']} s")
     print(f"compile cache {Path(args.cache_dir).resolve()}; bundle: {bundle or 'none (nothing was compiled)'}")

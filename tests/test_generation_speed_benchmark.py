@@ -26,9 +26,9 @@ def normalised(row: dict) -> dict:
 
 def test_generation_speed_runs_and_redraws(tmp_path):
     prefix = tmp_path / "run"
-    argv = ["--shape", "tiny", "--contexts", "64", "200", "--steps", "3", "--warmup", "2", "--budget", "4", "16", "44",
-            "--prefill-chunk", "128", "--static-contexts", "64", "200", "--static-synthetic", "200", "--scorers",
-            "knorm", "mlstm", "--batches", "2", "--batch-context", "200", "--leak-caches", "2",
+    argv = ["--shape", "tiny", "--contexts", "64", "200", "--steps", "3", "--warmup", "2", "--sinks", "4",
+            "--window", "16", "--topk", "44", "--prefill-chunk", "128", "--static-contexts", "64", "200",
+            "--static-synthetic", "200", "--scorers", "knorm", "mlstm", "--batches", "2", "--batch-context", "200", "--leak-caches", "2",
             "--paired-repeats", "2", "--compile-backend", "eager", "--out-prefix", str(prefix)]
     assert generation_speed.main(argv) == 0
     rows = read_rows(prefix.with_suffix(".csv"))
@@ -57,9 +57,9 @@ def test_generation_speed_runs_and_redraws(tmp_path):
 def test_dms_rows_cpu(tmp_path):
     """The dms row: decode ms/token and the cache's memory beside KVpop's at the same average budget."""
     prefix = tmp_path / "dms"
-    argv = ["--shape", "tiny", "--contexts", "64", "200", "--steps", "3", "--warmup", "1", "--budget", "4", "16", "44",
-            "--prefill-chunk", "128", "--rows", "dms", "kvpop", "--scorers", "knorm", "--compile-backend", "eager",
-            "--out-prefix", str(prefix)]
+    argv = ["--shape", "tiny", "--contexts", "64", "200", "--steps", "3", "--warmup", "1", "--sinks", "4",
+            "--window", "16", "--topk", "44", "--prefill-chunk", "128", "--rows", "dms", "kvpop", "--scorers", "knorm",
+            "--compile-backend", "eager", "--out-prefix", str(prefix)]
     assert generation_speed.main(argv) == 0
     rows = read_rows(prefix.with_suffix(".csv"))
     dms = {r["context"]: r for r in rows if r["cache"] == "dms"}

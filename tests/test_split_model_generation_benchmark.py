@@ -15,7 +15,7 @@ def test_split_run_matches_one_device(tmp_path):
     prefix = tmp_path / "split"
     rc = split_model_generation.main(["--devices", "cpu", "cpu", "--shape", "tiny", "--context", "120",
                                       "--prefill-chunk", "50", "--new-tokens", "10", "--warmup", "2",
-                                      "--budget", "2", "8", "14", "--out-prefix", str(prefix)])
+                                      "--sinks", "2", "--window", "8", "--topk", "14", "--out-prefix", str(prefix)])
     assert rc == 0
     rows = list(csv.DictReader(line for line in prefix.with_suffix(".csv").read_text().splitlines()
                                if not line.startswith("#")))

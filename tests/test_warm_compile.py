@@ -24,13 +24,39 @@ def tiny_model(tmp_path_factory):
 @pytest.mark.parametrize("argv, message", [
     (["--batches", "0"], "--batches must be positive"),
     (["--new-tokens", "2"], "--new-tokens must be >= 3"),
-    (["--budget", "4", "0", "8"], "--budget"),
+    (["--window", "0"], "--window 0: .*window"),
+    (["--sinks", "-1"], "--sinks -1: .*sinks"),
+    (["--topk", "-2"], "--topk -2: .*topk"),
     (["--scorer", "tova"], "not compileable"),
     (["--scorer", "no_such_scorer"], "neither a scorer name"),
 ])
 def test_bad_input_is_refused_first(tmp_path, argv, message):
     with pytest.raises(SystemExit, match=message):
         main(["--model", str(tmp_path / "never_read"), "--cache-dir", str(tmp_path / "cc"), "--device", "cpu", *argv])
+
+
+def test_budget_triple_names_the_new_flags(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["--model", "m", "--cache-dir", str(tmp_path / "cc"), "--device", "cpu", "--budget", "2", "4", "6"])
+    assert exc.value.code == 2
+    assert "is now --sinks S --window W --topk K: pass --sinks 2 --window 4 --topk 6" in capsys.readouterr().err
+
+
+def test_budget_flags_override_a_checkpoint_one_by_one(tiny_model, tmp_path):
+    """A scorer name: 4 + 256 + 3836 but for the flags given; a checkpoint: its own budget but for those."""
+    from kvpop_hf.warm_compile import _build_cache
+
+    config = Qwen3Config.from_pretrained(tiny_model)
+    KVpopCache(config, sinks=2, window=4, topk=6, scorer="mlp").save_pretrained(tmp_path / "ckpt")
+    model = Qwen3ForCausalLM(config)
+
+    def budget(cache):
+        return cache.shared.config.sinks, cache.shared.config.window, cache.shared.config.topk
+
+    assert budget(_build_cache(model, "knorm", {})) == (4, 256, 3836)
+    assert budget(_build_cache(model, "knorm", {"topk": 7})) == (4, 256, 7)
+    assert budget(_build_cache(model, str(tmp_path / "ckpt"), {})) == (2, 4, 6)
+    assert budget(_build_cache(model, str(tmp_path / "ckpt"), {"window": 8})) == (2, 8, 6)
 
 
 def test_cache_dir_that_is_a_file(tmp_path):
@@ -43,7 +69,8 @@ def test_warms_each_scorer_and_batch(tiny_model, tmp_path, capsys):
     ckpt = tmp_path / "ckpt"
     KVpopCache(Qwen3Config.from_pretrained(tiny_model), sinks=2, window=4, topk=6, scorer="mlp").save_pretrained(ckpt)
     assert main(["--model", str(tiny_model), "--cache-dir", str(tmp_path / "cc"), "--device", "cpu", "--dtype",
-                 "float32", "--scorer", "knorm", str(ckpt), "--budget", "2", "4", "6", "--batches", "1", "2"]) == 0
+                 "float32", "--scorer", "knorm", str(ckpt), "--sinks", "2", "--window", "4", "--topk", "6", "--batches",
+                 "1", "2"]) == 0
     out = capsys.readouterr()
     lines = [line for line in out.out.splitlines() if " batch " in line]
     assert [line.split(":")[0] for line in lines] == ["knorm batch 1", "knorm batch 2", f"{ckpt} batch 1",
@@ -65,9 +92,9 @@ def test_compile_mode_reaches_generate(tiny_model, tmp_path, monkeypatch):
         return original(*args, **kwargs)
 
     monkeypatch.setattr(model, "generate", spy)
-    warm(model, tmp_path / "cc", ["knorm"], [1], budget=(2, 4, 6), progress=False, compile_mode="max-autotune")
-    warm(model, tmp_path / "cc", ["knorm"], [1], budget=(2, 4, 6), progress=False)
-    warm(model, tmp_path / "cc", ["knorm"], [1], budget=(2, 4, 6), progress=False, compile_mode="max-autotune",
+    warm(model, tmp_path / "cc", ["knorm"], [1], sinks=2, window=4, topk=6, progress=False, compile_mode="max-autotune")
+    warm(model, tmp_path / "cc", ["knorm"], [1], sinks=2, window=4, topk=6, progress=False)
+    warm(model, tmp_path / "cc", ["knorm"], [1], sinks=2, window=4, topk=6, progress=False, compile_mode="max-autotune",
          fuse_projections=True)
     assert seen[0].mode == "max-autotune" and seen[1] is None
     fused = seen[2].options

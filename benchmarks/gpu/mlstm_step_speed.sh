@@ -18,7 +18,7 @@ export PYTHONUNBUFFERED=1
 source benchmarks/gpu/lab_env.sh
 SHAPE=${SHAPE:-qwen3-8b}; DEVICE=${DEVICE:-cuda}; CONTEXTS=${CONTEXTS:-4096 131072}
 BASE="python3 benchmarks/generation_speed.py --device $DEVICE --shape $SHAPE"
-[ "$SHAPE" = tiny ] && BASE="$BASE --budget 4 16 44 --steps 3 --warmup 2 --prefill-chunk 128"
+[ "$SHAPE" = tiny ] && BASE="$BASE --sinks 4 --window 16 --topk 44 --steps 3 --warmup 2 --prefill-chunk 128"
 mkdir -p "$OUT"
 run() {  # limit name args...
   local limit=$1 name=$2; shift 2

@@ -2,5 +2,6 @@
 
 ``kvpop-retrofit`` (:mod:`.retrofit`), ``kvpop-train-dms`` (:mod:`.train_dms`), ``kvpop-train-kvp``
 (:mod:`.train_kvp`) and ``kvpop-pretrain-teacher`` (:mod:`.pretrain_teacher`); ``training/*.py`` run the same
-``main``. Nothing is imported here, so ``import kvpop_hf`` loads none of them.
+``main``. :mod:`.budget_flags` adds ``--sinks``, ``--window`` and ``--topk`` to
+``kvpop-warm-compile`` and the speed benchmarks. Nothing is imported here, so ``import kvpop_hf`` loads none of them.
 """

@@ -22,6 +22,7 @@ from torch.profiler import ProfilerActivity, profile
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from kvpop_hf import KVpopCache
+from kvpop_hf.cli.budget_flags import add_budget_flags
 from kvpop_hf.compat import with_cache
 from kvpop_lab.utils.provenance import git_commit, versions
 
@@ -50,14 +51,15 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--scorers", nargs="+", default=["knorm", "mlp", "mlstm"])
     ap.add_argument("--lengths", type=int, nargs="+", default=[4096, 16384])
-    ap.add_argument("--budget", type=int, nargs=3, default=[4, 64, 188], metavar=("SINKS", "WINDOW", "TOPK"))
+    add_budget_flags(ap, sinks=4, window=64, topk=188)
     ap.add_argument("--out", default=None, help="markdown file for the table")
     args = ap.parse_args(argv)
     if any(n < 1 for n in args.lengths):
         raise ValueError(f"--lengths must be >= 1, got {args.lengths}.")
     command = "python " + " ".join(shlex.quote(a) for a in [os.path.relpath(sys.argv[0], REPO)] + sys.argv[1:]) \
         if argv is None else f"main({argv!r})"
-    rows = [(sc, n, aten_calls(sc, n, tuple(args.budget))) for sc in args.scorers for n in args.lengths]
+    budget = (args.sinks, args.window, args.topk)
+    rows = [(sc, n, aten_calls(sc, n, budget)) for sc in args.scorers for n in args.lengths]
     lines = ["| scorer | chunk tokens | aten calls (one layer) |", "|---|---|---|"]
     lines += [f"| {sc} | {n} | {c} |" for sc, n, c in rows]
     table = "\n".join(lines)
@@ -67,7 +69,7 @@ def main(argv=None) -> int:
         Path(args.out).write_text(
             f"# Operator calls of one prompt chunk\n\nCommand: `{command}`\n\n- commit `{git_commit(REPO)}`, "
             f"{_dt.datetime.now().astimezone().isoformat(timespec='seconds')}; {env}\n- one-layer Qwen3 (CPU), "
-            f"B = {'+'.join(map(str, args.budget))}, the second of two chunks of that length\n\n{table}\n")
+            f"B = {'+'.join(map(str, budget))}, the second of two chunks of that length\n\n{table}\n")
     return 0
 
 

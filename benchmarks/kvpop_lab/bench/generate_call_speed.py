@@ -61,6 +61,7 @@ ROOT = Path(__file__).resolve().parents[3]
 import kvpop_hf  # noqa: E402,F401  (registers the "kvpop" attention)
 from kvpop_hf import KVpopCache, prefill_in_chunks  # noqa: E402
 from kvpop_hf.compat import with_cache  # noqa: E402
+from kvpop_hf.cli.budget_flags import add_budget_flags  # noqa: E402
 from kvpop_hf.compile_cache import enable_compile_cache, save_compile_cache  # noqa: E402
 from kvpop_hf.ops.fused_projections import fuse_projection_storage, fused_compile_config  # noqa: E402
 from kvpop_hf.run_ahead import run_ahead_sample  # noqa: E402
@@ -137,8 +138,7 @@ def generate_once(model, cache_kind: str, scorer: str, ids, mask, gen: dict, arg
     try:
         if cache_kind == "kvpop":
             model.set_attn_implementation("kvpop")
-            sinks, window, topk = args.budget
-            cache = KVpopCache(model.config, sinks=sinks, window=window, topk=topk, scorer=scorer)
+            cache = KVpopCache(model.config, sinks=args.sinks, window=args.window, topk=args.topk, scorer=scorer)
             if synthetic:
                 fill_kvpop(cache, model, mask)
             else:
@@ -330,7 +330,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--batches", type=int, nargs="+", default=[1])
     ap.add_argument("--caches", nargs="+", default=["static", "kvpop"], choices=["static", "kvpop"])
     ap.add_argument("--scorers", nargs="+", default=["knorm", "mlp", "mlstm"])
-    ap.add_argument("--budget", type=int, nargs=3, default=[4, 256, 3836], metavar=("SINKS", "WINDOW", "TOPK"))
+    add_budget_flags(ap, sinks=4, window=256, topk=3836)
     ap.add_argument("--prefill-chunk", type=int, default=16384)
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--warmup", type=int, default=8, help="tokens after the first compiled step left out of decode_ms")

@@ -60,6 +60,7 @@ from kvpop_hf.cache import kv_tensor_bytes
 from kvpop_hf.compat import with_cache
 from kvpop_hf.baselines.dms import DMSCache, DMSGate
 from kvpop_hf.backends import Backends
+from kvpop_hf.cli.budget_flags import add_budget_flags
 from kvpop_lab.utils.provenance import git_commit
 from kvpop_lab.utils.timing import quantiles, sync
 
@@ -447,7 +448,7 @@ def main(argv=None) -> int:
     ap.add_argument("--prefill-chunk", type=int, default=16384)
     ap.add_argument("--steps", type=int, default=32)
     ap.add_argument("--warmup", type=int, default=8)
-    ap.add_argument("--budget", type=int, nargs=3, default=[4, 256, 3836], metavar=("SINKS", "WINDOW", "TOPK"))
+    add_budget_flags(ap, sinks=4, window=256, topk=3836)
     ap.add_argument("--scorers", nargs="+", default=["knorm", "mlp", "mlstm"])
     ap.add_argument("--rows", nargs="+", default=["dynamic", "static", "kvpop"],
                     help="which cache families to run per context")
@@ -503,7 +504,7 @@ def main(argv=None) -> int:
     model = build_model(args.shape, device, dtype, max_ctx + args.steps + args.warmup + 64)
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     bw = copy_bandwidth(device)
-    s, w, k = args.budget
+    s, w, k = args.sinks, args.window, args.topk
     B = s + w + k
     compiled_call = model.get_compiled_call(CompileConfig(backend=args.compile_backend))
     notes = []
@@ -514,7 +515,7 @@ def main(argv=None) -> int:
     print(head, flush=True)
     eviction_note = check_eviction_kernel(device, dtype)
     attention_note = check_decode_attention(device, dtype, model.config, B)
-    mlstm_note = check_mlstm_step_kernel(device, dtype, model.config, args.budget)
+    mlstm_note = check_mlstm_step_kernel(device, dtype, model.config, (s, w, k))
     notes += [eviction_note, attention_note, mlstm_note]
     print(f"  {eviction_note}\n  {attention_note}\n  {mlstm_note}", flush=True)
     backends = run_backends(args, device, eviction_note, attention_note, mlstm_note, notes)

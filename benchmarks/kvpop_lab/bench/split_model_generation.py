@@ -34,6 +34,7 @@ REPO = Path(__file__).resolve().parents[3]
 from kvpop_lab.bench.generation_speed import SHAPES, build_model  # noqa: E402
 
 from kvpop_hf import KVpopCache  # noqa: E402
+from kvpop_hf.cli.budget_flags import add_budget_flags  # noqa: E402
 from kvpop_hf.compat import with_cache  # noqa: E402
 from kvpop_lab.utils.provenance import git_commit, versions  # noqa: E402
 from kvpop_lab.utils.timing import quantiles  # noqa: E402
@@ -72,7 +73,7 @@ def placement_report(cache: KVpopCache, devices: list[torch.device]) -> dict:
 
 def run(model, prompt, args, devices, step=None) -> dict:
     """Prefill + greedy decode with a fresh cache; returns tokens, timings and placement."""
-    s, w, k = args.budget
+    s, w, k = args.sinks, args.window, args.topk
     cache = KVpopCache(model.config, sinks=s, window=w, topk=k, scorer=args.scorer)
     first = torch.device(devices[0])
     ids = prompt.to(first)
@@ -112,7 +113,7 @@ def main(argv=None) -> int:
     ap.add_argument("--prefill-chunk", type=int, default=16384)
     ap.add_argument("--new-tokens", type=int, default=40)
     ap.add_argument("--warmup", type=int, default=8, help="decode steps left out of the timing")
-    ap.add_argument("--budget", type=int, nargs=3, default=[4, 256, 3836], metavar=("SINKS", "WINDOW", "TOPK"))
+    add_budget_flags(ap, sinks=4, window=256, topk=3836)
     ap.add_argument("--scorer", default="mlstm")
     ap.add_argument("--compiled", action="store_true", help="also decode through model.get_compiled_call")
     ap.add_argument("--out-prefix", default=None)
@@ -170,7 +171,7 @@ def main(argv=None) -> int:
         prefix.parent.mkdir(parents=True, exist_ok=True)
         env = versions("torch", "transformers", "accelerate")
         head = (f"{args.shape} random {str(dtype)[6:]}; context {args.context}, {args.prefill_chunk}-token chunks; "
-                f"B = {'+'.join(map(str, args.budget))}; scorer {args.scorer}; {args.new_tokens} new tokens, "
+                f"B = {args.sinks}+{args.window}+{args.topk}; scorer {args.scorer}; {args.new_tokens} new tokens, "
                 f"decode timed after {args.warmup}; " + ", ".join(f"{k} {v}" for k, v in env.items()))
         with open(prefix.with_suffix(".csv"), "w", newline="") as f:
             f.write(f"# command: {command}\n# commit: {commit}\n# started: {started}\n# {head}\n")
