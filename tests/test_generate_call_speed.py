@@ -23,6 +23,17 @@ def rows_of(prefix: Path):
         return list(csv.DictReader(fh))
 
 
+def test_budget_flags(capsys):
+    args = generate_call_speed.parser().parse_args([])
+    assert (args.sinks, args.window, args.topk) == (4, 256, 3836)
+    args = generate_call_speed.parser().parse_args(TINY)
+    assert (args.sinks, args.window, args.topk) == (4, 16, 44)
+    assert "--budget" not in generate_call_speed.parser().format_help()
+    with pytest.raises(SystemExit) as exc:
+        generate_call_speed.main(["--shape", "tiny", "--budget", "4", "16", "44"])
+    assert exc.value.code == 2 and "pass --sinks 4 --window 16 --topk 44" in capsys.readouterr().err
+
+
 def test_generate_call_rows(tmp_path):
     prefix = tmp_path / "gen"
     argv = [*TINY, "--contexts", "150", "--batches", "1", "3", "--scorers", "knorm", "mlstm",
@@ -50,11 +61,19 @@ def test_run_ahead_rows_in_their_own_csv(tmp_path):
     assert "run_ahead" in prefix.with_suffix(".md").read_text()
 
 
-def test_fused_rows_in_their_own_csv_after_the_separate_ones(tmp_path):
+def test_fused_rows_in_their_own_csv_after_the_separate_ones(tmp_path, monkeypatch):
     prefix = tmp_path / "gen"
     argv = [*TINY, "--contexts", "100", "--caches", "kvpop", "--scorers", "knorm", "--projections", "fused",
             "separate", "--out-prefix", str(prefix)]
+    built, real = [], generate_call_speed.KVpopCache
+
+    def recording(*args, **kwargs):  # the budget of every cache the run builds
+        built.append((kwargs["sinks"], kwargs["window"], kwargs["topk"]))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(generate_call_speed, "KVpopCache", recording)
     assert generate_call_speed.main(argv) == 0
+    assert built and set(built) == {(4, 16, 44)}
     separate, fused = rows_of(prefix), rows_of(tmp_path / "gen_fused")
     assert list(fused[0]) == generate_call_speed.COLUMNS
     assert len(separate) == len(fused) == 1 and float(fused[0]["decode_ms"]) > 0

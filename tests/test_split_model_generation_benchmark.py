@@ -23,7 +23,8 @@ def test_split_run_matches_one_device(tmp_path):
     for r in rows:
         assert r["same_tokens_as_one_device_eager"] == "True"
         assert r["buffers_on_layer_device"] == "True" and r["scorer_on_layer_device"] == "True"
-    assert "commit" in prefix.with_suffix(".md").read_text()
+    text = prefix.with_suffix(".md").read_text()
+    assert "commit" in text and "B = 2+8+14;" in text
 
 
 def test_bad_arguments_are_refused_before_any_work():
@@ -31,3 +32,14 @@ def test_bad_arguments_are_refused_before_any_work():
         split_model_generation.main(["--devices", "cpu", "cpu", "--new-tokens", "4", "--warmup", "4"])
     with pytest.raises(ValueError, match="--context"):
         split_model_generation.main(["--devices", "cpu", "cpu", "--context", "0"])
+
+
+def test_budget_defaults_and_the_old_triple(capsys):
+    with pytest.raises(SystemExit):
+        split_model_generation.main(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "--sinks SINKS default 4" in text and "--window WINDOW default 256" in text
+    assert "--topk TOPK default 3836" in text and "--budget" not in text
+    with pytest.raises(SystemExit) as exc:
+        split_model_generation.main(["--devices", "cpu", "cpu", "--budget", "2", "8", "14"])
+    assert exc.value.code == 2 and "pass --sinks 2 --window 8 --topk 14" in capsys.readouterr().err
