@@ -36,7 +36,7 @@ def test_budget_names_the_new_flags(argv, fix, capsys):
         parser().parse_args(argv)
     assert exc.value.code == 2
     err = capsys.readouterr().err
-    assert "--budget SINKS WINDOW TOPK is now --sinks S --window W --topk K" in err and "unrecognized" not in err
+    assert "--budget takes no SINKS WINDOW TOPK triple here; the budget is --sinks S --window W --topk K" in err and "unrecognized" not in err
     assert err.rstrip().endswith(f"pass {fix}")
 
 

@@ -39,7 +39,7 @@ def test_budget_triple_names_the_new_flags(tmp_path, capsys):
     with pytest.raises(SystemExit) as exc:
         main(["--model", "m", "--cache-dir", str(tmp_path / "cc"), "--device", "cpu", "--budget", "2", "4", "6"])
     assert exc.value.code == 2
-    assert "is now --sinks S --window W --topk K: pass --sinks 2 --window 4 --topk 6" in capsys.readouterr().err
+    assert "the budget is --sinks S --window W --topk K: pass --sinks 2 --window 4 --topk 6" in capsys.readouterr().err
 
 
 def test_budget_flags_override_a_checkpoint_one_by_one(tiny_model, tmp_path):

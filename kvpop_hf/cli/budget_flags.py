@@ -8,7 +8,7 @@ import argparse
 
 __all__ = ["add_budget_flags"]
 
-RETIRED = "--budget SINKS WINDOW TOPK is now --sinks S --window W --topk K"
+RETIRED = "--budget takes no SINKS WINDOW TOPK triple here; the budget is --sinks S --window W --topk K"
 
 
 class _RetiredBudget(argparse.Action):
