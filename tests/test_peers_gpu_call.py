@@ -135,6 +135,26 @@ def test_run_kvpress_shard_on_a_device(tmp_path):
     assert bad.returncode == 2 and "I must be in [0, N)" in bad.stderr
 
 
+def test_run_ours_shard_on_a_device(tmp_path):
+    """--device places the model, --shard picks the problems, --device-lock wraps each generation: the dense
+    teacher on problem 1 of two (right, as in the table of record)."""
+    from kvpop_lab.peers import run_ours
+    from transformers import AutoTokenizer
+
+    from kvpop_lab.peers.problems import RECORD, problem_record, record_problems, write_jsonl
+
+    tok = AutoTokenizer.from_pretrained(ROOT / "checkpoints" / "testbed-4k-teacher")
+    path = tmp_path / "p.jsonl"
+    write_jsonl(path, [problem_record(i, RECORD["seed_base"] + i, p, tok) for i, p in enumerate(record_problems(2))])
+    out = tmp_path / "s1"
+    assert run_ours.main(["--problems", str(path), "--out", str(out), "--policies", "dense", "--device", "cpu",
+                          "--shard", "1/2", "--device-lock", str(tmp_path / "lock")]) == 0
+    lines = [json.loads(x) for x in (out / "dense.jsonl").read_text().splitlines()]
+    assert [x["index"] for x in lines] == [1] and lines[0]["correct"]
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["shard"] == "1/2" and meta["device"] == "cpu" and meta["n"] == 2
+
+
 def test_run_ours_refuses_a_bad_shard_or_device(tmp_path):
     from kvpop_lab.peers import run_ours
 

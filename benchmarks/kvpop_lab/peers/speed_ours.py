@@ -19,12 +19,15 @@ Each row is ``kvpop_lab.bench.generate_call_speed.measure``: random bf16 weights
 synchronised; host gaps of the run-ahead loop), ``prefill_s`` the call's start to its first token, peaks above the
 weights. Batch > 1: left-padded prompts (real lengths spread over ``[context/2, context]``), and rows of batch
 ``>= --synthetic-from`` fill the cache in place (random contents, decode only, no ``prefill_s``). A row that runs
-out of memory reads ``OOM``. Rows are appended to ``--out`` as they finish.
+out of memory reads ``OOM``. ``torch._dynamo.reset()`` between rows: each row's decode step is compiled for its
+own shapes, as in a process of its own (no row runs a dynamic-shape graph that dynamo would build after a second
+shape). Rows are appended to ``--out`` as they finish.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import sys
 import time
 from pathlib import Path
@@ -107,7 +110,12 @@ def main(argv: list[str] | None = None) -> int:
               "versions": versions("torch", "transformers", "triton"), "commit": git_commit(Path(__file__)),
               "date": time.strftime("%Y-%m-%d", time.gmtime()),
               "command": "python -m kvpop_lab.peers.speed_ours " + " ".join(sys.argv[1:] if argv is None else argv)}
-    for context, batch in rows:
+    for i, (context, batch) in enumerate(rows):
+        if i:  # a fresh compile for this row's shapes, as in a process of its own (no dynamic-shape graph)
+            torch._dynamo.reset()
+            gc.collect()
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
         ns.budget = kvpop_budgets.get(context)
         whole = bool(args.lock_whole_from) and batch >= args.lock_whole_from
         row = measure(model, "kvpop" if args.system == "kvpop" else "static", args.scorer, context, batch, ns, device,

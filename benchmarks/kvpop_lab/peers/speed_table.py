@@ -14,7 +14,7 @@ import argparse
 import csv
 from pathlib import Path
 
-from kvpop_lab.peers.speed_rows import parse_rows, read_rows
+from kvpop_lab.peers.speed_rows import FAILED, parse_rows, read_rows
 
 SYSTEMS = ("kvpop", "kvpress", "static")
 MEASURED = ["prefill_s", "decode_ms", "tokens_per_s", "peak_gb", "decode_peak_gb"]
@@ -43,8 +43,9 @@ def table(runs: dict[str, list[dict]], rows: list[tuple[int, int]]) -> list[dict
                 out.append(line)
                 continue
             line.update({c: r.get(c, "") for c in COLUMNS if c not in line})
-            for f in MEASURED:
-                line[f] = "" if r.get(f) is None else r[f]
+            failed = r.get("decode_ms") if r.get("decode_ms") in FAILED else None
+            for f in MEASURED:  # a failed call failed every field; a row filled in place has no prefill
+                line[f] = r[f] if r.get(f) is not None and not failed else (failed or "")
             for f in RATIOS:
                 a, b = _number(r.get(f)), _number(base.get(f))
                 line[f"x_{f}"] = round(a / b, 2) if a is not None and b else ""
