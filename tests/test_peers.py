@@ -158,11 +158,34 @@ def _imports(path):
     return names
 
 
+# the modules a kvpress process imports (its environment has no kvpop_hf)
+PEER_SIDE = ["kvpop_lab.peers.run_kvpress", "kvpop_lab.peers.speed_kvpress", "kvpop_lab.peers.mapping",
+             "kvpop_lab.peers.runfiles", "kvpop_lab.peers.device_lock", "kvpop_lab.peers.speed_rows",
+             "kvpop_lab.peers.speed_table", "kvpop_lab.bench.shapes", "kvpop_lab.bench.step_times",
+             "kvpop_lab.utils.provenance"]
+
+
 def test_peer_runner_imports_nothing_of_kvpop_and_the_library_nothing_of_the_peers():
-    assert "kvpop_hf" not in _imports(ROOT / "benchmarks" / "kvpop_lab" / "peers" / "run_kvpress.py")
-    assert "kvpop_hf" not in _imports(ROOT / "benchmarks" / "kvpop_lab" / "peers" / "mapping.py")
+    for module in PEER_SIDE:
+        path = ROOT / "benchmarks" / (module.replace(".", "/") + ".py")
+        assert "kvpop_hf" not in _imports(path), path
     for f in (ROOT / "kvpop_hf").rglob("*.py"):
         assert not _imports(f) & {"kvpress", "trimkv"}, f
+
+
+def test_peer_side_loads_no_kvpop_hf_module():
+    """Imported (with their packages' __init__ and everything they import at module level), the kvpress side's
+    modules leave no kvpop_hf module in sys.modules: they run where kvpop_hf is not installed."""
+    import subprocess
+    import sys
+
+    code = ("import importlib, sys\n"
+            f"for m in {PEER_SIDE!r}: importlib.import_module(m)\n"
+            "bad = sorted(m for m in sys.modules if m == 'kvpop_hf' or m.startswith('kvpop_hf.'))\n"
+            "assert not bad, bad\n")
+    res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env={**__import__("os").environ,
+                         "PYTHONPATH": str(ROOT / "benchmarks")}, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
 
 
 def test_run_files_resume(tmp_path):
@@ -220,3 +243,126 @@ def test_provenance_names_the_resumed_runs(tmp_path):
     with pytest.raises(ValueError, match="names no commit"):
         score.provenance(tmp_path, None)
     assert score.provenance(tmp_path, "ddddddd4")[0] == "ddddddd"
+
+
+def test_shards_split_the_problems_and_merge_back(tmp_path):
+    from kvpop_lab.peers.runfiles import merge_runs, parse_shard, shard_rows
+
+    assert parse_shard(None) == (0, 1) and parse_shard("2/3") == (2, 3)
+    for bad in ("3/3", "-1/2", "1", "a/b"):
+        with pytest.raises(ValueError, match="--shard"):
+            parse_shard(bad)
+    rows = [{"index": i} for i in range(7)]
+    shards = [shard_rows(rows, (i, 3)) for i in range(3)]
+    assert [[r["index"] for r in s] for s in shards] == [[0, 3, 6], [1, 4], [2, 5]]
+    parts = []
+    for i, shard in enumerate(shards):
+        part = tmp_path / f"s{i}"
+        part.mkdir()
+        (part / "meta.json").write_text(json.dumps({"argv": [f"shard{i}"], "commit": "c", "date": "d"}))
+        write_jsonl(part / "knorm_cr88.jsonl", [dict(r, seed=100 + r["index"]) for r in shard])
+        parts.append(part)
+    (parts[1] / "knorm_cr88.jsonl").write_text((parts[1] / "knorm_cr88.jsonl").read_text() + '{"index": 7, "se')
+    assert merge_runs(parts, tmp_path / "all") == {"knorm_cr88": 7}  # the cut last line is dropped
+    merged = read_jsonl(tmp_path / "all" / "knorm_cr88.jsonl")
+    assert [r["index"] for r in merged] == list(range(7)) and merged[4]["seed"] == 104
+    meta = json.loads((tmp_path / "all" / "meta.json").read_text())
+    assert meta["commit"] == "c" and meta["shards"] == [["shard0"], ["shard1"], ["shard2"]]
+    assert score.common_prefix([{r["index"]: r for r in merged}]) == 7
+    with pytest.raises(ValueError, match="two shards"):
+        merge_runs([parts[0], parts[0]], tmp_path / "twice")
+    with pytest.raises(FileNotFoundError, match="meta.json"):
+        merge_runs([tmp_path], tmp_path / "none")
+
+
+def test_device_lock_turns():
+    """A measurement holding the device keeps a sharer's next generation out until it releases, and waits for a
+    running generation to end; no folder: no lock."""
+    import tempfile
+    import threading
+    import time
+
+    from kvpop_lab.peers.device_lock import DeviceLock
+
+    with tempfile.TemporaryDirectory() as folder:
+        measure, sharer = DeviceLock(folder), DeviceLock(folder)
+        entered = threading.Event()
+
+        def generation():
+            with sharer.shared():
+                entered.set()
+
+        measure.acquire()
+        measure.acquire()  # held already: no second wait
+        t = threading.Thread(target=generation)
+        t.start()
+        assert not entered.wait(0.3)  # the gate is closed
+        measure.release()
+        assert entered.wait(5)
+        t.join()
+        measure.release()  # not held: nothing to do
+
+        running, done = threading.Event(), threading.Event()
+
+        def long_generation():
+            with sharer.shared():
+                running.set()
+                time.sleep(0.4)
+                done.set()  # still holding the device
+
+        t = threading.Thread(target=long_generation)
+        t.start()
+        assert running.wait(5)
+        with measure.exclusive():
+            assert done.is_set()  # the exclusive turn began after the running generation ended
+        t.join()
+    free = DeviceLock(None)
+    with free.shared(), free.exclusive():
+        free.acquire()
+        free.release()
+
+
+def test_speed_rows_and_budgets():
+    from kvpop_hf.policies import parse_budgets
+    from kvpop_lab.peers.speed_rows import budget_entries, parse_rows
+
+    assert parse_rows(["32768x1", "131072X1", "32768x8"]) == [(32768, 1), (131072, 1), (32768, 8)]
+    for bad, match in ((["32k"], "CONTEXTxBATCH"), (["0x1"], ">= 1"), (["8x1", "8x1"], "twice"), ([], "no rows")):
+        with pytest.raises(ValueError, match=match):
+            parse_rows(bad)
+    for context in (32768, 131072, 4096):
+        B = parse_budgets(compression="0.88", length=context, sinks=4, window=64)[0].B
+        assert budget_entries(0.88, context) == B
+    assert budget_entries(0.88, 32768) == 3932 and budget_entries(0.88, 131072) == 15729
+    with pytest.raises(ValueError, match="must be in"):
+        budget_entries(1.0, 100)
+
+
+def test_speed_table_ratios_and_missing_rows(tmp_path):
+    from kvpop_lab.peers import speed_table
+
+    kv = {"context": 64, "batch": 1, "B": 8, "filled": "prefill", "prefill_s": 2.0, "decode_ms": 10.0,
+          "tokens_per_s": 100.0, "peak_gb": 4.0, "decode_peak_gb": 2.0, "command": "a", "path": "p"}
+    runs = {"kvpop": [kv, dict(kv, batch=4, prefill_s=None, filled="in place")],
+            "kvpress": [dict(kv, decode_ms=30.0, peak_gb=8.0, entries_end=8)],
+            "static": [dict(kv, B=64, decode_ms=5.0), dict(kv, batch=4, decode_ms="OOM", peak_gb="OOM")]}
+    lines = speed_table.table(runs, [(64, 1), (64, 4)])
+    got = {(x["system"], x["batch"]): x for x in lines}
+    assert [(x["system"], x["batch"]) for x in lines] == [(s, b) for b in (1, 4) for s in speed_table.SYSTEMS]
+    assert got[("kvpress", 1)]["x_decode_ms"] == 3.0 and got[("kvpress", 1)]["x_peak_gb"] == 2.0
+    assert got[("static", 1)]["x_decode_ms"] == 0.5 and got[("kvpop", 1)]["x_decode_ms"] == 1.0
+    assert got[("kvpress", 4)]["decode_ms"] == speed_table.NOT_RUN
+    assert got[("static", 4)]["decode_ms"] == got[("static", 4)]["prefill_s"] == "OOM"
+    assert got[("static", 4)]["x_decode_ms"] == ""
+    assert got[("kvpop", 4)]["prefill_s"] == "" and got[("kvpop", 4)]["x_prefill_s"] == ""
+    for system in speed_table.SYSTEMS:
+        (tmp_path / f"{system}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in runs[system]))
+    out = tmp_path / "speed.csv"
+    assert speed_table.main([*(x for s in speed_table.SYSTEMS for x in (f"--{s}", str(tmp_path / f"{s}.jsonl"))),
+                             "--rows", "64x1", "64x4", "--out", str(out), "--markdown", str(tmp_path / "s.md")]) == 0
+    import csv
+
+    with open(out) as fh:
+        rows = list(csv.DictReader(fh))
+    assert list(rows[0]) == speed_table.COLUMNS and len(rows) == 6
+    assert "| kvpress | 64 | 1 |" in (tmp_path / "s.md").read_text()

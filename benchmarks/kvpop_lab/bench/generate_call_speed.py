@@ -45,7 +45,6 @@ import datetime as _dt
 import gc
 import itertools
 import json
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -54,7 +53,7 @@ import traceback
 from pathlib import Path
 
 import torch
-from transformers import CompileConfig, StaticCache, StoppingCriteria, StoppingCriteriaList
+from transformers import CompileConfig, StaticCache, StoppingCriteriaList
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -67,47 +66,9 @@ from kvpop_hf.ops.fused_projections import fuse_projection_storage, fused_compil
 from kvpop_hf.run_ahead import run_ahead_sample  # noqa: E402
 from kvpop_lab.utils.provenance import git_commit, versions  # noqa: E402
 from kvpop_lab.bench.generation_speed import build_model, fill_dense, fill_kvpop  # noqa: E402
+from kvpop_lab.bench.step_times import StepTimes  # noqa: E402
 
 COLUMNS = ["cache", "scorer", "context", "batch", "decode_ms", "tokens_per_s", "peak_gb", "first_step_s", "process"]
-
-
-class StepTimes(StoppingCriteria):
-    """Records the time after each generated token (after a device synchronisation); never stops generation.
-    ``profile_at``: tokens after which a torch.profiler records three decode steps (``profile``: its table).
-    ``sync_all=False`` (run-ahead rows): only the first two tokens synchronise; later times are host times, which
-    the run-ahead loop keeps one step ahead of the device (it waits for step ``n - 1`` while ``n`` runs), so their
-    gaps are the steady-state step time without adding the synchronisation the loop removes."""
-
-    PROFILED_STEPS = 3
-
-    def __init__(self, device: torch.device, profile_at: int | None = None, sync_all: bool = True):
-        self.device, self.times, self.sync_all = device, [], sync_all
-        self.profile_at, self.profile, self._prof = profile_at, None, None
-
-    def __call__(self, input_ids, scores, **kwargs):
-        if self.device.type == "cuda" and (self.sync_all or len(self.times) < 2):
-            torch.cuda.synchronize(self.device)
-        self.times.append(time.perf_counter())
-        n = len(self.times)
-        if self.profile_at is not None and n == self.profile_at:
-            from torch.profiler import ProfilerActivity, profile
-
-            activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.device.type == "cuda" else [])
-            self._prof = profile(activities=activities)
-            self._prof.__enter__()
-        elif self._prof is not None and n == self.profile_at + self.PROFILED_STEPS:
-            self.stop_profile()
-            events = self._prof.key_averages()
-            sort = "cuda_time_total" if self.device.type == "cuda" else "cpu_time_total"
-            self.profile = (f"{self.PROFILED_STEPS} decode steps inside generate, sorted by {sort}\n"
-                            + events.table(sort_by=sort, row_limit=60) + "\n\nby self CPU time\n"
-                            + events.table(sort_by="self_cpu_time_total", row_limit=30))
-            self._prof = None
-        return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
-
-    def stop_profile(self) -> None:
-        if self._prof is not None:
-            self._prof.__exit__(None, None, None)
 
 
 def prompts(batch: int, context: int, vocab: int, device, seed: int = 0):
@@ -167,13 +128,21 @@ def non_static_inputs() -> int:
 
 
 def measure(model, cache_kind: str, scorer: str, context: int, batch: int, args, device, profile_to=None,
-            loop: str = "stock", projections: str = "separate") -> dict:
-    """One row (see the module docstring)."""
+            loop: str = "stock", projections: str = "separate", lock=None, lock_whole: bool = False) -> dict:
+    """One row (see the module docstring). Beside the CSV's columns the row holds ``prefill_s`` (the call's start to
+    its first token: cache, prefill and the first forward; rows filled in place have none), ``prefill_peak_gb`` and
+    ``decode_peak_gb`` (above the weights, up to the first token and after it).
+
+    ``lock`` (``kvpop_lab.peers.device_lock.DeviceLock``): the device is taken from the processes sharing it for the
+    prefill (up to the first token) and for the decode steps after the first compiled one; the compilation in
+    between runs while they go on. ``lock_whole``: taken for the whole call (a row too large to share the memory)."""
     row = {"cache": cache_kind, "scorer": scorer if cache_kind == "kvpop" else "", "context": context,
            "batch": batch, "process": args.process, "loop": loop, "projections": projections}
     synthetic = args.synthetic_from is not None and batch >= args.synthetic_from
     ids, mask = prompts(batch, context, model.config.vocab_size, device)
-    timer = StepTimes(device, profile_at=args.warmup + 2 if profile_to else None, sync_all=loop == "stock")
+    between = {} if lock is None or lock_whole else {1: lock.release, 2: lock.acquire}
+    timer = StepTimes(device, profile_at=args.warmup + 2 if profile_to else None, sync_all=loop == "stock",
+                      on_token=between)
     gen = dict(attention_mask=mask, max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens,
                do_sample=False, stopping_criteria=StoppingCriteriaList([timer]), pad_token_id=0)
     if loop == "run_ahead":
@@ -188,7 +157,12 @@ def measure(model, cache_kind: str, scorer: str, context: int, batch: int, args,
         torch.cuda.reset_peak_memory_stats(device)
     inputs_before = non_static_inputs()
     for attempt in range(1 if args.no_retry else 2):
+        if lock is not None:
+            lock.acquire()
         try:
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            start = time.perf_counter()
             generate_once(model, cache_kind, scorer, ids, mask, gen, args, synthetic)
             break
         except torch.cuda.OutOfMemoryError as err:
@@ -212,18 +186,22 @@ def measure(model, cache_kind: str, scorer: str, context: int, batch: int, args,
                 row.update(decode_ms="error", tokens_per_s="error", peak_gb="error", first_step_s="error")
                 return row
             print(f"[{args.process}] retrying after torch._dynamo.reset()", flush=True)
+        finally:
+            if lock is not None:
+                lock.release()
     row["non_static_inputs"] = non_static_inputs() - inputs_before
     row["synthetic"] = synthetic
     if profile_to and timer.profile is not None:
         Path(profile_to).write_text(timer.profile)
-    t = timer.times
-    if len(t) < args.warmup + 3:
-        raise ValueError(f"{len(t)} tokens timed: raise --new-tokens above --warmup + 2")
-    gaps = [b - a for a, b in zip(t[1 + args.warmup:], t[2 + args.warmup:])]
-    decode_ms = 1000 * statistics.median(gaps)
-    peak = (torch.cuda.max_memory_allocated(device) - weights) / 1e9 if device.type == "cuda" else 0.0
+    decode_ms = timer.decode_ms(args.warmup)
+    if device.type == "cuda":
+        first, after = timer.prefill_peak - weights, torch.cuda.max_memory_allocated(device) - weights
+    else:
+        first = after = 0
     row.update(decode_ms=round(decode_ms, 3), tokens_per_s=round(batch * 1000 / decode_ms, 1),
-               peak_gb=round(peak, 2), first_step_s=round(t[1] - t[0], 2))
+               peak_gb=round(max(first, after) / 1e9, 2), first_step_s=round(timer.first_step_s(), 2),
+               prefill_s=None if synthetic else round(timer.times[0] - start, 3),
+               prefill_peak_gb=round(first / 1e9, 2), decode_peak_gb=round(after / 1e9, 2))
     if device.type == "cuda":
         torch.cuda.empty_cache()
     return row

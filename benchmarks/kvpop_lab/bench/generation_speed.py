@@ -53,7 +53,7 @@ from pathlib import Path
 
 import torch
 import transformers
-from transformers import AutoModelForCausalLM, CompileConfig, DynamicCache, Qwen3Config, StaticCache
+from transformers import CompileConfig, DynamicCache, StaticCache
 
 from kvpop_hf import KVpopCache
 from kvpop_hf.cache import kv_tensor_bytes
@@ -61,31 +61,15 @@ from kvpop_hf.compat import with_cache
 from kvpop_hf.baselines.dms import DMSCache, DMSGate
 from kvpop_hf.backends import Backends
 from kvpop_hf.cli.budget_flags import add_budget_flags
+from kvpop_lab.bench.shapes import SHAPES, build_model  # noqa: F401  (build_model: used here and by other benchmarks)
 from kvpop_lab.utils.provenance import git_commit
 from kvpop_lab.utils.timing import quantiles, sync
 
 REPO = Path(__file__).resolve().parents[3]
 warnings.filterwarnings("ignore", message=r".*`past_key_values` is deprecated.*", category=FutureWarning)
 
-SHAPES = {  # hidden, intermediate, layers, q heads, kv heads, head_dim, vocab
-    "qwen3-8b": (4096, 12288, 36, 32, 8, 128, 151936),
-    "qwen3-0.6b": (1024, 3072, 28, 16, 8, 128, 151936),
-    "tiny": (128, 256, 2, 4, 2, 32, 512),
-}
-
 
 # ----------------------------------------------------------------------------------------- setup
-def build_model(shape: str, device, dtype, max_pos: int):
-    hidden, inter, layers, heads, kv_heads, head_dim, vocab = SHAPES[shape]
-    cfg = Qwen3Config(vocab_size=vocab, hidden_size=hidden, intermediate_size=inter, num_hidden_layers=layers,
-                      num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=head_dim,
-                      max_position_embeddings=max_pos, bos_token_id=None, eos_token_id=None, pad_token_id=0)
-    torch.manual_seed(0)
-    with torch.device(device):
-        model = AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa", dtype=dtype)
-    return model.eval()
-
-
 def copy_bandwidth(device) -> float:
     """Bytes/s of a device-to-device copy (read + write counted), median of 5."""
     if device.type != "cuda":

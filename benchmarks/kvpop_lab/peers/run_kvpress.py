@@ -4,7 +4,8 @@ own environment (kvpress 0.5.5 needs transformers < 5.3) and imports nothing of 
 
     PYTHONPATH=benchmarks /work/peers/kvpress-venv/bin/python -m kvpop_lab.peers.run_kvpress \\
         --problems /work/peers/data/record_4k.jsonl --out /work/peers/out/kvpress [--n 20] \\
-        [--presses dense,snapkv,knorm,streaming,tova,keydiff] [--modes prefill,decoding] [--compressions 0.88,0.94]
+        [--presses dense,snapkv,knorm,streaming,tova,keydiff] [--modes prefill,decoding] [--compressions 0.88,0.94] \\
+        [--device cuda] [--shard 0/4] [--device-lock DIR]
 
 Per (press, mode, compression) one JSONL ``<press>_<mode>_cr<NN>.jsonl`` (``dense.jsonl`` for no press): per
 problem ``index``, ``seed``, ``generated_ids``, ``entries_end`` (the most KV entries a layer and head holds when
@@ -12,7 +13,10 @@ generation ends) and ``seconds``. Modes (``kvpop_lab.peers.mapping``): ``prefill
 entries per head and lets decoding append; ``decoding`` adds a ``DecodingPress`` with ``target_size = B`` that
 compresses back to ``B`` every ``compression_interval`` steps (kvpress's ``PrefillDecodingPress``). Batch 1,
 float32, sdpa attention, max new tokens from the problem file; problems outer, presses inner, so an interrupted
-run leaves every press on the same first problems.
+run leaves every press on the same first problems. ``--device`` (default cpu) places the model and the ids;
+``--shard I/N`` runs the problems ``i % N == I`` (``kvpop_lab.peers.runfiles``: one folder per shard, then
+``--merge``); ``--device-lock DIR`` takes the device shared for each generation
+(``kvpop_lab.peers.device_lock``: a speed measurement in another process takes it alone for its timed parts).
 """
 
 from __future__ import annotations
@@ -23,8 +27,10 @@ import sys
 import time
 from pathlib import Path
 
+from kvpop_lab.peers.device_lock import DeviceLock
 from kvpop_lab.peers.mapping import decoding_interval, prefill_ratio
-from kvpop_lab.peers.runfiles import open_run_file, write_meta
+from kvpop_lab.peers.runfiles import open_run_file, parse_shard, shard_rows, write_meta
+from kvpop_lab.utils.provenance import git_commit
 
 PRESSES = ("dense", "snapkv", "knorm", "streaming", "tova", "keydiff")
 MODES = ("prefill", "decoding")
@@ -63,13 +69,13 @@ def build(name: str, mode: str, prompt_len: int, budget: int):
 
 
 def generate(model, row: dict, press) -> tuple[list[int], int]:
-    """Greedy ids after the prompt and the most entries a layer holds at the end."""
+    """Greedy ids after the prompt and the most entries a layer holds at the end (on the model's device)."""
     import contextlib
 
     import torch
     from transformers import DynamicCache
 
-    ids = torch.tensor([row["prompt_ids"]])
+    ids = torch.tensor([row["prompt_ids"]], device=model.device)
     cache = DynamicCache()
     ctx = press(model) if press is not None else contextlib.nullcontext()
     with ctx, torch.no_grad():
@@ -91,6 +97,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--compressions", default="0.88,0.94")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     ap.add_argument("--resume", action="store_true", help="keep the problems a stopped run wrote and skip them")
+    ap.add_argument("--device", default="cpu", help="torch device of the model (cpu, cuda, cuda:1, ...)")
+    ap.add_argument("--shard", default=None, metavar="I/N", help="run the problems i with i %% N == I (default: all)")
+    ap.add_argument("--device-lock", default=None, metavar="DIR",
+                    help="take the device shared for each generation (kvpop_lab.peers.device_lock)")
     args = ap.parse_args(argv)
     presses = [p for p in args.presses.split(",") if p]
     modes = [m for m in args.modes.split(",") if m]
@@ -101,6 +111,13 @@ def main(argv: list[str] | None = None) -> int:
     rows = [json.loads(line) for line in Path(args.problems).read_text().splitlines() if line.strip()]
     if args.n:
         rows = rows[:args.n]
+    n_file = len(rows)
+    try:
+        rows = shard_rows(rows, parse_shard(args.shard))
+    except ValueError as err:
+        ap.error(str(err))
+    if not rows:
+        ap.error(f"shard {args.shard} of {args.problems} holds no problem: use fewer shards than problems")
     missing = [c for c in comps if c not in rows[0]["budgets"]]
     if missing:
         ap.error(f"compressions {missing} have no budget in {args.problems} (it has {sorted(rows[0]['budgets'])})")
@@ -113,13 +130,19 @@ def main(argv: list[str] | None = None) -> int:
     transformers.utils.logging.disable_progress_bar()
     if args.threads:
         torch.set_num_threads(args.threads)
-    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32, attn_implementation="sdpa").eval()
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        ap.error(f"--device {args.device}: torch {torch.__version__} sees no CUDA device; use --device cpu")
+    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32, attn_implementation="sdpa")
+    model = model.to(device).eval()
+    lock = DeviceLock(args.device_lock)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     write_meta(out, {
         "argv": sys.argv, "torch": torch.__version__, "transformers": transformers.__version__,
         "kvpress": getattr(kvpress, "__version__", None) or _dist_version("kvpress"), "model": args.model,
-        "dtype": "float32", "attn_implementation": "sdpa", "n": len(rows), "commit": _git_commit(),
+        "dtype": "float32", "attn_implementation": "sdpa", "n": n_file, "shard": args.shard,
+        "device": _device_name(device), "commit": git_commit(Path(__file__)),
         "date": time.strftime("%Y-%m-%d", time.gmtime())}, args.resume)
     runs = [("dense", None, None)] if "dense" in presses else []
     runs += [(p, m, c) for p in presses if p != "dense" for c in comps for m in modes]
@@ -134,7 +157,10 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             t = time.time()
             press = None if name == "dense" else build(name, mode, len(row["prompt_ids"]), row["budgets"][comp])
-            gen, entries = generate(model, row, press)
+            with lock.shared():
+                gen, entries = generate(model, row, press)
+                if device.type == "cuda" and args.device_lock:
+                    torch.cuda.empty_cache()  # the cached blocks back to the device, for the measurement beside
             fh = files[(name, mode, comp)]
             fh.write(json.dumps({"index": row["index"], "seed": row["seed"], "press": name, "mode": mode,
                                  "compression": comp, "B": None if comp is None else row["budgets"][comp],
@@ -147,16 +173,10 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _git_commit() -> str:
-    """HEAD of the repository this script lies in ("unknown" without git)."""
-    import subprocess
+def _device_name(device) -> str:
+    import torch
 
-    try:
-        res = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).resolve().parent, capture_output=True,
-                             text=True, timeout=10)
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-    return res.stdout.strip() or "unknown"
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
 
 
 def _dist_version(name: str) -> str:

@@ -2,7 +2,8 @@
 (``kvpop_lab.testbed.dense_eval.exact_match``) with the kvpop attention: the KVpop side of the peers table.
 
     python -m kvpop_lab.peers.run_ours --problems /work/peers/data/record_4k.jsonl \\
-        --out /work/peers/out/kvpop [--n 20] [--policies dense,snapkv,knorm,streaming,tova,keydiff]
+        --out /work/peers/out/kvpop [--n 20] [--policies dense,snapkv,knorm,streaming,tova,keydiff] \\
+        [--device cuda] [--shard 0/4] [--device-lock DIR]
 
 Each policy keeps ``B = round((1 - c) * 4096)`` entries per layer and KV head at every step (4 sinks, the 64 newest
 tokens, ``B - 68`` slots by the policy's score), as kvpop-eval runs it. The problems are regenerated from their
@@ -11,7 +12,9 @@ seeds and checked against the file's prompt ids. One JSONL per (policy, compress
 (generation length: the problem's own, as in the file). The static-score policies get the prompt in
 ``--prefill-chunk`` token chunks (CPU time: one 3991-token chunk costs a 3991 x 3991 visibility mask per layer);
 by the eviction contract every query keeps the same set either way. Problems outer, policies inner, so an interrupted run
-leaves every policy on the same first problems.
+leaves every policy on the same first problems. Decoding is eager on every device (``disable_compile``: on CUDA
+``generate`` would compile the decode step, and a compiled call refuses prompt chunks), the path of the CPU rows.
+``--device`` (default cpu), ``--shard I/N`` and ``--device-lock DIR`` as in ``kvpop_lab.peers.run_kvpress``.
 """
 
 from __future__ import annotations
@@ -22,7 +25,8 @@ import sys
 import time
 from pathlib import Path
 
-from kvpop_lab.peers.runfiles import open_run_file, write_meta
+from kvpop_lab.peers.device_lock import DeviceLock
+from kvpop_lab.peers.runfiles import open_run_file, parse_shard, shard_rows, write_meta
 from kvpop_lab.peers.problems import POLICIES, RECORD, bind_factory, budget, exact_match, load_model, read_jsonl, record_problems
 
 DEFAULT = ("dense", "snapkv", "knorm", "streaming", "tova", "keydiff")
@@ -62,6 +66,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--snapkv-obs-window", type=int, default=0,
                     help="SnapKV's voting queries (0: the window, as kvpop-eval sets it)")
     ap.add_argument("--resume", action="store_true", help="keep the problems a stopped run wrote and skip them")
+    ap.add_argument("--device", default="cpu", help="torch device of the model (cpu, cuda, cuda:1, ...)")
+    ap.add_argument("--shard", default=None, metavar="I/N", help="run the problems i with i %% N == I (default: all)")
+    ap.add_argument("--device-lock", default=None, metavar="DIR",
+                    help="take the device shared for each generation (kvpop_lab.peers.device_lock)")
     args = ap.parse_args(argv)
     policies = [p for p in args.policies.split(",") if p]
     bad = [p for p in policies if p not in POLICIES or POLICIES[p].needs_checkpoint]
@@ -79,6 +87,12 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--prefill-chunk must be >= 0, got {args.prefill_chunk}")
     if any(r["seed"] != RECORD["seed_base"] + r["index"] for r in rows):
         ap.error(f"{args.problems} is not the table of record's draw (seed = {RECORD['seed_base']} + index)")
+    try:
+        shard = parse_shard(args.shard)
+    except ValueError as err:
+        ap.error(str(err))
+    if not shard_rows(rows, shard):
+        ap.error(f"shard {args.shard} of {args.problems} holds no problem: use fewer shards than problems")
 
     import torch
     from transformers import AutoTokenizer
@@ -86,18 +100,24 @@ def main(argv: list[str] | None = None) -> int:
     from kvpop_hf import KVpopCache
     from kvpop_lab.utils.provenance import git_commit
 
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        ap.error(f"--device {args.device}: torch {torch.__version__} sees no CUDA device; use --device cpu")
     tok = AutoTokenizer.from_pretrained(args.model)
     tok.padding_side = "left"
     problems = record_problems(len(rows))
     check_problems(problems, rows, tok)
-    model = load_model(args.model, torch.float32, torch.device("cpu"))
+    pairs = shard_rows(list(zip(rows, problems)), shard, index=lambda pair: pair[0]["index"])
+    model = load_model(args.model, torch.float32, device)
+    model.generation_config.disable_compile = True
+    lock = DeviceLock(args.device_lock)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    write_meta(out, {"argv": sys.argv, "n": len(rows), "batch_size": 1,
-                                               "prefill_chunk_static": args.prefill_chunk,
-                                               "dtype": "float32", "torch": torch.__version__,
-                                               "commit": git_commit(Path(__file__)),
-                                               "date": time.strftime("%Y-%m-%d", time.gmtime())}, args.resume)
+    write_meta(out, {"argv": sys.argv, "n": len(rows), "shard": args.shard, "batch_size": 1,
+                     "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+                     "prefill_chunk_static": args.prefill_chunk, "dtype": "float32", "torch": torch.__version__,
+                     "commit": git_commit(Path(__file__)), "date": time.strftime("%Y-%m-%d", time.gmtime())},
+               args.resume)
     runs = [("dense", None)] if "dense" in policies else []
     runs += [(p, c) for p in policies if p != "dense" for c in comps]
     variant = "" if args.window == RECORD["window"] else f"_w{args.window}"
@@ -107,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
         tag = "dense" if comp is None else f"{name}_cr{round(100 * comp)}" + variant
         files[(name, comp)], done[(name, comp)] = open_run_file(out / f"{tag}.jsonl", args.resume)
     # problems outer, policies inner: an interrupted run leaves every policy on the same first problems
-    for row, problem in zip(rows, problems):
+    for row, problem in pairs:
         for name, comp in runs:
             if row["index"] in done[(name, comp)]:
                 continue
@@ -122,7 +142,10 @@ def main(argv: list[str] | None = None) -> int:
                                                       scorer_kwargs={"obs_window": args.snapkv_obs_window}))
             model.generation_config.prefill_chunk_size = chunk_for(factory, args.prefill_chunk)
             t0 = time.time()
-            em = exact_match(model, tok, [problem], batch_size=1, cache_factory=factory, progress=False)
+            with lock.shared():
+                em = exact_match(model, tok, [problem], batch_size=1, cache_factory=factory, progress=False)
+                if device.type == "cuda" and args.device_lock:
+                    torch.cuda.empty_cache()  # the cached blocks back to the device, for the measurement beside
             o = em["outputs"][0]
             fh = files[(name, comp)]
             fh.write(json.dumps({"index": row["index"], "seed": row["seed"], "policy": name,
