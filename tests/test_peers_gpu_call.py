@@ -80,7 +80,7 @@ def test_measure_takes_the_device_for_what_it_times(whole):
     from kvpop_lab.bench.shapes import build_model
 
     model = build_model("tiny", torch.device("cpu"), torch.float32, 512)
-    args = argparse.Namespace(budget=(4, 16, 44), prefill_chunk=64, new_tokens=7, warmup=2, synthetic_from=None,
+    args = argparse.Namespace(sinks=4, window=16, topk=44, prefill_chunk=64, new_tokens=7, warmup=2, synthetic_from=None,
                               compile_mode=None, no_retry=False, process="first")
     turns = _Turns()
     row = measure(model, "kvpop", "knorm", 200, 1, args, torch.device("cpu"), lock=turns, lock_whole=whole)

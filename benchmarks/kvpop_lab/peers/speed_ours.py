@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     with torch.no_grad():  # cuBLAS and the eager kernels start up outside the first row's prefill
         model(torch.ones(1, 256, dtype=torch.long, device=device))
     lock = DeviceLock(args.device_lock)
-    ns = argparse.Namespace(budget=None, prefill_chunk=args.prefill_chunk, new_tokens=args.new_tokens,
+    ns = argparse.Namespace(sinks=None, window=None, topk=None, prefill_chunk=args.prefill_chunk, new_tokens=args.new_tokens,
                             warmup=args.warmup, synthetic_from=args.synthetic_from or None, compile_mode=None,
                             no_retry=False, process="first")
     common = {"system": args.system, "path": SYSTEMS[args.system], "shape": args.shape, "dtype": str(dtype)[6:],
@@ -116,11 +116,11 @@ def main(argv: list[str] | None = None) -> int:
             gc.collect()
             if device.type == "cuda":
                 torch.cuda.empty_cache()
-        ns.budget = kvpop_budgets.get(context)
+        ns.sinks, ns.window, ns.topk = kvpop_budgets.get(context, (None, None, None))
         whole = bool(args.lock_whole_from) and batch >= args.lock_whole_from
         row = measure(model, "kvpop" if args.system == "kvpop" else "static", args.scorer, context, batch, ns, device,
                       loop=loop, projections=projections, lock=lock, lock_whole=whole)
-        B = sum(ns.budget) if args.system == "kvpop" else context  # StaticCache: every prompt token
+        B = ns.sinks + ns.window + ns.topk if args.system == "kvpop" else context  # StaticCache: every prompt token
         row.update(common, B=B, filled="in place" if row.get("synthetic") else "prefill")
         append_row(args.out, row)
         print(f"{args.system} ctx {context} batch {batch}: {row['decode_ms']} ms/step, prefill "
