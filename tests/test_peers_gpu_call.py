@@ -209,3 +209,11 @@ def test_script_accepts_its_defaults_and_wants_the_repository_root(tmp_path):
     assert res.returncode == 0, res.stderr
     res = _script({"OUT": str(tmp_path)}, cwd=tmp_path)
     assert res.returncode == 2 and "repository root" in res.stderr
+
+
+def test_too_few_new_tokens_for_the_warmup_is_refused_before_any_work():
+    from kvpop_lab.peers.speed_rows import check_steps
+
+    check_steps(5, 2)
+    with pytest.raises(ValueError, match="--new-tokens 4 leaves no timed step after --warmup 2: use --new-tokens >= 5"):
+        check_steps(4, 2)

@@ -30,7 +30,7 @@ from pathlib import Path
 
 from kvpop_lab.peers.device_lock import DeviceLock
 from kvpop_lab.peers.run_kvpress import PRESSES, build
-from kvpop_lab.peers.speed_rows import append_row, budget_entries, parse_rows
+from kvpop_lab.peers.speed_rows import append_row, budget_entries, check_steps, parse_rows
 from kvpop_lab.utils.provenance import git_commit, versions
 
 MODES = ("decoding", "prefill")
@@ -105,9 +105,7 @@ def measure(model, press_name: str, mode: str, context: int, batch: int, budget:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    if args.new_tokens < args.warmup + 3:
-        raise ValueError(f"--new-tokens {args.new_tokens} leaves no timed step after --warmup {args.warmup}: "
-                         f"use --new-tokens >= {args.warmup + 3}.")
+    check_steps(args.new_tokens, args.warmup)
     rows = parse_rows(args.rows)
     budgets = {context: budget_entries(args.compression, context) for context, _ in rows}
 

@@ -32,7 +32,7 @@ import sys
 import time
 from pathlib import Path
 
-from kvpop_lab.peers.speed_rows import append_row, budget_entries, parse_rows
+from kvpop_lab.peers.speed_rows import append_row, budget_entries, check_steps, parse_rows
 
 SYSTEMS = {"kvpop": "KVpopCache knorm, prefill_in_chunks, run_ahead_sample, fused projections, compiled decode",
            "static": "StaticCache (full context), generate's compiled decode"}
@@ -76,9 +76,7 @@ def budgets(args, rows: list[tuple[int, int]]) -> dict[int, tuple[int, int, int]
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    if args.new_tokens < args.warmup + 3:
-        raise ValueError(f"--new-tokens {args.new_tokens} leaves no timed step after --warmup {args.warmup}: "
-                         f"use --new-tokens >= {args.warmup + 3}.")
+    check_steps(args.new_tokens, args.warmup)
     rows = parse_rows(args.rows)
     kvpop_budgets = budgets(args, rows) if args.system == "kvpop" else {}
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-__all__ = ["parse_rows", "budget_entries", "append_row", "read_rows", "FAILED"]
+__all__ = ["parse_rows", "budget_entries", "append_row", "read_rows", "FAILED", "check_steps"]
 
 FAILED = ("OOM", "error")  # what a row's measured fields hold when the call ran out of memory or failed otherwise
 
@@ -58,3 +58,10 @@ def read_rows(path: str | Path) -> list[dict]:
         except json.JSONDecodeError:  # a line cut by a killed process
             continue
     return rows
+
+
+def check_steps(new_tokens: int, warmup: int) -> None:
+    """At least three timed decode steps after ``warmup`` untimed ones, else a ValueError naming the fix."""
+    if new_tokens < warmup + 3:
+        raise ValueError(f"--new-tokens {new_tokens} leaves no timed step after --warmup {warmup}: "
+                         f"use --new-tokens >= {warmup + 3}.")
