@@ -137,6 +137,7 @@ def test_recall_csv(run):
     (["--compression", "", "--budgets", ""], "No budget given"),
     (["--policies", "dense,kvpop"], "needs a scorer checkpoint"),
     (["--scorer-checkpoint", "knorm=/x"], "takes no checkpoint"),
+    (["--prefill-chunk", "-1"], "--prefill-chunk >= 0"),
 ])
 def test_bad_input_fails_before_model_work(tmp_path, extra, match):
     # the model path does not exist: any model work would raise OSError, not this ValueError

@@ -11,7 +11,7 @@ import torch
 from kvpop_lab.peers import mapping, score
 from kvpop_lab.peers.problems import (RECORD, budget, max_new_tokens, prefix_share, problem_record, read_jsonl, record_problems,
                             score_ids, write_jsonl)
-from kvpop_lab.peers.run_ours import check_problems, chunk_for
+from kvpop_lab.peers.run_ours import check_problems
 
 ROOT = Path(__file__).resolve().parents[1]
 TEACHER = ROOT / "checkpoints" / "testbed-4k-teacher"
@@ -134,17 +134,6 @@ def test_scorer_bookkeeping(tmp_path):
     assert score.mode_label("kvpop", "tova_cr88", {}) == "fixed B"
     with pytest.raises(FileNotFoundError, match="no run files"):
         score.load_runs(tmp_path)
-
-
-def test_static_policies_take_chunks():
-    from kvpop_hf.policies import bind_factory
-    from transformers import AutoConfig
-
-    cfg = AutoConfig.from_pretrained(TEACHER)
-    make = {name: (lambda n=name: bind_factory(n)(cfg, 4, 64, 424)) for name in ("streaming", "knorm", "tova", "snapkv")}
-    assert chunk_for(make["streaming"], 512) == chunk_for(make["knorm"], 512) == 512
-    assert chunk_for(make["tova"], 512) is chunk_for(make["snapkv"], 512) is None  # kept sets depend on the chunking
-    assert chunk_for(None, 512) is None and chunk_for(make["knorm"], 0) is None
 
 
 def _imports(path):

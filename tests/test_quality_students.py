@@ -44,11 +44,10 @@ def test_student_keeps_its_measured_answers(name, monkeypatch):
     measured = [int(c) for c in cpu]
     monkeypatch.chdir(ROOT)  # the adapter names its base model relative to the repository root
     model = AutoModelForCausalLM.from_pretrained(folder, attn_implementation="kvpop", dtype=torch.float32).eval()
-    model.generation_config.prefill_chunk_size = CHUNK
     tok = AutoTokenizer.from_pretrained(TEACHER)
     assert KVpopCache.from_pretrained(folder, model.config).budget == budget
     problems = [make_problem("reasoning", length=LENGTH, seed=SEED_BASE + i, **KNOBS) for i in range(N)]
-    out = exact_match(model, tok, problems, batch_size=16, progress=False,
+    out = exact_match(model, tok, problems, batch_size=16, progress=False, prefill_chunk=CHUNK,
                       cache_factory=lambda: KVpopCache.from_pretrained(folder, model.config))
     got = [int(o["correct"]) for o in out["outputs"]]
     lost = [i for i in range(N) if measured[i] and not got[i]]

@@ -40,15 +40,6 @@ def check_problems(problems, rows, tokenizer) -> None:
                              "file: re-export it with python -m kvpop_lab.peers.export.")
 
 
-def chunk_for(factory, chunk: int) -> int | None:
-    """``prefill_chunk_size`` for a policy: ``chunk`` for a static-score cache (chunking keeps the same sets),
-    None (one chunk) for dense and the attention-scored policies (whose kept sets depend on the chunking)."""
-    if factory is None or not chunk:
-        return None
-    scorer = getattr(factory(), "scorer", None)
-    return None if scorer is None or getattr(scorer, "dynamic", False) else chunk
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--problems", required=True, help="JSONL from python -m kvpop_lab.peers.export")
@@ -140,10 +131,10 @@ def main(argv: list[str] | None = None) -> int:
                     factory = (lambda b=b: KVpopCache(model.config, sinks=b["sinks"], window=b["window"],
                                                       topk=b["topk"], scorer="snapkv",
                                                       scorer_kwargs={"obs_window": args.snapkv_obs_window}))
-            model.generation_config.prefill_chunk_size = chunk_for(factory, args.prefill_chunk)
             t0 = time.time()
             with lock.shared():
-                em = exact_match(model, tok, [problem], batch_size=1, cache_factory=factory, progress=False)
+                em = exact_match(model, tok, [problem], batch_size=1, cache_factory=factory, progress=False,
+                             prefill_chunk=args.prefill_chunk)
                 if device.type == "cuda" and args.device_lock:
                     torch.cuda.empty_cache()  # the cached blocks back to the device, for the measurement beside
             o = em["outputs"][0]

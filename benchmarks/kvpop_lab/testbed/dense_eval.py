@@ -27,9 +27,17 @@ def _max_new_tokens(problem: Problem, margin: int = 8) -> int:
 
 
 @torch.no_grad()
+def chunking_keeps_sets(cache: Any) -> bool:
+    """Whether ``cache`` keeps the same entries however the prompt is chunked: a cache with a static-score scorer
+    (recency, key norm, KeyDiff, the learned MLP / mLSTM; docs/design.md section 1). Attention-scored ones (TOVA,
+    H2O, SnapKV: ``scorer.dynamic``), dense caches and caches without a scorer (DMS) count as not."""
+    scorer = getattr(cache, "scorer", None)
+    return scorer is not None and not getattr(scorer, "dynamic", False)
+
+
 def exact_match(model: Any, tokenizer: Any, problems: Sequence[Problem], max_new_tokens: int | None = None,
                 batch_size: int = 8, cache_factory: Callable[[], Any] | None = None,
-                progress: bool = True) -> dict:
+                progress: bool = True, prefill_chunk: int | None = None) -> dict:
     """Greedy exact match per family.
 
     Returns ``{"em": {family: float, ..., "all": float}, "n": {family: int},
@@ -39,7 +47,14 @@ def exact_match(model: Any, tokenizer: Any, problems: Sequence[Problem], max_new
     ``max_new_tokens=None`` sizes each batch from the longest reference
     target in it (+ 9 tokens). Problems are batched in order of prompt length
     to limit padding.
+
+    ``prefill_chunk``: feed each prompt to generate in chunks of this many tokens when the cache keeps the same
+    entries either way (:func:`chunking_keeps_sets`); the generated text is then the one-chunk text, at a fraction
+    of the prompt's cost (a KVpop prompt chunk of ``n`` tokens builds an ``n x (kept + n)`` mask per layer).
+    Other caches, and ``None`` or ``0``, take the prompt as one chunk.
     """
+    if prefill_chunk is not None and prefill_chunk < 0:
+        raise ValueError(f"prefill_chunk must be >= 0 (0 or None: one chunk), got {prefill_chunk}.")
     problems = list(problems)
     device = next(model.parameters()).device
     was_training = model.training
@@ -70,6 +85,8 @@ def exact_match(model: Any, tokenizer: Any, problems: Sequence[Problem], max_new
             cache = cache_factory() if cache_factory is not None else None
             if cache is not None:
                 kwargs[cache_kwarg(model)] = cache
+                if prefill_chunk and chunking_keeps_sets(cache):
+                    kwargs["prefill_chunk_size"] = prefill_chunk
             out = model.generate(**kwargs)
             gen = out[:, L:].cpu()
             for r, i in enumerate(idx):
