@@ -80,3 +80,28 @@ def test_many_family_teacher_then_leave_families_out(tmp_path):
     # the plan of WORK is fixed: another retrofit order is refused before any work
     rc, log = _run("leave_families_out.sh", {**env, "STAGE": "baselines", "ORDER": "cwe"})
     assert rc == 2 and "holds another plan" in log
+
+
+def test_retrofit_variety_runs_several_steps_a_call_until_done(tmp_path):
+    """benchmarks/gpu/retrofit_variety.sh: each call runs steps while its time and the 8 returned files allow,
+    the next call goes on from the folders, and the whole experiment ends in fewer calls than steps."""
+    env = dict(MF_WORK=str(tmp_path / "mf"), LFO_WORK=str(tmp_path / "lw"), DEVICE="cpu", INIT="scratch",
+               HIDDEN="64", LAYERS="1", HEADS="4", KV_HEADS="2", HEAD_DIM="16", INTERMEDIATE="128", LENS="512:512",
+               LEN="512", TB="2", QUICK_N="1", EVAL_N="2", WORKERS="0", WINDOW="16", FAMILIES=FAMILIES,
+               MAX_ROUNDS="1", STEPS="2", BS="1", EBS="2", DEBS="2", SEEDS="0", COMPRESSIONS="88", ORDER="reasoning",
+               KS="1", CAP="120", HELDOUT_ONLY="1", DEADLINE="3000", MIN_STEP="10")
+    logs = []
+    for call in range(1, 6):
+        out = tmp_path / f"out{call}"  # every device call starts with an empty OUT
+        rc, log = _run("retrofit_variety.sh", {**env, "OUT": str(out)}, timeout=1200)
+        assert rc == 0, log[-4000:]
+        assert len([p for p in out.iterdir() if p.is_file()]) <= 8, sorted(p.name for p in out.iterdir())
+        logs.append(log)
+        if "every step has run" in log:
+            break
+    steps = [line for log in logs for line in log.splitlines() if line.startswith("next step: ") and
+             "the next call runs it" not in line]
+    assert "every step has run" in logs[-1], "\n".join(logs)[-4000:]
+    assert len(logs) == 3 and len(steps) == 6, steps  # 6 steps in 3 calls
+    assert "could take OUT past 8 files" in logs[0]
+    assert (tmp_path / "lw" / "tables" / "table.md").is_file()

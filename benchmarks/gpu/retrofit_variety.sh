@@ -9,11 +9,14 @@
 #   4. per k of KS     leave_families_out.sh STAGE=train K=k, then STAGE=evaluate K=k
 #   5. table           leave_families_out.sh STAGE=table -> LFO_WORK/tables/
 #
-# Usage: OUT=$OUT bash benchmarks/gpu/retrofit_variety.sh          (one step, at most ~9.5 min on one GPU)
+# Usage: OUT=$OUT bash benchmarks/gpu/retrofit_variety.sh          (steps until DEADLINE, 570 s, on one GPU)
 #        DRY=1 bash benchmarks/gpu/retrofit_variety.sh              (print the next step only)
+# A call runs the next step, then the one after it while the time left covers it (a training step: its seconds,
+# TB + 200 or CAP + 60; any other: MIN_STEP, 240 s) and OUT stays within the 8 files a device call returns; each
+# step gets the time left as its DEADLINE. A step that leaves the folders as they were ends the call.
 # On a fresh machine, carry what the step reads (docs/retrofit_data.md). Knobs: MF_WORK (out/many_family), LFO_WORK
-# (out/leave_families_out), QUICK_MIN (0.9), MAX_ROUNDS (3), and every knob of the two scripts (FAMILIES, KS, SEEDS,
-# POLICIES, COMPRESSIONS, INIT, TB, STEPS, ...), passed through.
+# (out/leave_families_out), QUICK_MIN (0.9), MAX_ROUNDS (3), DEADLINE (570), MIN_STEP (240), and every knob of the
+# two scripts (FAMILIES, KS, SEEDS, POLICIES, COMPRESSIONS, INIT, TB, CAP, STEPS, ...), passed through.
 set -u
 HERE=$(cd "$(dirname "$0")" && pwd)
 MF=${MF_WORK:-out/many_family}; LW=${LFO_WORK:-out/leave_families_out}
@@ -66,20 +69,65 @@ next_step() {
   echo done
 }
 
+files_of() {  # step: the most files it adds to OUT (pack.sh splits a tar of more than 15 MiB in parts)
+  case "$1" in teacher-train) echo 3 ;; teacher-eval) echo 3 ;; baselines|evaluate*) echo 1 ;; train*) echo 4 ;;
+    table) echo 6 ;; *) echo 0 ;; esac
+}
+
+seconds_of() {  # step: the time left it needs to start in a call that already ran a step
+  case "$1" in teacher-train) echo $(( ${TB:-400} + 200 )) ;; train*) echo $(( ${CAP:-480} + 60 )) ;;
+    *) echo "${MIN_STEP:-240}" ;; esac
+}
+
+run_step() {  # step deadline
+  case "$1" in
+    teacher-train) DEADLINE=$2 WORK=$MF STAGE=train bash "$HERE/many_family_teacher.sh" ;;
+    teacher-eval) DEADLINE=$2 WORK=$MF STAGE=eval bash "$HERE/many_family_teacher.sh" ;;
+    baselines|table) DEADLINE=$2 WORK=$LW TEACHER=$(cat "$MF/final_teacher.txt") STAGE=$1 \
+        bash "$HERE/leave_families_out.sh" ;;
+    train*|evaluate*) DEADLINE=$2 WORK=$LW TEACHER=$(cat "$MF/final_teacher.txt") STAGE=${1% *} K=${1#* } \
+        bash "$HERE/leave_families_out.sh" ;;
+  esac
+}
+
+teacher_note() {
+  if [ -f "$MF/teacher_dense_em.csv" ] && grep -q ",False$" "$MF/teacher_dense_em.csv"; then
+    echo "note: the teacher's dense EM is below 0.9 on $(grep ",False$" "$MF/teacher_dense_em.csv" | cut -d, -f1 | paste -sd,);" \
+      "for more rounds remove $MF/final_teacher.txt and raise MAX_ROUNDS"
+  fi
+}
+
 step=$(next_step)
 echo "next step: $step"
-if [ -f "$MF/teacher_dense_em.csv" ] && grep -q ",False$" "$MF/teacher_dense_em.csv"; then
-  echo "note: the teacher's dense EM is below 0.9 on $(grep ",False$" "$MF/teacher_dense_em.csv" | cut -d, -f1 | paste -sd,);" \
-    "for more rounds remove $MF/final_teacher.txt and raise MAX_ROUNDS"
-fi
+teacher_note
 [ "${DRY:-0}" = 1 ] && exit 0
 : "${OUT:?set OUT to an output directory}"
 export FAMILIES KS SEEDS POLICIES COMPRESSIONS
-case "$step" in
-  teacher-train) WORK=$MF STAGE=train bash "$HERE/many_family_teacher.sh" ;;
-  teacher-eval) WORK=$MF STAGE=eval bash "$HERE/many_family_teacher.sh" ;;
-  baselines|table) WORK=$LW TEACHER=$(cat "$MF/final_teacher.txt") STAGE=$step bash "$HERE/leave_families_out.sh" ;;
-  train*|evaluate*) WORK=$LW TEACHER=$(cat "$MF/final_teacher.txt") STAGE=${step% *} K=${step#* } \
-      bash "$HERE/leave_families_out.sh" ;;
-  done) echo "every step has run: $LW/tables/table.md, $MF/teacher_dense_em.md" ;;
-esac
+mkdir -p "$OUT"
+T0=$(date +%s); BUDGET=${DEADLINE:-570}
+left() { echo $(( BUDGET - ($(date +%s) - T0) )); }
+state() { find "$MF" "$LW" -type f 2>/dev/null | sort | cksum; }  # the folders' files, by name
+rc=0; ran=0; before=""
+while [ "$step" != done ]; do
+  if [ $ran -gt 0 ]; then
+    n_out=$(find "$OUT" -maxdepth 1 -type f | wc -l)
+    if [ "$(state)" = "$before" ]; then echo "step $prev left the folders as they were: the call ends here"; break; fi
+    if [ "$(left)" -lt "$(seconds_of "$step")" ]; then
+      echo "next step: $step needs $(seconds_of "$step") s, $(left) s left: the next call runs it"; break
+    fi
+    if [ $((n_out + $(files_of "$step"))) -gt 8 ]; then
+      echo "next step: $step could take OUT past 8 files ($n_out there): the next call runs it"; break
+    fi
+    echo "next step: $step ($(left) s left)"
+  fi
+  before=$(state)
+  run_step "$step" "$(left)"; rc=$?
+  ran=$((ran + 1)); prev=$step
+  [ $rc = 0 ] || { echo "step $step exit $rc: the call ends here"; break; }
+  step=$(next_step)
+done
+if [ "$step" = done ]; then
+  teacher_note
+  echo "every step has run: $LW/tables/table.md, $MF/teacher_dense_em.md"
+fi
+exit $rc
