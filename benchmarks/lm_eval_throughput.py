@@ -135,7 +135,8 @@ def main(argv: list[str] | None = None) -> int:
                scorer_kwargs={"delayed": True}).save_pretrained(ckpt)
     runs = [(f"kvpop:{p}", {"policy": p, "sinks": 4, "window": 64, "compression": args.compression,
                                            **({"scorer": ckpt} if p == "kvpop" else {}),
-                                           **({"prefill_chunk": args.prefill_chunk} if args.prefill_chunk else {})})
+                                           **({"prefill_chunk": args.prefill_chunk} if args.prefill_chunk else {}),
+                                           "compile": not args.no_compile})
                            for p in args.policies.split(",") if p] + [("hf", {})]
     meta = {"command": "python benchmarks/lm_eval_throughput.py " + shlex.join(argv), "commit": git_commit(),
             "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -166,7 +167,8 @@ def main(argv: list[str] | None = None) -> int:
             torch.cuda.synchronize(device)
         secs = time.perf_counter() - t0
         peak = (torch.cuda.max_memory_allocated(device) - weights) if cuda else float("nan")
-        row = {"run": name, "compile": not args.no_compile, "model_args": {k: v for k, v in margs.items() if k != "scorer"}, "seconds": round(secs, 3),
+        row = {"run": name, "compile": not args.no_compile and name != "hf",
+               "model_args": {k: v for k, v in margs.items() if k != "scorer"}, "seconds": round(secs, 3),
                "new_tokens_per_s": round(args.batch * args.new_tokens / secs, 2),
                "peak_mem_above_weights_gib": round(peak / 2 ** 30, 3),
                "new_words_per_row": [len(t.split()) for t in texts], "first_row_text_head": texts[0][:80]}

@@ -27,7 +27,7 @@ def pytest_configure(config):
 SCRIPTS = {
     "test_chunk_host_ops_benchmark.py", "test_distributed_cpu.py", "test_dms_train_eval.py", "test_doc_paths.py",
     "test_evaluate.py", "test_example_generate.py", "test_fsdp2_lora_cpu.py", "test_generate_call_speed.py",
-    "test_generate_traces.py", "test_generated_data.py", "test_generation_speed_benchmark.py",
+    "test_generate_traces.py", "test_generated_data.py", "test_lm_eval_throughput.py", "test_generation_speed_benchmark.py",
     "test_import_graph.py", "test_kvp.py", "test_leave_families_out.py", "test_leave_families_out_pipeline.py", "test_needed_line_retention.py", "test_oracle_eviction.py",
     "test_oracle_recall_profile.py", "test_packaging.py", "test_peers.py", "test_peers_gpu_call.py", "test_pretrain_teacher.py", "test_provenance.py",
     "test_recall_bound.py", "test_recall_vs_quality.py", "test_repo_size.py", "test_result_tools.py",

@@ -328,6 +328,7 @@ def test_bad_model_args_fail_before_the_weights_load(config_only, tiny_dir, tmp_
         (dict(policy="knorm", topk=8, scorer="x"), "takes no scorer checkpoint"),
         (dict(policy="knorm", topk="many"), "topk='many' is not an integer"),
         (dict(policy="knorm", topk=8, prefill_chunk=0), "prefill_chunk"),
+        (dict(policy="knorm", topk=8, compile="sometimes"), "compile='sometimes' is not auto, True or False"),
     ]
     for args, msg in cases:
         with pytest.raises(ValueError, match="kvpop model_args|was made for") as err:
@@ -435,6 +436,21 @@ def test_compression_budget_follows_each_context(tiny_dir, caplog):
     with caplog.at_level("WARNING"):
         lm.generate_until(_gen_requests(PROMPTS[:1], max_gen_toks=2))
     assert "kept sinks + window" in caplog.text
+
+
+@pytest.mark.parametrize("args, compiles", [
+    (dict(topk=TOPK), True),                        # auto, fixed budget: generate may compile
+    (dict(compression=0.5), False),                 # auto, a budget per prompt length: eager
+    (dict(compression=0.5, compile=True), True),
+    (dict(topk=TOPK, compile="False"), False),      # as lm-eval's command line hands it over
+])
+def test_compile_choice_reaches_generate(tiny_dir, args, compiles, monkeypatch):
+    lm = _lm(tiny_dir, policy="knorm", sinks=SINKS, window=WINDOW, **args)
+    seen = []
+    generate = lm.model.generate
+    monkeypatch.setattr(lm.model, "generate", lambda *a, **kw: seen.append(kw.get("disable_compile")) or generate(*a, **kw))
+    lm.generate_until(_gen_requests(PROMPTS[:2], max_gen_toks=2))
+    assert seen and all(d is (None if compiles else True) for d in seen), seen
 
 
 def test_ruler_style_generators():

@@ -9,9 +9,13 @@ registered::
 
 ``model_args`` are HFLM's (``pretrained``, ``dtype``, ``batch_size``, ``max_length``, ...) plus those of
 :mod:`kvpop_hf.integrations.policy_args` (``policy``, ``scorer``, ``sinks``, ``window``, ``topk`` or
-``compression``) and ``prefill_chunk=N`` (feed prompts in eager chunks of N tokens with :func:`kvpop_hf.prefill_in_chunks`, which
-equals ``generate(prefill_chunk_size=N)`` and keeps ``generate``'s compiled decode steps valid on CUDA). All of them are checked, and a checkpoint is loaded and matched to the model's shape, before the weights
-load.
+``compression``), ``prefill_chunk=N`` (feed prompts in eager chunks of N tokens with :func:`kvpop_hf.prefill_in_chunks`, which
+equals ``generate(prefill_chunk_size=N)`` and keeps ``generate``'s compiled decode steps valid on CUDA) and
+``compile=auto|True|False``. On CUDA ``generate`` compiles the decode step of a fixed-budget cache by itself, once per
+cache shape (a minute or two each). ``auto`` (the default) lets it when the budget is fixed (``topk=``) and decodes
+eagerly with ``compression=``, whose budget follows each prompt's length and would compile a graph per length;
+``True`` always lets it, ``False`` never (``generate(disable_compile=True)``). All of them are checked, and a
+checkpoint is loaded and matched to the model's shape, before the weights load.
 
 * ``generate_until``: HFLM's batching (left padding, greedy or sampled, ``repeats``), each batch with a fresh cache
   passed to ``model.generate``. With ``compression=`` the budget follows each prompt's own length, so a batch is
@@ -48,6 +52,21 @@ __all__ = ["KVpopLM", "main"]
 log = logging.getLogger(__name__)
 
 
+def _compile_choice(value) -> bool | str:
+    """``compile=`` as given on lm-eval's command line (a bool or a string) -> True, False or "auto"."""
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("auto", "", "none"):
+        return "auto"
+    if text in ("true", "1", "yes"):
+        return True
+    if text in ("false", "0", "no"):
+        return False
+    raise ValueError(f"kvpop model_args: compile={value!r} is not auto, True or False (auto: compile the decode step "
+                     "on CUDA when the budget is fixed, topk=; eager with compression=).")
+
+
 def _adapter_base(pretrained) -> str | None:
     """The base model of a local PEFT adapter folder (``adapter_config.json`` and no ``config.json``), else None."""
     import json
@@ -79,7 +98,7 @@ class KVpopLM(HFLM):
     """HFLM with a KVpop (or baseline) cache per request; see the module docstring for ``model_args``."""
 
     def __init__(self, pretrained, policy: str = "kvpop", scorer: str | None = None, sinks=None, window=None,
-                 topk=None, compression=None, prefill_chunk=None, **kwargs):
+                 topk=None, compression=None, prefill_chunk=None, compile="auto", **kwargs):
         base = _adapter_base(pretrained)
         if base is not None:  # a LoRA student folder: HFLM loads its base model with peft=, the folder is the checkpoint
             if kwargs.get("peft") not in (None, pretrained):
@@ -92,6 +111,7 @@ class KVpopLM(HFLM):
         from .policy_args import _as_int
 
         self.prefill_chunk = _as_int("prefill_chunk", prefill_chunk, 1)
+        self.compile = _compile_choice(compile)
         attn = kwargs.get("attn_implementation")
         if not self.kv.dense:
             if attn is None and isinstance(pretrained, str):
@@ -139,6 +159,8 @@ class KVpopLM(HFLM):
         groups: dict[Any, list[int]] = {}
         for row, n in enumerate(lengths):  # rows that share a budget share a cache
             groups.setdefault(self.kv.budget(int(n)), []).append(row)
+        if not self._compiles():
+            generation_kwargs.setdefault("disable_compile", True)
         L = context.shape[1]
         outs: list[tuple[list[int], torch.Tensor]] = []
         for rows in groups.values():
@@ -163,6 +185,10 @@ class KVpopLM(HFLM):
         for rows, out in outs:
             full[rows, :out.shape[1]] = out
         return full
+
+    def _compiles(self) -> bool:
+        """Whether ``generate`` may compile its decode step (``compile=`` model arg; ``auto``: fixed budgets only)."""
+        return self.kv.compression is None if self.compile == "auto" else self.compile
 
     # -- loglikelihood -------------------------------------------------------------------------------
     @torch.no_grad()
