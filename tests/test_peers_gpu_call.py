@@ -217,3 +217,27 @@ def test_too_few_new_tokens_for_the_warmup_is_refused_before_any_work():
     check_steps(5, 2)
     with pytest.raises(ValueError, match="--new-tokens 4 leaves no timed step after --warmup 2: use --new-tokens >= 5"):
         check_steps(4, 2)
+
+
+def test_run_ours_skips_what_an_earlier_call_finished_and_the_merge_joins_both(tmp_path):
+    """--done-in: the problems an earlier call's merged folder holds are skipped; merging that folder with the new
+    run gives every problem once (how peers.sh RESUME_FROM finishes a quality table over two calls)."""
+    from kvpop_lab.peers import run_ours
+    from transformers import AutoTokenizer
+
+    from kvpop_lab.peers.problems import RECORD, problem_record, record_problems, write_jsonl
+    from kvpop_lab.peers.runfiles import merge_runs
+
+    tok = AutoTokenizer.from_pretrained(ROOT / "checkpoints" / "testbed-4k-teacher")
+    path = tmp_path / "p.jsonl"
+    write_jsonl(path, [problem_record(i, RECORD["seed_base"] + i, p, tok) for i, p in enumerate(record_problems(2))])
+    first, second = tmp_path / "first", tmp_path / "second"
+    assert run_ours.main(["--problems", str(path), "--out", str(first), "--policies", "dense", "--n", "1"]) == 0
+    with pytest.raises(SystemExit):  # not a run folder: refused before any work
+        run_ours.main(["--problems", str(path), "--out", str(second), "--policies", "dense", "--done-in",
+                       str(tmp_path)])
+    assert not second.exists()
+    assert run_ours.main(["--problems", str(path), "--out", str(second), "--policies", "dense", "--done-in",
+                          str(first)]) == 0
+    assert [json.loads(x)["index"] for x in (second / "dense.jsonl").read_text().splitlines()] == [1]
+    assert merge_runs([first, second], tmp_path / "all") == {"dense": 2}

@@ -30,7 +30,9 @@
 # Knobs: LIMIT (problems, 80), DEADLINE (seconds from the start, 570), KVPRESS_PROCS (8), OURS_PROCS (6),
 #        PRESSES / POLICIES / COMPRESSIONS (the runners' lists; all, all, 0.88,0.94), SPEED_ROWS ("32768x1 131072x1
 #        32768x8 32768x32"), SPEED_KVPRESS_S / SPEED_KVPOP_S / SPEED_STATIC_S (caps, 100 / 270 / 200 s), PHASES
-#        ("quality speed"), KVPRESS_PYTHON (an interpreter that already has kvpress: no wheels installed), WORK
+#        ("quality speed"), RESUME_FROM (a folder holding an earlier call's raw.tar unpacked: the problems its
+#        kvpress/all and kvpop/all hold are skipped and merged back in, so a quality table that stopped short is
+#        finished by the next call; carry the folder), KVPRESS_PYTHON (an interpreter that already has kvpress), WORK
 #        (/tmp/peers_gpu), PEERS_CHECK_ONLY=1 (check the arguments and stop).
 # CPU smoke run (tiny shape, 2 problems, dense and K-Norm at 94%; about a minute on this 2-core machine):
 #   DEVICE=cpu KVPRESS_PYTHON=/work/peers/kvpress-venv/bin/python OUT=/tmp/peers_smoke PATH=/work/venv/bin:$PATH \
@@ -102,21 +104,26 @@ else KVP_OK=0; stamp "kvpress does not import: its rows are skipped"; fi
 python3 -m kvpop_lab.peers.export --out "$P" --n "$LIMIT" || bad "could not write the problems"
 
 # --- quality, in the background: shards of the problems, the device taken shared for each generation
-QPIDS=()
+QPIDS=(); DONE_KVPRESS=(); DONE_KVPOP=()
+if [ -n "${RESUME_FROM:-}" ]; then  # an earlier call's raw.tar, unpacked: its problems are skipped, then merged in
+  [ -f "$RESUME_FROM/kvpress/all/meta.json" ] && DONE_KVPRESS=(--done-in "$RESUME_FROM/kvpress/all")
+  [ -f "$RESUME_FROM/kvpop/all/meta.json" ] && DONE_KVPOP=(--done-in "$RESUME_FROM/kvpop/all")
+  stamp "resuming from $RESUME_FROM: kvpress ${DONE_KVPRESS[1]:-none}, kvpop ${DONE_KVPOP[1]:-none}"
+fi
 if [[ " $PHASES " == *" quality "* ]]; then
   QT=$(left)
   if [ "$KVP_OK" = 1 ]; then
     for ((i = 0; i < KVPRESS_PROCS; i++)); do
       nice -n 10 timeout "$QT" "${KVP[@]}" -m kvpop_lab.peers.run_kvpress --problems "$P" \
         --out "$WORK/kvpress/s$i" --shard "$i/$KVPRESS_PROCS" --device "$DEVICE" --device-lock "$LOCK" --threads 1 \
-        --presses "$PRESSES" --compressions "$COMPRESSIONS" > "$WORK/logs/run_kvpress_s$i.log" 2>&1 &
+        --presses "$PRESSES" --compressions "$COMPRESSIONS" "${DONE_KVPRESS[@]}" > "$WORK/logs/run_kvpress_s$i.log" 2>&1 &
       QPIDS+=($!)
     done
   fi
   for ((i = 0; i < OURS_PROCS; i++)); do
     OMP_NUM_THREADS=1 nice -n 10 timeout "$QT" python3 -m kvpop_lab.peers.run_ours --problems "$P" --out "$WORK/kvpop/s$i" \
       --shard "$i/$OURS_PROCS" --device "$DEVICE" --device-lock "$LOCK" --policies "$POLICIES" \
-      --compressions "$COMPRESSIONS" > "$WORK/logs/run_ours_s$i.log" 2>&1 &
+      --compressions "$COMPRESSIONS" "${DONE_KVPOP[@]}" > "$WORK/logs/run_ours_s$i.log" 2>&1 &
     QPIDS+=($!)
   done
   stamp "quality: ${#QPIDS[@]} processes, at most $QT s"
@@ -153,6 +160,7 @@ if [ ${#QPIDS[@]} -gt 0 ]; then
   stamp "quality processes done"; tail -qn 2 "$WORK"/logs/run_*.log
   merge() {  # lib: the shards that wrote a meta.json, joined into WORK/lib/all
     local parts=() d
+    [ -n "${RESUME_FROM:-}" ] && [ -f "$RESUME_FROM/$1/all/meta.json" ] && parts+=("$RESUME_FROM/$1/all")
     for d in "$WORK/$1"/s*; do [ -f "$d/meta.json" ] && parts+=("$d"); done
     [ ${#parts[@]} -gt 0 ] && python3 -m kvpop_lab.peers.runfiles --merge "$WORK/$1/all" "${parts[@]}" > /dev/null
   }

@@ -29,7 +29,7 @@ from pathlib import Path
 
 from kvpop_lab.peers.device_lock import DeviceLock
 from kvpop_lab.peers.mapping import decoding_interval, prefill_ratio
-from kvpop_lab.peers.runfiles import open_run_file, parse_shard, shard_rows, write_meta
+from kvpop_lab.peers.runfiles import done_in, open_run_file, parse_shard, shard_rows, write_meta
 from kvpop_lab.utils.provenance import git_commit
 
 PRESSES = ("dense", "snapkv", "knorm", "streaming", "tova", "keydiff")
@@ -97,11 +97,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--compressions", default="0.88,0.94")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     ap.add_argument("--resume", action="store_true", help="keep the problems a stopped run wrote and skip them")
+    ap.add_argument("--done-in", default=None, metavar="DIR",
+                    help="skip the problems an earlier call's merged run folder holds (merge it back in afterwards)")
     ap.add_argument("--device", default="cpu", help="torch device of the model (cpu, cuda, cuda:1, ...)")
     ap.add_argument("--shard", default=None, metavar="I/N", help="run the problems i with i %% N == I (default: all)")
     ap.add_argument("--device-lock", default=None, metavar="DIR",
                     help="take the device shared for each generation (kvpop_lab.peers.device_lock)")
     args = ap.parse_args(argv)
+    try:
+        done_in(args.done_in, "")  # a bad --done-in fails before any work
+    except ValueError as err:
+        ap.error(str(err))
     presses = [p for p in args.presses.split(",") if p]
     modes = [m for m in args.modes.split(",") if m]
     comps = [c for c in args.compressions.split(",") if c]
@@ -150,6 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     for name, mode, comp in runs:
         tag = "dense" if name == "dense" else f"{name}_{mode}_cr{round(100 * float(comp))}"
         files[(name, mode, comp)], done[(name, mode, comp)] = open_run_file(out / f"{tag}.jsonl", args.resume)
+        done[(name, mode, comp)] |= done_in(args.done_in, f"{tag}.jsonl")
     # problems outer, presses inner: an interrupted run leaves every press on the same first problems
     for row in rows:
         for name, mode, comp in runs:

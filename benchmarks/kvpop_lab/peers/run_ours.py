@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 from kvpop_lab.peers.device_lock import DeviceLock
-from kvpop_lab.peers.runfiles import open_run_file, parse_shard, shard_rows, write_meta
+from kvpop_lab.peers.runfiles import done_in, open_run_file, parse_shard, shard_rows, write_meta
 from kvpop_lab.peers.problems import POLICIES, RECORD, bind_factory, budget, exact_match, load_model, read_jsonl, record_problems
 
 DEFAULT = ("dense", "snapkv", "knorm", "streaming", "tova", "keydiff")
@@ -57,11 +57,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--snapkv-obs-window", type=int, default=0,
                     help="SnapKV's voting queries (0: the window, as kvpop-eval sets it)")
     ap.add_argument("--resume", action="store_true", help="keep the problems a stopped run wrote and skip them")
+    ap.add_argument("--done-in", default=None, metavar="DIR",
+                    help="skip the problems an earlier call's merged run folder holds (merge it back in afterwards)")
     ap.add_argument("--device", default="cpu", help="torch device of the model (cpu, cuda, cuda:1, ...)")
     ap.add_argument("--shard", default=None, metavar="I/N", help="run the problems i with i %% N == I (default: all)")
     ap.add_argument("--device-lock", default=None, metavar="DIR",
                     help="take the device shared for each generation (kvpop_lab.peers.device_lock)")
     args = ap.parse_args(argv)
+    try:
+        done_in(args.done_in, "")  # a bad --done-in fails before any work
+    except ValueError as err:
+        ap.error(str(err))
     policies = [p for p in args.policies.split(",") if p]
     bad = [p for p in policies if p not in POLICIES or POLICIES[p].needs_checkpoint]
     if bad:
@@ -117,6 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     for name, comp in runs:
         tag = "dense" if comp is None else f"{name}_cr{round(100 * comp)}" + variant
         files[(name, comp)], done[(name, comp)] = open_run_file(out / f"{tag}.jsonl", args.resume)
+        done[(name, comp)] |= done_in(args.done_in, f"{tag}.jsonl")
     # problems outer, policies inner: an interrupted run leaves every policy on the same first problems
     for row, problem in pairs:
         for name, comp in runs:

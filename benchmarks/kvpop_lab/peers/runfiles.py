@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 from typing import IO
 
-__all__ = ["open_run_file", "write_meta", "parse_shard", "shard_rows", "read_run_file", "merge_runs"]
+__all__ = ["open_run_file", "write_meta", "parse_shard", "shard_rows", "read_run_file", "merge_runs", "done_in"]
 
 
 def read_run_file(path: Path) -> list[str]:
@@ -37,6 +37,17 @@ def open_run_file(path: Path, resume: bool) -> tuple[IO[str], set[int]]:
         done = {json.loads(t)["index"] for t in lines}
         path.write_text("".join(t + "\n" for t in lines))
     return open(path, "a" if resume else "w"), done
+
+
+def done_in(folder: str | Path | None, name: str) -> set[int]:
+    """The problem indices ``folder/name`` holds (an earlier call's merged run folder: ``--done-in``); none when
+    ``folder`` is None or has no such file. Its problems are skipped here and joined back in at the merge."""
+    if folder is not None and not (Path(folder) / "meta.json").is_file():
+        raise ValueError(f"--done-in {folder} holds no meta.json: give the merged run folder of an earlier call "
+                         "(raw.tar's kvpress/all or kvpop/all, unpacked)")
+    if folder is None or not (Path(folder) / name).is_file():
+        return set()
+    return {json.loads(t)["index"] for t in read_run_file(Path(folder) / name)}
 
 
 def write_meta(out: Path, meta: dict, resume: bool) -> None:
