@@ -217,6 +217,13 @@ class KVpopCache(Cache):
     def budget(self) -> int:
         return self.kvpop_config.budget
 
+    @property
+    def prefill_chunks_exact(self) -> bool:
+        """Whether a prompt fed in chunks keeps the same entries as one chunk (and as token by token): true for
+        static priorities under the ``kvpop`` attention (the eviction contract); false for attention-scored
+        scorers (TOVA, H2O, SnapKV), which compress a prompt chunk at its end."""
+        return not self.scorer.dynamic
+
     def scorer_for(self, device: torch.device) -> Scorer:
         """The scorer on ``device``: the scorer itself on the device it lives on, else a copy made once for
         that device (weights stay float32). Layers spread over several devices (``device_map``) each read

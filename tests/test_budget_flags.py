@@ -45,3 +45,24 @@ def test_help_shows_the_flags_and_hides_budget():
     assert "--sinks SINKS" in text and "--topk TOPK" in text and "default: the checkpoint's" in text
     assert "--budget" not in text
     assert "default 188" in parser(topk=188).format_help()
+
+
+@pytest.mark.scripts
+@pytest.mark.parametrize("module, defaults, triple", [
+    ("chunk_host_ops", (4, 64, 188), ["--budget", "4", "64", "188"]),
+    ("generation_speed", (4, 256, 3836), ["--shape", "tiny", "--budget", "4", "16", "44"]),
+    ("split_model_generation", (4, 256, 3836), ["--devices", "cpu", "cpu", "--budget", "2", "8", "14"]),
+])
+def test_each_speed_benchmark_shows_its_defaults_and_refuses_the_triple(module, defaults, triple, capsys):
+    import importlib
+
+    main = importlib.import_module(f"kvpop_lab.bench.{module}").main
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    s, w, k = defaults
+    assert f"--sinks SINKS default {s}" in text and f"--window WINDOW default {w}" in text
+    assert f"--topk TOPK default {k}" in text and "--budget" not in text
+    with pytest.raises(SystemExit) as exc:
+        main(triple)
+    assert exc.value.code == 2 and "pass --sinks {} --window {} --topk {}".format(*triple[-3:]) in capsys.readouterr().err

@@ -22,14 +22,3 @@ def test_budget_flags_reach_the_table(tmp_path):
     assert chunk_host_ops.main(["--scorers", "knorm", "--lengths", "16", "--sinks", "2", "--window", "8", "--topk",
                                 "30", "--out", str(out)]) == 0
     assert "B = 2+8+30," in out.read_text()
-
-
-def test_budget_defaults_and_the_old_triple(capsys):
-    with pytest.raises(SystemExit):
-        chunk_host_ops.main(["--help"])
-    text = " ".join(capsys.readouterr().out.split())
-    assert "--sinks SINKS default 4" in text and "--window WINDOW default 64" in text
-    assert "--topk TOPK default 188" in text and "--budget" not in text
-    with pytest.raises(SystemExit) as exc:
-        chunk_host_ops.main(["--budget", "4", "64", "188"])
-    assert exc.value.code == 2 and "pass --sinks 4 --window 64 --topk 188" in capsys.readouterr().err

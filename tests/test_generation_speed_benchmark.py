@@ -6,8 +6,6 @@ from __future__ import annotations
 import csv
 from pathlib import Path
 
-import pytest
-
 from kvpop_lab.bench import generation_speed
 
 
@@ -73,17 +71,6 @@ def test_dms_rows_cpu(tmp_path):
     assert float(dms["200"]["cache_mb"]) > 0 and float(kv["200"]["cache_mb"]) > 0
     text = prefix.with_suffix(".md").read_text()
     assert "kept_per_head" in text and "B = 4+16+44 = 64;" in text
-
-
-def test_budget_defaults_and_the_old_triple(capsys):
-    with pytest.raises(SystemExit):
-        generation_speed.main(["--help"])
-    text = " ".join(capsys.readouterr().out.split())
-    assert "--sinks SINKS default 4" in text and "--window WINDOW default 256" in text
-    assert "--topk TOPK default 3836" in text and "--budget" not in text
-    with pytest.raises(SystemExit) as exc:
-        generation_speed.main(["--shape", "tiny", "--budget", "4", "16", "44"])
-    assert exc.value.code == 2 and "pass --sinks 4 --window 16 --topk 44" in capsys.readouterr().err
 
 
 def test_the_run_backends_are_a_record_not_the_environment():

@@ -32,14 +32,3 @@ def test_bad_arguments_are_refused_before_any_work():
         split_model_generation.main(["--devices", "cpu", "cpu", "--new-tokens", "4", "--warmup", "4"])
     with pytest.raises(ValueError, match="--context"):
         split_model_generation.main(["--devices", "cpu", "cpu", "--context", "0"])
-
-
-def test_budget_defaults_and_the_old_triple(capsys):
-    with pytest.raises(SystemExit):
-        split_model_generation.main(["--help"])
-    text = " ".join(capsys.readouterr().out.split())
-    assert "--sinks SINKS default 4" in text and "--window WINDOW default 256" in text
-    assert "--topk TOPK default 3836" in text and "--budget" not in text
-    with pytest.raises(SystemExit) as exc:
-        split_model_generation.main(["--devices", "cpu", "cpu", "--budget", "2", "8", "14"])
-    assert exc.value.code == 2 and "pass --sinks 2 --window 8 --topk 14" in capsys.readouterr().err

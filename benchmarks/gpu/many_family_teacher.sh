@@ -65,15 +65,7 @@ if [ "$INIT" != scratch ] && [ ! -f "$INIT/config.json" ]; then
 fi
 mkdir -p "$OUT" "$WORK"
 
-latest_round() {  # the highest r with WORK/round<r>/teacher/config.json (0: none)
-  local r=0 d n
-  for d in "$WORK"/round*/teacher/config.json; do
-    [ -f "$d" ] || continue
-    n=${d#"$WORK"/round}; n=${n%%/*}
-    [ "$n" -gt "$r" ] && r=$n
-  done
-  echo $r
-}
+source "$(dirname "${BASH_SOURCE[0]}")/rounds.sh"  # latest_round DIR
 
 nth() {  # index list...: the index-th word (1-based), or the last one
   local i=$1; shift
@@ -91,7 +83,7 @@ dense_eval() {  # out-dir n seed-base families teacher
 
 stage_train() {
   local prev r D lr lens lo hi init fw=() f arch=()
-  prev=$(latest_round); r=$((prev + 1)); D=$WORK/round$r
+  prev=$(latest_round "$WORK"); r=$((prev + 1)); D=$WORK/round$r
   lr=$(nth $r $LRS); lens=$(nth $r $LENS); lo=${lens%%:*}; hi=${lens#*:}
   if [ "$prev" -gt 0 ]; then init=(--init-from "$WORK/round$prev/teacher")
   elif [ "$INIT" != scratch ]; then init=(--init-from "$INIT")
@@ -120,7 +112,7 @@ stage_train() {
 
 stage_eval() {
   local T=${TEACHER:-} r fam dirs=()
-  if [ -z "$T" ]; then r=$(latest_round); T=$WORK/round$r/teacher; fi
+  if [ -z "$T" ]; then r=$(latest_round "$WORK"); T=$WORK/round$r/teacher; fi
   [ -f "$T/config.json" ] || { echo "no teacher to evaluate ($T): run STAGE=train first or set TEACHER" >&2; return 2; }
   mkdir -p "$WORK/eval"
   for fam in ${FAMILIES//,/ }; do

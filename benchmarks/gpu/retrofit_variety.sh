@@ -23,15 +23,7 @@ MF=${MF_WORK:-out/many_family}; LW=${LFO_WORK:-out/leave_families_out}
 FAMILIES=${FAMILIES:-reasoning,vt,niah_multikey,niah_multivalue,niah_multiquery,cwe,fwe}
 KS=${KS:-1,2,4}; SEEDS=${SEEDS:-0 1}; POLICIES=${POLICIES:-kvpop dms}; COMPRESSIONS=${COMPRESSIONS:-88 94}
 
-latest_round() {
-  local r=0 d n
-  for d in "$MF"/round*/teacher/config.json; do
-    [ -f "$d" ] || continue
-    n=${d#"$MF"/round}; n=${n%%/*}
-    [ "$n" -gt "$r" ] && r=$n
-  done
-  echo $r
-}
+source "$(dirname "${BASH_SOURCE[0]}")/rounds.sh"  # latest_round DIR
 
 quick_ok() {  # round: 0 when its quick check has dense EM >= QUICK_MIN on every family (or has no check to read)
   python3 - "$MF/round$1/quick/results.csv" "${QUICK_MIN:-0.9}" <<'EOF'
@@ -49,7 +41,7 @@ pol_name() { [ "$1" = kvpop ] && echo kvpop_distill || echo dms; }
 next_step() {
   local r k s p c fam
   if [ ! -f "$MF/final_teacher.txt" ]; then
-    r=$(latest_round)
+    r=$(latest_round "$MF")
     if [ "$r" -gt 0 ] && { [ "$r" -ge "${MAX_ROUNDS:-3}" ] || quick_ok "$r"; }; then echo teacher-eval
     else echo teacher-train; fi
     return

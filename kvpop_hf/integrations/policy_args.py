@@ -58,7 +58,7 @@ class PolicyArgs:
         if self.dense:
             return True
         cache = self.make_cache(1 << 20)
-        return isinstance(cache, KVpopCache) and not cache.scorer.dynamic
+        return isinstance(cache, KVpopCache) and cache.prefill_chunks_exact
 
     def budget(self, n_ctx: int) -> tuple[int, int, int] | None:
         """``(sinks, window, topk)`` for a request with ``n_ctx`` real context tokens; None for dense and DMS."""

@@ -29,7 +29,8 @@ from pathlib import Path
 
 from kvpop_lab.peers.device_lock import DeviceLock
 from kvpop_lab.peers.mapping import decoding_interval, prefill_ratio
-from kvpop_lab.peers.runfiles import done_in, open_run_file, parse_shard, shard_rows, write_meta
+from kvpop_lab.peers.runfiles import (add_run_flags, check_done_in, done_in, open_run_file, parse_shard, shard_rows,
+                                      write_meta)
 from kvpop_lab.utils.provenance import git_commit
 
 PRESSES = ("dense", "snapkv", "knorm", "streaming", "tova", "keydiff")
@@ -96,16 +97,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--modes", default=",".join(MODES))
     ap.add_argument("--compressions", default="0.88,0.94")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
-    ap.add_argument("--resume", action="store_true", help="keep the problems a stopped run wrote and skip them")
-    ap.add_argument("--done-in", default=None, metavar="DIR",
-                    help="skip the problems an earlier call's merged run folder holds (merge it back in afterwards)")
-    ap.add_argument("--device", default="cpu", help="torch device of the model (cpu, cuda, cuda:1, ...)")
-    ap.add_argument("--shard", default=None, metavar="I/N", help="run the problems i with i %% N == I (default: all)")
-    ap.add_argument("--device-lock", default=None, metavar="DIR",
-                    help="take the device shared for each generation (kvpop_lab.peers.device_lock)")
+    add_run_flags(ap)
     args = ap.parse_args(argv)
     try:
-        done_in(args.done_in, "")  # a bad --done-in fails before any work
+        check_done_in(args.done_in)  # before any work
     except ValueError as err:
         ap.error(str(err))
     presses = [p for p in args.presses.split(",") if p]

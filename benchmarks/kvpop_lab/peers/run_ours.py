@@ -26,7 +26,8 @@ import time
 from pathlib import Path
 
 from kvpop_lab.peers.device_lock import DeviceLock
-from kvpop_lab.peers.runfiles import done_in, open_run_file, parse_shard, shard_rows, write_meta
+from kvpop_lab.peers.runfiles import (add_run_flags, check_done_in, done_in, open_run_file, parse_shard, shard_rows,
+                                      write_meta)
 from kvpop_lab.peers.problems import POLICIES, RECORD, bind_factory, budget, exact_match, load_model, read_jsonl, record_problems
 
 DEFAULT = ("dense", "snapkv", "knorm", "streaming", "tova", "keydiff")
@@ -56,16 +57,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="the protected window (the record's 64); the budget B stays, topk = B - 4 - window")
     ap.add_argument("--snapkv-obs-window", type=int, default=0,
                     help="SnapKV's voting queries (0: the window, as kvpop-eval sets it)")
-    ap.add_argument("--resume", action="store_true", help="keep the problems a stopped run wrote and skip them")
-    ap.add_argument("--done-in", default=None, metavar="DIR",
-                    help="skip the problems an earlier call's merged run folder holds (merge it back in afterwards)")
-    ap.add_argument("--device", default="cpu", help="torch device of the model (cpu, cuda, cuda:1, ...)")
-    ap.add_argument("--shard", default=None, metavar="I/N", help="run the problems i with i %% N == I (default: all)")
-    ap.add_argument("--device-lock", default=None, metavar="DIR",
-                    help="take the device shared for each generation (kvpop_lab.peers.device_lock)")
+    add_run_flags(ap)
     args = ap.parse_args(argv)
     try:
-        done_in(args.done_in, "")  # a bad --done-in fails before any work
+        check_done_in(args.done_in)  # before any work
     except ValueError as err:
         ap.error(str(err))
     policies = [p for p in args.policies.split(",") if p]

@@ -13,7 +13,8 @@ import json
 from pathlib import Path
 from typing import IO
 
-__all__ = ["open_run_file", "write_meta", "parse_shard", "shard_rows", "read_run_file", "merge_runs", "done_in"]
+__all__ = ["open_run_file", "write_meta", "parse_shard", "shard_rows", "read_run_file", "merge_runs", "done_in",
+           "add_run_flags", "check_done_in"]
 
 
 def read_run_file(path: Path) -> list[str]:
@@ -39,12 +40,28 @@ def open_run_file(path: Path, resume: bool) -> tuple[IO[str], set[int]]:
     return open(path, "a" if resume else "w"), done
 
 
-def done_in(folder: str | Path | None, name: str) -> set[int]:
-    """The problem indices ``folder/name`` holds (an earlier call's merged run folder: ``--done-in``); none when
-    ``folder`` is None or has no such file. Its problems are skipped here and joined back in at the merge."""
+def add_run_flags(ap: argparse.ArgumentParser) -> None:
+    """The flags both runners share: ``--resume``, ``--done-in``, ``--device``, ``--shard`` and ``--device-lock``."""
+    ap.add_argument("--resume", action="store_true", help="keep the problems a stopped run wrote and skip them")
+    ap.add_argument("--done-in", default=None, metavar="DIR",
+                    help="skip the problems an earlier call's merged run folder holds (merge it back in afterwards)")
+    ap.add_argument("--device", default="cpu", help="torch device of the model (cpu, cuda, cuda:1, ...)")
+    ap.add_argument("--shard", default=None, metavar="I/N", help="run the problems i with i %% N == I (default: all)")
+    ap.add_argument("--device-lock", default=None, metavar="DIR",
+                    help="take the device shared for each generation (kvpop_lab.peers.device_lock)")
+
+
+def check_done_in(folder: str | Path | None) -> None:
+    """A ``--done-in`` folder is a run folder (it has a ``meta.json``), else a ValueError naming what to give."""
     if folder is not None and not (Path(folder) / "meta.json").is_file():
         raise ValueError(f"--done-in {folder} holds no meta.json: give the merged run folder of an earlier call "
                          "(raw.tar's kvpress/all or kvpop/all, unpacked)")
+
+
+def done_in(folder: str | Path | None, name: str) -> set[int]:
+    """The problem indices ``folder/name`` holds (an earlier call's merged run folder: ``--done-in``); none when
+    ``folder`` is None or has no such file. Its problems are skipped here and joined back in at the merge."""
+    check_done_in(folder)
     if folder is None or not (Path(folder) / name).is_file():
         return set()
     return {json.loads(t)["index"] for t in read_run_file(Path(folder) / name)}

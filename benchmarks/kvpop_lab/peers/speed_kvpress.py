@@ -22,16 +22,14 @@ of memory reads ``OOM``. Rows are appended to ``--out`` as they finish.
 from __future__ import annotations
 
 import argparse
-import sys
-from importlib import metadata
 import time
 import traceback
-from pathlib import Path
+from importlib import metadata
 
 from kvpop_lab.peers.device_lock import DeviceLock
 from kvpop_lab.peers.run_kvpress import PRESSES, build
-from kvpop_lab.peers.speed_rows import append_row, budget_entries, check_steps, parse_rows
-from kvpop_lab.utils.provenance import git_commit, versions
+from kvpop_lab.peers.speed_rows import append_row, budget_entries, check_steps, parse_rows, run_stamp
+from kvpop_lab.utils.provenance import versions
 
 MODES = ("decoding", "prefill")
 
@@ -125,11 +123,8 @@ def main(argv: list[str] | None = None) -> int:
     lock = DeviceLock(args.device_lock)
     common = {"system": "kvpress", "path": f"kvpress {args.press} ({args.mode}), DynamicCache, eager",
               "shape": args.shape, "dtype": str(dtype)[6:],
-              "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
               "versions": dict(versions("torch", "transformers"), kvpress=metadata.version("kvpress")),
-              "commit": git_commit(Path(__file__)),
-              "date": time.strftime("%Y-%m-%d", time.gmtime()),
-              "command": "python -m kvpop_lab.peers.speed_kvpress " + " ".join(sys.argv[1:] if argv is None else argv)}
+              **run_stamp("kvpop_lab.peers.speed_kvpress", argv, device)}
     for context, batch in rows:
         row = measure(model, args.press, args.mode, context, batch, budgets[context], args, device, lock)
         row.update(common)

@@ -28,11 +28,8 @@ from __future__ import annotations
 
 import argparse
 import gc
-import sys
-import time
-from pathlib import Path
 
-from kvpop_lab.peers.speed_rows import append_row, budget_entries, check_steps, parse_rows
+from kvpop_lab.peers.speed_rows import append_row, budget_entries, check_steps, parse_rows, run_stamp
 
 SYSTEMS = {"kvpop": "KVpopCache knorm, prefill_in_chunks, run_ahead_sample, fused projections, compiled decode",
            "static": "StaticCache (full context), generate's compiled decode"}
@@ -85,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     from kvpop_lab.bench.generate_call_speed import measure
     from kvpop_lab.bench.shapes import build_model
     from kvpop_lab.peers.device_lock import DeviceLock
-    from kvpop_lab.utils.provenance import git_commit, versions
+    from kvpop_lab.utils.provenance import versions
 
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
@@ -104,10 +101,8 @@ def main(argv: list[str] | None = None) -> int:
                             warmup=args.warmup, synthetic_from=args.synthetic_from or None, compile_mode=None,
                             no_retry=False, process="first")
     common = {"system": args.system, "path": SYSTEMS[args.system], "shape": args.shape, "dtype": str(dtype)[6:],
-              "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-              "versions": versions("torch", "transformers", "triton"), "commit": git_commit(Path(__file__)),
-              "date": time.strftime("%Y-%m-%d", time.gmtime()),
-              "command": "python -m kvpop_lab.peers.speed_ours " + " ".join(sys.argv[1:] if argv is None else argv)}
+              "versions": versions("torch", "transformers", "triton"),
+              **run_stamp("kvpop_lab.peers.speed_ours", argv, device)}
     for i, (context, batch) in enumerate(rows):
         if i:  # a fresh compile for this row's shapes, as in a process of its own (no dynamic-shape graph)
             torch._dynamo.reset()

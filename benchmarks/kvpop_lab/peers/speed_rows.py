@@ -1,13 +1,14 @@
-"""The rows of the peers speed table (pure Python, no kvpop_hf): which (context, batch) pairs, the budget each holds,
-and the JSONL the three runners append to as each row finishes (``kvpop_lab.peers.speed_ours`` for KVpop and
-StaticCache, ``kvpop_lab.peers.speed_kvpress`` for kvpress, ``kvpop_lab.peers.speed_table`` joins them)."""
+"""The rows of the peers speed table (no kvpop_hf; torch only inside :func:`run_stamp`): which (context, batch)
+pairs, the budget each holds, what each row records of its run, and the JSONL the three runners append to as each
+row finishes (``kvpop_lab.peers.speed_ours`` for KVpop and StaticCache, ``kvpop_lab.peers.speed_kvpress`` for
+kvpress, ``kvpop_lab.peers.speed_table`` joins them)."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-__all__ = ["parse_rows", "budget_entries", "append_row", "read_rows", "FAILED", "check_steps"]
+__all__ = ["parse_rows", "budget_entries", "append_row", "read_rows", "FAILED", "check_steps", "run_stamp"]
 
 FAILED = ("OOM", "error")  # what a row's measured fields hold when the call ran out of memory or failed otherwise
 
@@ -65,3 +66,18 @@ def check_steps(new_tokens: int, warmup: int) -> None:
     if new_tokens < warmup + 3:
         raise ValueError(f"--new-tokens {new_tokens} leaves no timed step after --warmup {warmup}: "
                          f"use --new-tokens >= {warmup + 3}.")
+
+
+def run_stamp(module: str, argv: list[str] | None, device) -> dict:
+    """What every row of a runner records of its run: the device's name, the commit, the date and the command
+    (``python -m <module> <argv>``)."""
+    import sys
+    import time
+
+    import torch
+
+    from kvpop_lab.utils.provenance import git_commit
+
+    return {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+            "commit": git_commit(Path(__file__)), "date": time.strftime("%Y-%m-%d", time.gmtime()),
+            "command": f"python -m {module} " + " ".join(sys.argv[1:] if argv is None else argv)}

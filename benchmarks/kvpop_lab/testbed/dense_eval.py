@@ -14,6 +14,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
+from kvpop_hf import KVpopCache
 from kvpop_hf.compat import cache_kwarg
 from .tasks import Problem
 from .tokenizer import count_tokens, extract_answer, normalize
@@ -28,11 +29,9 @@ def _max_new_tokens(problem: Problem, margin: int = 8) -> int:
 
 @torch.no_grad()
 def chunking_keeps_sets(cache: Any) -> bool:
-    """Whether ``cache`` keeps the same entries however the prompt is chunked: a cache with a static-score scorer
-    (recency, key norm, KeyDiff, the learned MLP / mLSTM; docs/design.md section 1). Attention-scored ones (TOVA,
-    H2O, SnapKV: ``scorer.dynamic``), dense caches and caches without a scorer (DMS) count as not."""
-    scorer = getattr(cache, "scorer", None)
-    return scorer is not None and not getattr(scorer, "dynamic", False)
+    """Whether ``cache`` keeps the same entries however the prompt is chunked (``KVpopCache.prefill_chunks_exact``:
+    static-score scorers). Dense caches (None) and caches other than KVpopCache (DMS) count as not."""
+    return isinstance(cache, KVpopCache) and cache.prefill_chunks_exact
 
 
 def exact_match(model: Any, tokenizer: Any, problems: Sequence[Problem], max_new_tokens: int | None = None,
