@@ -355,3 +355,36 @@ def test_speed_table_ratios_and_missing_rows(tmp_path):
         rows = list(csv.DictReader(fh))
     assert list(rows[0]) == speed_table.COLUMNS and len(rows) == 6
     assert "| kvpress | 64 | 1 |" in (tmp_path / "s.md").read_text()
+
+
+def test_plot_draws_the_quality_table_and_the_speed_table(tmp_path):
+    """The figure of results/peers: the shipped quality CSV and a speed table with a row that did not run."""
+    import csv
+
+    from kvpop_lab.peers import plot, speed_table
+
+    lines = speed_table.table({"kvpop": [{"context": 32768, "batch": 1, "decode_ms": 6.0, "prefill_s": 3.0,
+                                          "peak_gb": 2.0}],
+                               "kvpress": [{"context": 32768, "batch": 1, "decode_ms": 30.0, "prefill_s": 4.0,
+                                            "peak_gb": 9.0}]},
+                              [(32768, 1), (131072, 1)])
+    speed = tmp_path / "speed.csv"
+    with open(speed, "w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=speed_table.COLUMNS)
+        w.writeheader()
+        w.writerows({c: line.get(c, "") for c in speed_table.COLUMNS} for line in lines)
+    out = tmp_path / "peers.png"
+    assert plot.main(["--quality", str(ROOT / "results" / "peers" / "quality_4k.csv"), "--speed", str(speed),
+                      "--out", str(out), "--chance", "0.1"]) == 0
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 10_000
+
+
+def test_plot_refuses_a_table_without_exact_match(tmp_path):
+    from kvpop_lab.peers import plot
+
+    empty = tmp_path / "q.csv"
+    empty.write_text("library,policy,mode,compression,B,n,em,se\n")
+    with pytest.raises(SystemExit):
+        plot.main(["--quality", str(empty), "--out", str(tmp_path / "x.png")])
+    with pytest.raises(SystemExit):
+        plot.main(["--quality", str(tmp_path / "missing.csv"), "--out", str(tmp_path / "x.png")])
