@@ -122,10 +122,12 @@ def simulate(policy, q, k, v, schedule, s, w, topk, valid=None, scale=None, **sn
     return sims, out
 
 
-def drive(policy, q, k, v, schedule, s, w, topk, valid=None, **snap):
-    """Feed the cache layer through `kvpop_attention` (as a model would); kept sets after each call and outputs."""
+def drive(policy, q, k, v, schedule, s, w, topk, valid=None, heads="kv_head", **snap):
+    """Feed the cache layer through `kvpop_attention` (as a model would); kept sets after each call and outputs.
+    TOVA runs with ``heads`` (the per-KV-head rule by default, which :func:`simulate` follows head by head)."""
     b, hq, S, d = q.shape
-    cfg = KVpopConfig(sinks=s, window=w, topk=topk, scorer=policy, scorer_kwargs=snap if policy == "snapkv" else {},
+    kwargs = snap if policy == "snapkv" else {"heads": heads} if policy == "tova" else {}
+    cfg = KVpopConfig(sinks=s, window=w, topk=topk, scorer=policy, scorer_kwargs=kwargs,
                       num_layers=1, num_kv_heads=k.shape[1], head_dim=d)
     cache = KVpopCache(kvpop_config=cfg)
     module, outs, i = SimpleNamespace(training=False), [], 0
@@ -207,6 +209,60 @@ def test_left_padding(policy):
     _, kept, out = drive(policy, q, k, v, sizes, s, w, topk, valid=valid)
     assert kept == [[sim.kept for sim in row] for row in sims]
     torch.testing.assert_close(out.double()[valid], ref_out[valid], atol=1e-5, rtol=1e-5)
+
+
+class LayerSimulation(Simulation):
+    """TOVA with ``heads="layer"`` for one row: one kept set for all KV heads, scored by the latest query's
+    probabilities averaged over every query head of the layer. ``q_heads`` / ``keys`` are per KV head: lists of
+    the group's queries and of ``{position: key}``."""
+
+    def _probs(self, q_heads, keys, visible, scale):
+        means, per_head = [], []
+        for q_group, keys_h in zip(q_heads, keys):
+            mean, heads = Simulation._probs(self, q_group, keys_h, visible, scale)
+            means.append(mean)
+            per_head += heads
+        return {c: sum(m[c] for m in means) / len(means) for c in visible}, per_head
+
+
+@pytest.mark.parametrize("schedule", sorted(SCHEDULES))
+def test_tova_layer_mode_follows_the_rule(schedule):
+    """The default TOVA: every KV head of a layer keeps the same positions, those of the rule with the attention
+    averaged over all query heads; outputs as the rule's."""
+    s, w, topk = 2, 3, 4
+    q, k, v = random_qkv(b=2, hkv=3, G=2, seed=len(schedule))
+    sizes = SCHEDULES[schedule]
+    b, hq, S, d = q.shape
+    hkv, G = k.shape[1], hq // k.shape[1]
+    ref_out = torch.zeros(b, S, hq, v.shape[-1], dtype=torch.float64)
+    sims = []
+    for bi in range(b):
+        sim, keys, i = LayerSimulation("tova", s, w, topk), [{} for _ in range(hkv)], 0
+        for n in sizes:
+            for j in range(i, i + n):
+                for hi in range(hkv):
+                    keys[hi][j] = k[bi, hi, j]
+            groups = lambda j: [[q[bi, g, j] for g in range(hi * G, (hi + 1) * G)] for hi in range(hkv)]
+            rows = [sim.decode(groups(i), keys, d ** -0.5)] if n == 1 else sim.chunk(
+                [groups(j) for j in range(i, i + n)], keys, d ** -0.5)
+            for j, per_head in zip(range(i, i + n), rows):
+                for g, probs in enumerate(per_head):
+                    ref_out[bi, j, g] = sum(p * v[bi, g // G, c].double() for c, p in probs.items())
+            i += n
+        sims.append(sim)
+    _, kept, out = drive("tova", q, k, v, sizes, s, w, topk, heads="layer")
+    for bi in range(b):
+        assert all(kept[bi][hi] == sims[bi].kept for hi in range(hkv)), bi
+        assert len(sims[bi].kept) == s + w + topk
+    torch.testing.assert_close(out.double(), ref_out, atol=1e-5, rtol=1e-5)
+
+
+def test_tova_heads_option():
+    q, k, v = random_qkv(b=1, hkv=2, G=2, S=20, seed=4)
+    _, per_head, _ = drive("tova", q, k, v, [12] + [1] * 8, 1, 2, 3, heads="kv_head")
+    assert per_head[0][0] != per_head[0][1]  # these heads decide differently on their own
+    with pytest.raises(ValueError, match="'layer'.*'kv_head'"):
+        drive("tova", q, k, v, [4], 1, 2, 3, heads="all")
 
 
 def test_canonical_tova_without_sinks_and_window():

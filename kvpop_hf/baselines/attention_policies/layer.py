@@ -8,7 +8,8 @@ call (docs/design.md §7):
 * decode step ``t``: the token leaving the window (``t - w``) and the weakest long-range entry compete
   with the scores recorded by query ``t - 1`` (ties: the older one goes), then token ``t`` is written
   and attends to all ``B`` slots; its group-averaged probabilities ``[b, Hkv, B]`` update ``prio``
-  (TOVA: replace, H2O: add, SnapKV: nothing, new tokens score -inf).
+  (TOVA: replace, by default with the mean over all the layer's heads; H2O: add; SnapKV: nothing, new tokens
+  score -inf).
 * prompt chunk: each real query attends to every stored entry and every chunk token up to its own
   position (full causal, ``C = n_old + L`` candidates); at the chunk's end the policy's votes give the
   candidates' scores and the layer keeps the sinks, the window and the best ``k`` others.
@@ -56,7 +57,7 @@ class DecodeScores(_Handoff):
 
     def finish(self, votes: torch.Tensor) -> None:
         layer = self.layer()
-        new = layer.scorer.decode_update(layer.prio, votes)
+        new = layer.scorer.decode_update(layer.prio, votes, layer.pos)
         layer.prio.copy_(torch.where(layer.pos >= 0, new, NEG_INF))
         self.finished()
 

@@ -49,8 +49,9 @@ class AttentionPolicy(Scorer):
         and the votes ``[b, h, C]`` of the chunk's weighted queries; cand_pos ``[b, h, C]`` (-1: none)."""
         raise NotImplementedError
 
-    def decode_update(self, prio: torch.Tensor, probs: torch.Tensor) -> torch.Tensor:
-        """Scores ``[b, h, B]`` after a decode step from the stored ones and that query's probabilities."""
+    def decode_update(self, prio: torch.Tensor, probs: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        """Scores ``[b, h, B]`` after a decode step from the stored ones and that query's probabilities;
+        pos ``[b, h, B]`` the slots' positions (-1: empty)."""
         raise NotImplementedError
 
     # score of a new decode token until its own attention is recorded (TOVA/H2O overwrite/add to it)
@@ -65,16 +66,34 @@ def _last_real(valid: torch.Tensor) -> torch.Tensor:
 
 
 class TOVAPolicy(AttentionPolicy):
-    """TOVA: score = attention probability of the latest query (mean over the group's query heads)."""
+    """TOVA: score = attention probability of the latest query. ``heads="layer"`` (default, the paper's rule):
+    averaged over every query head of the layer, so all KV heads of a layer keep the same positions;
+    ``heads="kv_head"``: averaged over each KV head's own query heads, each KV head deciding alone."""
+
+    HEADS = ("layer", "kv_head")
+
+    def __init__(self, num_layers, num_kv_heads, head_dim, heads: str = "layer"):
+        super().__init__(num_layers, num_kv_heads, head_dim)
+        if heads not in self.HEADS:
+            raise ValueError(f"Scorer 'tova': `heads` must be 'layer' (the latest query's attention averaged over "
+                             f"the layer's heads, as in the TOVA paper) or 'kv_head' (each KV head on its own), got "
+                             f"{heads!r}. Fix scorer_kwargs={{'heads': ...}}.")
+        self.heads = heads
+
+    def config_dict(self):
+        return {"heads": self.heads}
 
     def query_weights(self, valid):
         return _last_real(valid)
 
-    def chunk_scores(self, old, votes, cand_pos, n_old):
-        return votes
+    def _shared(self, votes, pos):
+        return votes if self.heads == "kv_head" else mean_over_heads_by_position(votes, pos)
 
-    def decode_update(self, prio, probs):
-        return probs
+    def chunk_scores(self, old, votes, cand_pos, n_old):
+        return self._shared(votes, cand_pos)
+
+    def decode_update(self, prio, probs, pos):
+        return self._shared(probs, pos)
 
 
 class H2OPolicy(AttentionPolicy):
@@ -87,7 +106,7 @@ class H2OPolicy(AttentionPolicy):
         acc = torch.cat([old, old.new_zeros(*old.shape[:2], votes.shape[-1] - n_old)], dim=-1)
         return acc + votes
 
-    def decode_update(self, prio, probs):
+    def decode_update(self, prio, probs, pos):
         return prio + probs
 
 
@@ -122,8 +141,21 @@ class SnapKVPolicy(AttentionPolicy):
     def chunk_scores(self, old, votes, cand_pos, n_old):
         return pool_by_position(votes, cand_pos, self.kernel_size, self.pooling)
 
-    def decode_update(self, prio, probs):
+    def decode_update(self, prio, probs, pos):
         return prio
+
+
+def mean_over_heads_by_position(values: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+    """``values [b, h, C]`` of the entries at positions ``pos [b, h, C]`` (-1: none) -> for each entry the mean of
+    the values every KV head of its row holds for that position (the layer-wide score of TOVA; the group means are
+    over equal numbers of query heads, so this is the mean over all query heads). Entries without a position: 0."""
+    b = values.shape[0]
+    top = int(pos.max()) + 1 if pos.numel() else 0
+    idx = torch.where(pos >= 0, pos, top).reshape(b, -1)  # bucket ``top`` collects the empty slots
+    total = values.new_zeros(b, top + 1).scatter_add_(1, idx, values.reshape(b, -1).float())
+    count = values.new_zeros(b, top + 1).scatter_add_(1, idx, torch.ones_like(idx, dtype=values.dtype))
+    mean = (total / count.clamp(min=1)).gather(1, idx).reshape(values.shape)
+    return torch.where(pos >= 0, mean, 0.0).to(values.dtype)
 
 
 def pool_by_position(votes: torch.Tensor, cand_pos: torch.Tensor, kernel: int, pooling: str) -> torch.Tensor:
