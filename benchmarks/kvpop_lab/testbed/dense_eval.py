@@ -27,13 +27,13 @@ def _max_new_tokens(problem: Problem, margin: int = 8) -> int:
     return count_tokens(problem.target) + 1 + margin
 
 
-@torch.no_grad()
 def chunking_keeps_sets(cache: Any) -> bool:
     """Whether ``cache`` keeps the same entries however the prompt is chunked (``KVpopCache.prefill_chunks_exact``:
     static-score scorers). Dense caches (None) and caches other than KVpopCache (DMS) count as not."""
     return isinstance(cache, KVpopCache) and cache.prefill_chunks_exact
 
 
+@torch.no_grad()
 def exact_match(model: Any, tokenizer: Any, problems: Sequence[Problem], max_new_tokens: int | None = None,
                 batch_size: int = 8, cache_factory: Callable[[], Any] | None = None,
                 progress: bool = True, prefill_chunk: int | None = None) -> dict:
