@@ -105,3 +105,65 @@ def test_retrofit_variety_runs_several_steps_a_call_until_done(tmp_path):
     assert len(logs) == 3 and len(steps) == 6, steps  # 6 steps in 3 calls
     assert "could take OUT past 8 files" in logs[0]
     assert (tmp_path / "lw" / "tables" / "table.md").is_file()
+
+
+def _knob(schedule, r, key):
+    r = subprocess.run(["bash", "-c", 'source benchmarks/gpu/rounds.sh && schedule_knob "$@"', "_", str(schedule),
+                        str(r), key], cwd=ROOT, capture_output=True, text=True)
+    return r.returncode, r.stdout.strip(), r.stderr
+
+
+def test_schedule_knob_reads_round_lines(tmp_path):
+    s = tmp_path / "s.txt"
+    s.write_text("# a comment\n1: TB=5 LENS=512:512 LR=1e-3   # trailing comment\n\n"
+                 "2: TB=7 FAMILY_WEIGHTS=vt=0.1,cwe=0.2\n")
+    assert _knob(s, 1, "TB")[:2] == (0, "5") and _knob(s, 1, "LR")[:2] == (0, "1e-3")
+    assert _knob(s, 2, "TB")[:2] == (0, "7") and _knob(s, 2, "LR")[:2] == (0, "")  # a line sets only what it names
+    assert _knob(s, 2, "FAMILY_WEIGHTS")[:2] == (0, "vt=0.1,cwe=0.2")
+    assert _knob(s, 5, "TB")[:2] == (0, "7")  # past the last line: the last line
+    assert _knob("", 1, "TB")[:2] == (0, "")  # no schedule
+    for text, needle in (("1: TB=5 LRR=1\n", "LRR=1 is not KEY=VALUE"), ("1: TB=5\n3: TB=6\n", "round 3 where round 2"),
+                         ("TB=5\n", 'starts with "<round>:"')):
+        s.write_text(text)
+        rc, _, err = _knob(s, 1, "TB")
+        assert rc == 2 and needle in err, (text, err)
+    assert _knob(tmp_path / "missing.txt", 1, "TB")[0] == 2
+
+
+def test_teacher_round_follows_the_schedule_and_the_environment_wins(tmp_path):
+    sched = tmp_path / "schedule.txt"
+    sched.write_text("1: TB=2 LENS=512:512 LR=3e-3 REASONING_WEIGHT=0.2 LOOKUP_WEIGHT=0.05 "
+                     "FAMILY_WEIGHTS=niah_multiquery=0.5\n2: TB=1 LR=2e-3\n")
+    env = dict(OUT=str(tmp_path / "out"), WORK=str(tmp_path / "w"), DEVICE="cpu", INIT="scratch", HIDDEN="32",
+               LAYERS="1", HEADS="2", KV_HEADS="1", HEAD_DIM="16", INTERMEDIATE="64", LEN="512", QUICK_N="1",
+               WORKERS="0", WINDOW="16", FAMILIES=FAMILIES, DEADLINE="600", SCHEDULE=str(sched), LENS="512:512")
+    rc, log = _run("many_family_teacher.sh", {**env, "LOOKUP_WEIGHT": "0.15"})
+    assert rc == 0, log[-4000:]
+    args = json.loads((tmp_path / "w" / "round1" / "teacher" / "manifest.json").read_text())["args"]
+    assert (args["time_budget"], args["lr"], args["reasoning_weight"]) == (2.0, 3e-3, 0.2)
+    assert args["family_weight"] == [["niah_multiquery", 0.5]]
+    assert args["lookup_weight"] == 0.15  # given in the environment: wins over the schedule's 0.05
+
+    sched.write_text("1: TB=2 LR=oops=1 SEQ=3\n")  # a bad schedule is refused before any work
+    rc, log = _run("many_family_teacher.sh", {**env, "WORK": str(tmp_path / "w2")})
+    assert rc == 2 and "SEQ=3 is not KEY=VALUE" in log and not (tmp_path / "w2").exists()
+
+
+def test_shipped_schedule_is_valid():
+    """Every round of benchmarks/gpu/many_family_schedule.txt parses and gives a valid mixture of the seven families."""
+    from kvpop_lab.pretrain_teacher import mixture_weights
+
+    sched = ROOT / "benchmarks" / "gpu" / "many_family_schedule.txt"
+    rounds = [l.split(":")[0] for l in sched.read_text().splitlines() if l.split("#")[0].strip()]
+    assert rounds == [str(r) for r in range(1, len(rounds) + 1)] and len(rounds) >= 4
+    seven = "reasoning,vt,niah_multikey,niah_multivalue,niah_multiquery,cwe,fwe".split(",")
+    for r in range(1, len(rounds) + 1):
+        got = {k: _knob(sched, r, k) for k in ("TB", "LENS", "LR", "REASONING_WEIGHT", "LOOKUP_WEIGHT", "FAMILY_WEIGHTS")}
+        assert all(rc == 0 for rc, _, _ in got.values()), got
+        v = {k: out for k, (_, out, _) in got.items()}
+        assert float(v["TB"]) > 0 and float(v["LR"]) > 0
+        lo, hi = map(int, v["LENS"].split(":"))
+        assert 256 <= lo <= hi <= 4096
+        named = [(f, float(w)) for f, w in (p.split("=") for p in v["FAMILY_WEIGHTS"].split(",") if p)]
+        w = mixture_weights(float(v["REASONING_WEIGHT"]), float(v["LOOKUP_WEIGHT"]), named, seven)
+        assert abs(sum(w.values()) - 1) < 1e-6 and min(w.values()) > 0, (r, w)

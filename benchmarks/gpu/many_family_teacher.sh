@@ -9,7 +9,10 @@
 #                larger Qwen3, HIDDEN x LAYERS below, about 15.6M parameters with the defaults). Mixture: the
 #                families of FAMILIES, reasoning REASONING_WEIGHT, the lookup drill LOOKUP_WEIGHT (16 facts), any
 #                FAMILY_WEIGHTS, the rest split evenly; reasoning with the 4k knobs (10 facts, 4 steps). Round r
-#                trains at the r-th length range of LENS and learning rate of LRS (the last one for later rounds).
+#                takes its seconds, lengths, learning rate and mixture from line r of SCHEDULE (default
+#                benchmarks/gpu/many_family_schedule.txt, the recipe of the many-family teacher; none from
+#                scratch), a knob given in the environment winning over it; without a schedule, round r trains at
+#                the r-th length range of LENS and learning rate of LRS (the last one for later rounds).
 #                Then a quick dense kvpop-eval on QUICK_N problems per family at LEN tokens (seeds 2^48 + 9000 + i,
 #                never the final ones), to decide on another round.
 #                -> WORK/round<r>/{teacher/, teacher.log, quick/}; OUT/teacher_r<r>.tar (split in 15 MiB parts
@@ -23,13 +26,14 @@
 #
 # Usage (one H100/H200; each call ~9 min):
 #   OUT=$OUT bash benchmarks/gpu/many_family_teacher.sh                      round 1 from the shipped teacher
-#   OUT=$OUT bash benchmarks/gpu/many_family_teacher.sh                      round 2 (same WORK: same warm machine)
+#   OUT=$OUT bash benchmarks/gpu/many_family_teacher.sh                      round 2 (same WORK: same warm machine),
+#                                                                            and so on down the schedule
 #   OUT=$OUT STAGE=eval bash benchmarks/gpu/many_family_teacher.sh           the table
 #   INIT=scratch OUT=$OUT WORK=out/mf_scratch bash benchmarks/gpu/many_family_teacher.sh   (3 rounds: 256-1024,
 #                                                                            1024-2048, then 1024-4096 tokens)
 # A fresh machine holds nothing of the last: unpack OUT's teacher_r<r>.tar (cat the parts) into WORK here and name
 # WORK/round<r> in the device run's carry; the next call then continues from it.
-# Knobs: WORK (out/many_family; /out is git-ignored), INIT, FAMILIES (reasoning,vt,niah_multikey,niah_multivalue,
+# Knobs: WORK (out/many_family; /out is git-ignored), INIT, SCHEDULE ("" for none), FAMILIES (reasoning,vt,niah_multikey,niah_multivalue,
 # niah_multiquery,cwe,fwe), REASONING_WEIGHT (0.3), LOOKUP_WEIGHT (0.1), FAMILY_WEIGHTS ("" e.g. "vt=0.15 cwe=0.1"),
 # TB (training seconds per round, 400), LRS (learning rate per round: "7e-4", from scratch "2e-3 1e-3 7e-4"), LENS
 # (length range per round: "1024:4096", from scratch "256:1024 1024:2048 1024:4096"), CURRICULUM (the share of a
@@ -44,7 +48,11 @@ set -u
 : "${OUT:?set OUT to an output directory}"
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 source benchmarks/gpu/lab_env.sh
+source "$(dirname "${BASH_SOURCE[0]}")/rounds.sh"  # latest_round DIR, schedule_knob FILE R KEY
+EXPLICIT=" "  # the round knobs given in the environment: they win over the schedule
+for v in TB LRS LENS REASONING_WEIGHT LOOKUP_WEIGHT FAMILY_WEIGHTS; do [ -n "${!v+x}" ] && EXPLICIT+="$v "; done
 STAGE=${STAGE:-train}; WORK=${WORK:-out/many_family}; INIT=${INIT:-checkpoints/testbed-4k-teacher}
+if [ "$INIT" = scratch ]; then SCHEDULE=${SCHEDULE-}; else SCHEDULE=${SCHEDULE-$MF_SCHEDULE}; fi
 FAMILIES=${FAMILIES:-reasoning,vt,niah_multikey,niah_multivalue,niah_multiquery,cwe,fwe}
 L=${LEN:-4096}; DEVICE=${DEVICE:-cuda}; DEADLINE=${DEADLINE:-570}; TB=${TB:-400}; EBS=${EBS:-40}
 if [ "$INIT" = scratch ]; then LRS=${LRS:-2e-3 1e-3 7e-4}; LENS=${LENS:-256:1024 1024:2048 1024:4096}
@@ -63,9 +71,8 @@ except ValueError as err:
 if [ "$INIT" != scratch ] && [ ! -f "$INIT/config.json" ]; then
   echo "INIT=$INIT holds no model (config.json): a teacher folder or INIT=scratch" >&2; exit 2
 fi
+for v in $SCHEDULE_KEYS; do schedule_knob "$SCHEDULE" 1 "$v" > /dev/null || exit 2; done  # a bad schedule: before any work
 mkdir -p "$OUT" "$WORK"
-
-source "$(dirname "${BASH_SOURCE[0]}")/rounds.sh"  # latest_round DIR
 
 nth() {  # index list...: the index-th word (1-based), or the last one
   local i=$1; shift
@@ -81,23 +88,33 @@ dense_eval() {  # out-dir n seed-base families teacher
   local rc=$?; stamp "dense eval ${1#"$WORK"/} exit $rc"; return $rc
 }
 
+round_knob() {  # round env-name schedule-key fallback: the environment's value when given there, else the
+  local v=""    # schedule's for the round, else the fallback
+  if [[ "$EXPLICIT" != *" $2 "* ]]; then v=$(schedule_knob "$SCHEDULE" "$1" "$3"); fi
+  echo "${v:-$4}"
+}
+
 stage_train() {
-  local prev r D lr lens lo hi init fw=() f arch=()
+  local prev r D lr lens lo hi init fw=() f arch=() tb rw lw fws
   prev=$(latest_round "$WORK"); r=$((prev + 1)); D=$WORK/round$r
-  lr=$(nth $r $LRS); lens=$(nth $r $LENS); lo=${lens%%:*}; hi=${lens#*:}
+  lr=$(round_knob $r LRS LR "$(nth $r $LRS)"); lens=$(round_knob $r LENS LENS "$(nth $r $LENS)")
+  lo=${lens%%:*}; hi=${lens#*:}; tb=$(round_knob $r TB TB "$TB")
+  rw=$(round_knob $r REASONING_WEIGHT REASONING_WEIGHT "${REASONING_WEIGHT:-0.3}")
+  lw=$(round_knob $r LOOKUP_WEIGHT LOOKUP_WEIGHT "${LOOKUP_WEIGHT:-0.1}")
+  fws=$(round_knob $r FAMILY_WEIGHTS FAMILY_WEIGHTS "${FAMILY_WEIGHTS:-}")
   if [ "$prev" -gt 0 ]; then init=(--init-from "$WORK/round$prev/teacher")
   elif [ "$INIT" != scratch ]; then init=(--init-from "$INIT")
   else init=(); arch=(--hidden "${HIDDEN:-384}" --layers "${LAYERS:-8}" --heads "${HEADS:-12}" --kv-heads "${KV_HEADS:-4}"
     --head-dim "${HEAD_DIM:-32}" --intermediate "${INTERMEDIATE:-1152}"); fi
-  for f in ${FAMILY_WEIGHTS:-}; do fw+=(--family-weight "$f"); done
+  for f in ${fws//,/ }; do fw+=(--family-weight "$f"); done
   mkdir -p "$D"
-  stamp "round $r from ${init[1]:-scratch}: $lens tokens, lr $lr, $TB s"
-  timeout $((TB + 150)) python3 training/pretrain_teacher.py --out "$D/teacher" "${init[@]}" "${arch[@]}" \
-    --max-weights-mib "${MAX_MIB:-64}" --steps 1000000 --time-budget "$TB" --seq-len "$lo:$hi" --len-multiple 256 \
+  stamp "round $r from ${init[1]:-scratch}: $lens tokens, lr $lr, $tb s, reasoning $rw, lookup $lw${fws:+, $fws}"
+  timeout $((tb + 150)) python3 training/pretrain_teacher.py --out "$D/teacher" "${init[@]}" "${arch[@]}" \
+    --max-weights-mib "${MAX_MIB:-64}" --steps 1000000 --time-budget "$tb" --seq-len "$lo:$hi" --len-multiple 256 \
     --curriculum-frac "${CURRICULUM:-0}" --curriculum-len "$lo:${CLEN:-2560}" --warmup 100 --lr "$lr" --seed "$r" \
     --workers "${WORKERS:-12}" --log-every 250 --probe-every 500 --probe-n 16 --probe-len "$hi" --eval-n 0 \
     --tokens-per-batch 32768 "${KNOBS[@]}" --knob lookup.n_facts=16 --families "$FAMILIES" \
-    --reasoning-weight "${REASONING_WEIGHT:-0.3}" --lookup-weight "${LOOKUP_WEIGHT:-0.1}" "${fw[@]}" \
+    --reasoning-weight "$rw" --lookup-weight "$lw" "${fw[@]}" \
     --device "$DEVICE" > "$D/teacher.log" 2>&1
   local rc=$?; stamp "round $r exit $rc"; grep -E "^model:|^trained|^probe step" "$D/teacher.log" | tail -4
   if [ $rc != 0 ] || [ ! -f "$D/teacher/config.json" ]; then
