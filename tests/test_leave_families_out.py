@@ -165,12 +165,12 @@ def test_plan_and_split_commands(tmp_path, capsys):
     assert lfo.main(["plan", str(tmp_path), "--setting", "length=4096", "--setting", "window=64"]) == 0
     plan = json.loads((tmp_path / "plan.json").read_text())
     assert plan["length"] == 4096 and plan["window"] == 64 and plan["ks"] == [1, 2, 4]
-    assert plan["common_heldout"] == ["niah_multivalue", "niah_multiquery", "fwe"]
+    assert plan["common_heldout"] == ["niah_multivalue", "niah_multiquery"]
     capsys.readouterr()
     lfo.main(["split", str(tmp_path), "--k", "2", "--field", "retrofit"])
     assert capsys.readouterr().out.strip() == "reasoning,vt"
     lfo.main(["split", str(tmp_path), "--k", "2", "--field", "heldout"])
-    assert capsys.readouterr().out.strip() == "niah_multikey,niah_multivalue,niah_multiquery,cwe,fwe"
+    assert capsys.readouterr().out.strip() == "niah_multikey,niah_multivalue,niah_multiquery,fwe"
     with pytest.raises(SystemExit, match="k=3 is not in the plan"):
         lfo.main(["split", str(tmp_path), "--k", "3"])
     with pytest.raises(SystemExit, match="length=<tokens per problem>"):

@@ -1,8 +1,9 @@
-"""CPU smoke test of the issue-48 pipeline end to end at toy scale, through its two GPU scripts: a tiny many-family
-teacher (two resumed training rounds of a few seconds at 512 tokens, then its per-family dense table), and the
-leave-families-out driver (baselines, KVpop and DMS retrofitted on one family for two steps, evaluation on the two
-held-out families with two problems each, the table builder). It checks that every stage runs and hands over to the
-next and that the tables have the right rows; the numbers of so small a run mean nothing."""
+"""CPU smoke test of the leave-families-out pipeline (docs/retrofit_data.md) end to end at toy scale, through its two
+GPU scripts: a tiny many-family teacher (two resumed training rounds of a few seconds at 512 tokens, then its per-
+family dense table), and the leave-families-out driver (baselines, KVpop and DMS retrofitted on one family for two
+steps, evaluation on the two held-out families with two problems each, the table builder). It checks that every
+stage runs and hands over to the next and that the tables have the right rows; the numbers of so small a run mean
+nothing."""
 
 from __future__ import annotations
 
@@ -150,20 +151,25 @@ def test_teacher_round_follows_the_schedule_and_the_environment_wins(tmp_path):
 
 
 def test_shipped_schedule_is_valid():
-    """Every round of benchmarks/gpu/many_family_schedule.txt parses and gives a valid mixture of the seven families."""
+    """Every round of benchmarks/gpu/many_family_schedule.txt parses and gives a valid mixture that holds the six
+    families of the experiment."""
     from kvpop_lab.pretrain_teacher import mixture_weights
 
     sched = ROOT / "benchmarks" / "gpu" / "many_family_schedule.txt"
     rounds = [l.split(":")[0] for l in sched.read_text().splitlines() if l.split("#")[0].strip()]
     assert rounds == [str(r) for r in range(1, len(rounds) + 1)] and len(rounds) >= 4
-    seven = "reasoning,vt,niah_multikey,niah_multivalue,niah_multiquery,cwe,fwe".split(",")
+    from kvpop_lab.bench.leave_families_out import FAMILIES as six
+
     for r in range(1, len(rounds) + 1):
-        got = {k: _knob(sched, r, k) for k in ("TB", "LENS", "LR", "REASONING_WEIGHT", "LOOKUP_WEIGHT", "FAMILY_WEIGHTS")}
+        got = {k: _knob(sched, r, k) for k in ("TB", "LENS", "LR", "REASONING_WEIGHT", "LOOKUP_WEIGHT", "FAMILY_WEIGHTS",
+                                                "TRAIN_FAMILIES")}
         assert all(rc == 0 for rc, _, _ in got.values()), got
         v = {k: out for k, (_, out, _) in got.items()}
         assert float(v["TB"]) > 0 and float(v["LR"]) > 0
         lo, hi = map(int, v["LENS"].split(":"))
         assert 256 <= lo <= hi <= 4096
         named = [(f, float(w)) for f, w in (p.split("=") for p in v["FAMILY_WEIGHTS"].split(",") if p)]
-        w = mixture_weights(float(v["REASONING_WEIGHT"]), float(v["LOOKUP_WEIGHT"]), named, seven)
+        fams = v["TRAIN_FAMILIES"].split(",") if v["TRAIN_FAMILIES"] else list(six)  # the script's FAMILIES
+        assert set(six) <= set(fams)
+        w = mixture_weights(float(v["REASONING_WEIGHT"]), float(v["LOOKUP_WEIGHT"]), named, fams)
         assert abs(sum(w.values()) - 1) < 1e-6 and min(w.values()) > 0, (r, w)

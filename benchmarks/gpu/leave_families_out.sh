@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Leave-families-out retrofits (issue 48): on a teacher that knows every family (benchmarks/gpu/many_family_teacher.sh),
+# Leave-families-out retrofits: on a teacher that knows every family (benchmarks/gpu/many_family_teacher.sh),
 # KVpop and DMS retrofitted on the first k families of ORDER (k in KS: 1, 2, 4), two seeds, the same STEPS at every
 # k, evaluated beside SnapKV, StreamingLLM and dense at 88% and 94% on every family; then held-out EM against k.
 # One GPU, in calls of under ten minutes; every stage reads and writes WORK (layout: kvpop_lab/bench/
@@ -36,7 +36,7 @@
 # A fresh machine holds nothing of the last: unpack OUT's tar files into WORK here and name TEACHER and the WORK
 # folders a stage reads (WORK/plan.json, WORK/k<k>) in the device run's carry.
 # Knobs: TEACHER (required), WORK (out/leave_families_out), FAMILIES (reasoning,vt,niah_multikey,niah_multivalue,
-# niah_multiquery,cwe,fwe), ORDER (reasoning,vt,niah_multikey,cwe), KS (1,2,4) -- the plan, fixed at WORK's first
+# niah_multiquery,fwe), ORDER (reasoning,vt,niah_multikey,fwe), KS (1,2,4) -- the plan, fixed at WORK's first
 # call --, SEEDS ("0 1"), POLICIES ("kvpop dms"), COMPRESSIONS ("88 94"), STEPS (400), BS (4), CAP (seconds a
 # training may run, 480), DMS_WEIGHTS ("88:3 94:1"), BASE_POLICIES (dense,snapkv,streaming), LEN (4096), WINDOW
 # (64), EVAL_N (80), SEED_BASE (2^48 + 5000: the problems of the teacher's table), EBS (40; DEBS for DMS, 20),
@@ -49,8 +49,8 @@ set -u
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 source benchmarks/gpu/lab_env.sh
 STAGE=${STAGE:-}; WORK=${WORK:-out/leave_families_out}; L=${LEN:-4096}; W=${WINDOW:-64}; N=${EVAL_N:-80}
-FAMILIES=${FAMILIES:-reasoning,vt,niah_multikey,niah_multivalue,niah_multiquery,cwe,fwe}
-ORDER=${ORDER:-reasoning,vt,niah_multikey,cwe}; KS=${KS:-1,2,4}; SEEDS=${SEEDS:-0 1}; POLICIES=${POLICIES:-kvpop dms}
+FAMILIES=${FAMILIES:-reasoning,vt,niah_multikey,niah_multivalue,niah_multiquery,fwe}
+ORDER=${ORDER:-reasoning,vt,niah_multikey,fwe}; KS=${KS:-1,2,4}; SEEDS=${SEEDS:-0 1}; POLICIES=${POLICIES:-kvpop dms}
 COMPRESSIONS=${COMPRESSIONS:-88 94}; STEPS=${STEPS:-400}; BS=${BS:-4}; CAP=${CAP:-480}; EBS=${EBS:-40}
 DEVICE=${DEVICE:-cuda}; TH=${THREADS:-1}; DEADLINE=${DEADLINE:-570}
 SEED_BASE=${SEED_BASE:-$((2 ** 48 + 5000))}

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# A testbed teacher that knows many task families at 4096 tokens (issue 48): reasoning, variable tracking and the
+# A testbed teacher that knows many task families at 4096 tokens: reasoning, variable tracking and the
 # RULER-style needles and word extractions, dense EM >= 0.9 wanted on every one. One GPU, in calls of under ten
 # minutes that resume from what WORK holds (a later call continues where the last one stopped).
 #
@@ -7,8 +7,8 @@
 #                teacher in WORK (WORK/round<r>/teacher, r highest) or, for round 1, INIT: a teacher folder (default
 #                checkpoints/testbed-4k-teacher, the shipped 5.76M-parameter 4k teacher) or INIT=scratch (a
 #                larger Qwen3, HIDDEN x LAYERS below, about 15.6M parameters with the defaults). Mixture: the
-#                families of FAMILIES, reasoning REASONING_WEIGHT, the lookup drill LOOKUP_WEIGHT (16 facts), any
-#                FAMILY_WEIGHTS, the rest split evenly; reasoning with the 4k knobs (10 facts, 4 steps). Round r
+#                families of FAMILIES (or the round's TRAIN_FAMILIES), reasoning REASONING_WEIGHT, the lookup
+#                drill LOOKUP_WEIGHT (16 facts), any FAMILY_WEIGHTS, the rest split evenly; reasoning with the 4k knobs (10 facts, 4 steps). Round r
 #                takes its seconds, lengths, learning rate and mixture from line r of SCHEDULE (default
 #                benchmarks/gpu/many_family_schedule.txt, the recipe of the many-family teacher; none from
 #                scratch), a knob given in the environment winning over it; without a schedule, round r trains at
@@ -34,7 +34,8 @@
 # A fresh machine holds nothing of the last: unpack OUT's teacher_r<r>.tar (cat the parts) into WORK here and name
 # WORK/round<r> in the device run's carry; the next call then continues from it.
 # Knobs: WORK (out/many_family; /out is git-ignored), INIT, SCHEDULE ("" for none), FAMILIES (reasoning,vt,niah_multikey,niah_multivalue,
-# niah_multiquery,cwe,fwe), REASONING_WEIGHT (0.3), LOOKUP_WEIGHT (0.1), FAMILY_WEIGHTS ("" e.g. "vt=0.15 cwe=0.1"),
+# niah_multiquery,fwe: the families evaluated, and trained on unless the schedule's TRAIN_FAMILIES says otherwise),
+# REASONING_WEIGHT (0.3), LOOKUP_WEIGHT (0.1), FAMILY_WEIGHTS ("" e.g. "vt=0.15 fwe=0.1"),
 # TB (training seconds per round, 400), LRS (learning rate per round: "7e-4", from scratch "2e-3 1e-3 7e-4"), LENS
 # (length range per round: "1024:4096", from scratch "256:1024 1024:2048 1024:4096"), CURRICULUM (the share of a
 # round at its low end up to CLEN tokens, 0; CLEN 2560), HIDDEN/LAYERS/HEADS/KV_HEADS/HEAD_DIM/INTERMEDIATE (from
@@ -50,10 +51,10 @@ export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 source benchmarks/gpu/lab_env.sh
 source "$(dirname "${BASH_SOURCE[0]}")/rounds.sh"  # latest_round DIR, schedule_knob FILE R KEY
 EXPLICIT=" "  # the round knobs given in the environment: they win over the schedule
-for v in TB LRS LENS REASONING_WEIGHT LOOKUP_WEIGHT FAMILY_WEIGHTS; do [ -n "${!v+x}" ] && EXPLICIT+="$v "; done
+for v in TB LRS LENS REASONING_WEIGHT LOOKUP_WEIGHT FAMILY_WEIGHTS TRAIN_FAMILIES; do [ -n "${!v+x}" ] && EXPLICIT+="$v "; done
 STAGE=${STAGE:-train}; WORK=${WORK:-out/many_family}; INIT=${INIT:-checkpoints/testbed-4k-teacher}
 if [ "$INIT" = scratch ]; then SCHEDULE=${SCHEDULE-}; else SCHEDULE=${SCHEDULE-$MF_SCHEDULE}; fi
-FAMILIES=${FAMILIES:-reasoning,vt,niah_multikey,niah_multivalue,niah_multiquery,cwe,fwe}
+FAMILIES=${FAMILIES:-reasoning,vt,niah_multikey,niah_multivalue,niah_multiquery,fwe}
 L=${LEN:-4096}; DEVICE=${DEVICE:-cuda}; DEADLINE=${DEADLINE:-570}; TB=${TB:-400}; EBS=${EBS:-40}
 if [ "$INIT" = scratch ]; then LRS=${LRS:-2e-3 1e-3 7e-4}; LENS=${LENS:-256:1024 1024:2048 1024:4096}
 else LRS=${LRS:-7e-4}; LENS=${LENS:-1024:4096}; fi
@@ -95,25 +96,26 @@ round_knob() {  # round env-name schedule-key fallback: the environment's value 
 }
 
 stage_train() {
-  local prev r D lr lens lo hi init fw=() f arch=() tb rw lw fws
+  local prev r D lr lens lo hi init fw=() f arch=() tb rw lw fws tfs
   prev=$(latest_round "$WORK"); r=$((prev + 1)); D=$WORK/round$r
   lr=$(round_knob $r LRS LR "$(nth $r $LRS)"); lens=$(round_knob $r LENS LENS "$(nth $r $LENS)")
   lo=${lens%%:*}; hi=${lens#*:}; tb=$(round_knob $r TB TB "$TB")
   rw=$(round_knob $r REASONING_WEIGHT REASONING_WEIGHT "${REASONING_WEIGHT:-0.3}")
   lw=$(round_knob $r LOOKUP_WEIGHT LOOKUP_WEIGHT "${LOOKUP_WEIGHT:-0.1}")
   fws=$(round_knob $r FAMILY_WEIGHTS FAMILY_WEIGHTS "${FAMILY_WEIGHTS:-}")
+  tfs=$(round_knob $r TRAIN_FAMILIES TRAIN_FAMILIES "${TRAIN_FAMILIES:-$FAMILIES}")
   if [ "$prev" -gt 0 ]; then init=(--init-from "$WORK/round$prev/teacher")
   elif [ "$INIT" != scratch ]; then init=(--init-from "$INIT")
   else init=(); arch=(--hidden "${HIDDEN:-384}" --layers "${LAYERS:-8}" --heads "${HEADS:-12}" --kv-heads "${KV_HEADS:-4}"
     --head-dim "${HEAD_DIM:-32}" --intermediate "${INTERMEDIATE:-1152}"); fi
   for f in ${fws//,/ }; do fw+=(--family-weight "$f"); done
   mkdir -p "$D"
-  stamp "round $r from ${init[1]:-scratch}: $lens tokens, lr $lr, $tb s, reasoning $rw, lookup $lw${fws:+, $fws}"
+  stamp "round $r from ${init[1]:-scratch}: $lens tokens, lr $lr, $tb s, reasoning $rw, lookup $lw${fws:+, $fws}${tfs:+, on $tfs}"
   timeout $((tb + 150)) python3 training/pretrain_teacher.py --out "$D/teacher" "${init[@]}" "${arch[@]}" \
     --max-weights-mib "${MAX_MIB:-64}" --steps 1000000 --time-budget "$tb" --seq-len "$lo:$hi" --len-multiple 256 \
     --curriculum-frac "${CURRICULUM:-0}" --curriculum-len "$lo:${CLEN:-2560}" --warmup 100 --lr "$lr" --seed "$r" \
     --workers "${WORKERS:-12}" --log-every 250 --probe-every 500 --probe-n 16 --probe-len "$hi" --eval-n 0 \
-    --tokens-per-batch 32768 "${KNOBS[@]}" --knob lookup.n_facts=16 --families "$FAMILIES" \
+    --tokens-per-batch 32768 "${KNOBS[@]}" --knob lookup.n_facts=16 --families "$tfs" \
     --reasoning-weight "$rw" --lookup-weight "$lw" "${fw[@]}" \
     --device "$DEVICE" > "$D/teacher.log" 2>&1
   local rc=$?; stamp "round $r exit $rc"; grep -E "^model:|^trained|^probe step" "$D/teacher.log" | tail -4

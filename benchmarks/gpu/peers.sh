@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Issue 47 in one GPU call (ends within DEADLINE, 570 s): kvpress 0.5.5 beside KVpop on the table of record's 80 problems
-# (quality, docs/peers.md) and on Qwen3-8B-shaped decoding (speed and memory), in processes of their own:
+# The peers comparison in one GPU call (ends within DEADLINE, 570 s): kvpress 0.5.5 beside KVpop on the table of
+# record's 80 problems (quality, docs/peers.md) and on Qwen3-8B-shaped decoding (speed and memory), in processes
+# of their own:
 #   * kvpress runs in its own package set (it needs transformers < 5.3): its wheels travel in .whl/kvpress and are
 #     installed offline into /tmp/kvpress_site, which only the kvpress processes see (PYTHONPATH=/tmp/kvpress_site:
 #     benchmarks; kvpop_hf is not on their path);

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# How varied must retrofit data be (issue 48, docs/retrofit_data.md): every call runs the next step of the whole
+# How varied must retrofit data be (docs/retrofit_data.md): every call runs the next step of the whole
 # experiment, read from what MF_WORK and LFO_WORK hold, so the same command is repeated until it says "done":
 #
 #   1. teacher rounds  benchmarks/gpu/many_family_teacher.sh STAGE=train, until the last round's quick check has
@@ -20,7 +20,7 @@
 set -u
 HERE=$(cd "$(dirname "$0")" && pwd)
 MF=${MF_WORK:-out/many_family}; LW=${LFO_WORK:-out/leave_families_out}
-FAMILIES=${FAMILIES:-reasoning,vt,niah_multikey,niah_multivalue,niah_multiquery,cwe,fwe}
+FAMILIES=${FAMILIES:-reasoning,vt,niah_multikey,niah_multivalue,niah_multiquery,fwe}
 KS=${KS:-1,2,4}; SEEDS=${SEEDS:-0 1}; POLICIES=${POLICIES:-kvpop dms}; COMPRESSIONS=${COMPRESSIONS:-88 94}
 
 source "$(dirname "${BASH_SOURCE[0]}")/rounds.sh"  # latest_round DIR, schedule_knob FILE R KEY

@@ -17,7 +17,7 @@ latest_round() {
 }
 
 MF_SCHEDULE=benchmarks/gpu/many_family_schedule.txt  # the default schedule of the many-family teacher
-SCHEDULE_KEYS="TB LENS LR REASONING_WEIGHT LOOKUP_WEIGHT FAMILY_WEIGHTS"
+SCHEDULE_KEYS="TB LENS LR REASONING_WEIGHT LOOKUP_WEIGHT FAMILY_WEIGHTS TRAIN_FAMILIES"
 schedule_knob() {
   [ -n "$1" ] || return 0
   [ -f "$1" ] || { echo "schedule $1: no such file" >&2; return 2; }

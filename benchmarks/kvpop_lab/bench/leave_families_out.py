@@ -43,8 +43,8 @@ from pathlib import Path
 from kvpop_lab.bench.eval_table import rows_of
 from kvpop_lab.utils.provenance import git_commit
 
-FAMILIES = ("reasoning", "vt", "niah_multikey", "niah_multivalue", "niah_multiquery", "cwe", "fwe")
-ORDER = ("reasoning", "vt", "niah_multikey", "cwe")
+FAMILIES = ("reasoning", "vt", "niah_multikey", "niah_multivalue", "niah_multiquery", "fwe")
+ORDER = ("reasoning", "vt", "niah_multikey", "fwe")
 KS = (1, 2, 4)
 THRESHOLD = 0.9
 KVPOP = "kvpop_distill"
