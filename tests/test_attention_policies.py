@@ -351,3 +351,17 @@ def test_beam_search_and_hub_roundtrip(tmp_path):
     back = KVpopCache.from_pretrained(tmp_path, model.config)
     assert type(back.layers[0]).__name__ == "DynamicScoreLayer"
     assert back.scorer.config_dict() == {"obs_window": 6, "kernel_size": 7, "pooling": "max"}
+
+
+def test_mean_over_heads_by_position_any_dtype():
+    """The layer-wide TOVA score: each entry gets the mean over the KV heads that hold its position; empty slots 0;
+    bfloat16 values give the float32 result rounded."""
+    from kvpop_hf.baselines.attention_policies.policies import mean_over_heads_by_position
+
+    pos = torch.tensor([[[0, 1, 2, -1], [2, 1, 0, 3]]])
+    vals = torch.tensor([[[0.1, 0.2, 0.3, 0.9], [0.5, 0.4, 0.7, 0.6]]])
+    want = torch.tensor([[[0.4, 0.3, 0.4, 0.0], [0.4, 0.3, 0.4, 0.6]]])
+    torch.testing.assert_close(mean_over_heads_by_position(vals, pos), want)
+    got = mean_over_heads_by_position(vals.bfloat16(), pos)
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got, want.bfloat16(), atol=1e-2, rtol=0)

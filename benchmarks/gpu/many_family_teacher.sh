@@ -8,10 +8,10 @@
 #                checkpoints/testbed-4k-teacher, the shipped 5.76M-parameter 4k teacher) or INIT=scratch (a
 #                larger Qwen3, HIDDEN x LAYERS below, about 15.6M parameters with the defaults). Mixture: the
 #                families of FAMILIES (or the round's TRAIN_FAMILIES), reasoning REASONING_WEIGHT, the lookup
-#                drill LOOKUP_WEIGHT (16 facts), any FAMILY_WEIGHTS, the rest split evenly; reasoning with the 4k knobs (10 facts, 4 steps). Round r
-#                takes its seconds, lengths, learning rate and mixture from line r of SCHEDULE (default
-#                benchmarks/gpu/many_family_schedule.txt, the recipe of the many-family teacher; none from
-#                scratch), a knob given in the environment winning over it; without a schedule, round r trains at
+#                drill LOOKUP_WEIGHT (16 facts), any FAMILY_WEIGHTS, the rest split evenly; reasoning with the 4k
+#                knobs (10 facts, 4 steps). Round r takes its seconds, lengths, learning rate and mixture from line r of
+#                SCHEDULE (default benchmarks/gpu/many_family_schedule.txt, the recipe of the many-family teacher; none
+#                from scratch), a knob given in the environment winning over it; without a schedule, round r trains at
 #                the r-th length range of LENS and learning rate of LRS (the last one for later rounds).
 #                Then a quick dense kvpop-eval on QUICK_N problems per family at LEN tokens (seeds 2^48 + 9000 + i,
 #                never the final ones), to decide on another round.
@@ -33,8 +33,9 @@
 #                                                                            1024-2048, then 1024-4096 tokens)
 # A fresh machine holds nothing of the last: unpack OUT's teacher_r<r>.tar (cat the parts) into WORK here and name
 # WORK/round<r> in the device run's carry; the next call then continues from it.
-# Knobs: WORK (out/many_family; /out is git-ignored), INIT, SCHEDULE ("" for none), FAMILIES (reasoning,vt,niah_multikey,niah_multivalue,
-# niah_multiquery,fwe: the families evaluated, and trained on unless the schedule's TRAIN_FAMILIES says otherwise),
+# Knobs: WORK (out/many_family; /out is git-ignored), INIT, SCHEDULE ("" for none), FAMILIES (reasoning,vt,
+# niah_multikey,niah_multivalue,niah_multiquery,fwe: the families evaluated, and trained on unless the schedule's
+# TRAIN_FAMILIES says otherwise),
 # REASONING_WEIGHT (0.3), LOOKUP_WEIGHT (0.1), FAMILY_WEIGHTS ("" e.g. "vt=0.15 fwe=0.1"),
 # TB (training seconds per round, 400), LRS (learning rate per round: "7e-4", from scratch "2e-3 1e-3 7e-4"), LENS
 # (length range per round: "1024:4096", from scratch "256:1024 1024:2048 1024:4096"), CURRICULUM (the share of a
@@ -51,9 +52,11 @@ export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 source benchmarks/gpu/lab_env.sh
 source "$(dirname "${BASH_SOURCE[0]}")/rounds.sh"  # latest_round DIR, schedule_knob FILE R KEY
 EXPLICIT=" "  # the round knobs given in the environment: they win over the schedule
-for v in TB LRS LENS REASONING_WEIGHT LOOKUP_WEIGHT FAMILY_WEIGHTS TRAIN_FAMILIES; do [ -n "${!v+x}" ] && EXPLICIT+="$v "; done
+for v in TB LRS LENS REASONING_WEIGHT LOOKUP_WEIGHT FAMILY_WEIGHTS TRAIN_FAMILIES; do
+  [ -n "${!v+x}" ] && EXPLICIT+="$v "
+done
 STAGE=${STAGE:-train}; WORK=${WORK:-out/many_family}; INIT=${INIT:-checkpoints/testbed-4k-teacher}
-if [ "$INIT" = scratch ]; then SCHEDULE=${SCHEDULE-}; else SCHEDULE=${SCHEDULE-$MF_SCHEDULE}; fi
+SCHEDULE=$(teacher_schedule)
 FAMILIES=${FAMILIES:-reasoning,vt,niah_multikey,niah_multivalue,niah_multiquery,fwe}
 L=${LEN:-4096}; DEVICE=${DEVICE:-cuda}; DEADLINE=${DEADLINE:-570}; TB=${TB:-400}; EBS=${EBS:-40}
 if [ "$INIT" = scratch ]; then LRS=${LRS:-2e-3 1e-3 7e-4}; LENS=${LENS:-256:1024 1024:2048 1024:4096}
@@ -72,7 +75,7 @@ except ValueError as err:
 if [ "$INIT" != scratch ] && [ ! -f "$INIT/config.json" ]; then
   echo "INIT=$INIT holds no model (config.json): a teacher folder or INIT=scratch" >&2; exit 2
 fi
-for v in $SCHEDULE_KEYS; do schedule_knob "$SCHEDULE" 1 "$v" > /dev/null || exit 2; done  # a bad schedule: before any work
+schedule_knob "$SCHEDULE" 1 TB > /dev/null || exit 2  # the whole schedule is checked: a bad one stops before any work
 mkdir -p "$OUT" "$WORK"
 
 nth() {  # index list...: the index-th word (1-based), or the last one
@@ -110,7 +113,8 @@ stage_train() {
     --head-dim "${HEAD_DIM:-32}" --intermediate "${INTERMEDIATE:-1152}"); fi
   for f in ${fws//,/ }; do fw+=(--family-weight "$f"); done
   mkdir -p "$D"
-  stamp "round $r from ${init[1]:-scratch}: $lens tokens, lr $lr, $tb s, reasoning $rw, lookup $lw${fws:+, $fws}${tfs:+, on $tfs}"
+  stamp "round $r from ${init[1]:-scratch}: $lens tokens, lr $lr, $tb s, reasoning $rw, lookup $lw${fws:+, $fws}," \
+    "on $tfs"
   timeout $((tb + 150)) python3 training/pretrain_teacher.py --out "$D/teacher" "${init[@]}" "${arch[@]}" \
     --max-weights-mib "${MAX_MIB:-64}" --steps 1000000 --time-budget "$tb" --seq-len "$lo:$hi" --len-multiple 256 \
     --curriculum-frac "${CURRICULUM:-0}" --curriculum-len "$lo:${CLEN:-2560}" --warmup 100 --lr "$lr" --seed "$r" \

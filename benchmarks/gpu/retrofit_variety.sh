@@ -12,8 +12,9 @@
 # Usage: OUT=$OUT bash benchmarks/gpu/retrofit_variety.sh          (steps until DEADLINE, 570 s, on one GPU)
 #        DRY=1 bash benchmarks/gpu/retrofit_variety.sh              (print the next step only)
 # A call runs the next step, then the one after it while the time left covers it (a training step: its seconds,
-# TB + 200 -- TB from the teacher's schedule, many_family_schedule.txt -- or CAP + 60; any other: MIN_STEP, 240 s) and OUT stays within the 8 files a device call returns; each
-# step gets the time left as its DEADLINE. A step that leaves the folders as they were ends the call.
+# TB + 200 -- TB from the teacher's schedule, many_family_schedule.txt -- or CAP + 60; any other: MIN_STEP, 240 s)
+# and OUT stays within the 8 files a device call returns; each step gets the time left as its DEADLINE. A step
+# that leaves the folders as they were ends the call.
 # On a fresh machine, carry what the step reads (docs/retrofit_data.md). Knobs: MF_WORK (out/many_family), LFO_WORK
 # (out/leave_families_out), QUICK_MIN (0.9), MAX_ROUNDS (8), DEADLINE (570), MIN_STEP (240), and every knob of the
 # two scripts (FAMILIES, KS, SEEDS, POLICIES, COMPRESSIONS, INIT, TB, CAP, STEPS, ...), passed through.
@@ -24,7 +25,7 @@ FAMILIES=${FAMILIES:-reasoning,vt,niah_multikey,niah_multivalue,niah_multiquery,
 KS=${KS:-1,2,4}; SEEDS=${SEEDS:-0 1}; POLICIES=${POLICIES:-kvpop dms}; COMPRESSIONS=${COMPRESSIONS:-88 94}
 
 source "$(dirname "${BASH_SOURCE[0]}")/rounds.sh"  # latest_round DIR, schedule_knob FILE R KEY
-if [ "${INIT:-}" = scratch ]; then SCHED=${SCHEDULE-}; else SCHED=${SCHEDULE-$MF_SCHEDULE}; fi
+SCHED=$(teacher_schedule)
 
 quick_ok() {  # round: 0 when its quick check has dense EM >= QUICK_MIN on every family (or has no check to read)
   python3 - "$MF/round$1/quick/results.csv" "${QUICK_MIN:-0.9}" <<'EOF'

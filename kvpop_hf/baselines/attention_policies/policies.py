@@ -149,11 +149,11 @@ def mean_over_heads_by_position(values: torch.Tensor, pos: torch.Tensor) -> torc
     """``values [b, h, C]`` of the entries at positions ``pos [b, h, C]`` (-1: none) -> for each entry the mean of
     the values every KV head of its row holds for that position (the layer-wide score of TOVA; the group means are
     over equal numbers of query heads, so this is the mean over all query heads). Entries without a position: 0."""
-    b = values.shape[0]
+    b, v32 = values.shape[0], values.float()  # sums in float32 whatever the values' dtype
     top = int(pos.max()) + 1 if pos.numel() else 0
     idx = torch.where(pos >= 0, pos, top).reshape(b, -1)  # bucket ``top`` collects the empty slots
-    total = values.new_zeros(b, top + 1).scatter_add_(1, idx, values.reshape(b, -1).float())
-    count = values.new_zeros(b, top + 1).scatter_add_(1, idx, torch.ones_like(idx, dtype=values.dtype))
+    total = v32.new_zeros(b, top + 1).scatter_add_(1, idx, v32.reshape(b, -1))
+    count = v32.new_zeros(b, top + 1).scatter_add_(1, idx, torch.ones_like(v32).reshape(b, -1))
     mean = (total / count.clamp(min=1)).gather(1, idx).reshape(values.shape)
     return torch.where(pos >= 0, mean, 0.0).to(values.dtype)
 
