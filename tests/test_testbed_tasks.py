@@ -361,3 +361,53 @@ def test_ruler_families_registered(tok, family, knobs):
     assert len(rows) == 4 and all(r["input_ids"].shape == (512,) for r in rows)
     with pytest.raises(ValueError, match="unknown knob.*valid knobs: "):
         make_problem(family, length=700, n_facts=3)
+
+
+@pytest.mark.parametrize("length,knobs", [(256, {}), (1024, {"num_needles": 8, "num_queries": 4}),
+                                          (600, {"num_needles": 2, "num_queries": 1, "value_digits": 5})])
+def test_needle_drill_supervises_only_the_values(tok, length, knobs):
+    """The drill asks the multi-key question in the prompt and more in the target; every asked value is a needle's,
+    the questions use niah_multikey's words, and only the values (and <eos>) carry a label."""
+    from kvpop_lab.testbed import ALL_FAMILIES, DRILLS
+
+    assert "needle_drill" in ALL_FAMILIES and "needle_drill" in DRILLS and "needle_drill" not in FAMILIES
+    mk = make_problem("niah_multikey", length=length, seed=0)
+    for seed in range(3):
+        p = make_problem("needle_drill", length=length, seed=seed, **knobs)
+        needles = p.meta["needles"]
+        assert len(needles) == knobs.get("num_needles", 6)
+        asked = p.meta["query_keys"]
+        assert len(asked) == len(set(asked)) == knobs.get("num_queries", 3)
+        for key, value in needles.items():
+            assert f"one of the special magic numbers for {key} is : {value} ." in p.prompt
+        # the prompt ends like a niah_multikey prompt, with the first asked key
+        assert p.prompt.endswith(f"question : what is the special magic number for {asked[0]} mentioned in the text ?"
+                                 "\nanswer :")
+        assert mk.prompt.split("\n")[-2].startswith("question : what is the special magic number for ")
+        ex = training_example(p, tok)
+        assert len(ex["input_ids"]) == p.meta["n_tokens"] and abs(p.meta["n_tokens"] - length) <= 2
+        sup = [t for t, lab in zip(ex["input_ids"], ex["labels"]) if lab != -100]
+        assert sup[-1] == tok.eos_token_id
+        values = tok.decode(sup[:-1], skip_special_tokens=True).split()
+        digits = knobs.get("value_digits", 7)
+        assert "".join(values) == "".join(needles[k] for k in asked) and len("".join(values)) == digits * len(asked)
+        # the target's unsupervised tokens are the follow-up questions, word for word
+        n_tgt = count_tokens(p.target) + 1
+        unsup = [t for t, lab in zip(ex["input_ids"][-n_tgt:], ex["labels"][-n_tgt:]) if lab == -100]
+        questions = "".join(f"\nquestion : what is the special magic number for {k} mentioned in the text ?\nanswer :"
+                            for k in asked[1:])
+        assert normalize(tok.decode(unsup, skip_special_tokens=True)) == normalize(questions)
+        # answer mode has no segments: the whole target is supervised
+        full = training_example(p, tok, mode="answer")
+        assert sum(lab != -100 for lab in full["labels"]) == n_tgt == len(sup) + len(unsup)
+
+
+def test_needle_drill_bad_input(tok):
+    with pytest.raises(ValueError, match="num_queries=5 must be <= num_needles=4"):
+        make_problem("needle_drill", length=512, num_needles=4, num_queries=5)
+    with pytest.raises(ValueError, match="too small"):
+        make_problem("needle_drill", length=128)
+    p = make_problem("needle_drill", length=400, seed=1)
+    p.meta["target_segments"][0][0] = " 1"  # segments that no longer spell the target
+    with pytest.raises(ValueError, match="target_segments"):
+        training_example(p, tok)

@@ -57,14 +57,14 @@ def make_plan(families=FAMILIES, order=ORDER, ks=KS, **settings) -> dict:
     """The split: retrofit families of ``k`` = ``order[:k]``, held out = the other ``families``. Raises ValueError
     on an unknown or repeated family, an ``order`` family outside ``families``, ``ks`` not increasing from >= 1,
     a ``k`` above ``len(order)``, or no family held out at the largest ``k``. ``settings`` are stored as given."""
-    from kvpop_lab.testbed import ALL_FAMILIES
+    from kvpop_lab.testbed import ALL_FAMILIES, DRILLS
 
     families, order, ks = list(families), list(order), [int(k) for k in ks]
     for name, names in (("--families", families), ("--order", order)):
-        bad = [f for f in names if f not in ALL_FAMILIES or f == "lookup"]
+        bad = [f for f in names if f not in ALL_FAMILIES or f in DRILLS]
         if bad:
             raise ValueError(f"{name}: unknown family {', '.join(bad)} (testbed families: "
-                             f"{', '.join(f for f in ALL_FAMILIES if f != 'lookup')})")
+                             f"{', '.join(f for f in ALL_FAMILIES if f not in DRILLS)}; the drills train teachers only)")
         if len(set(names)) != len(names):
             raise ValueError(f"{name} names a family twice: {','.join(names)}")
     outside = [f for f in order if f not in families]

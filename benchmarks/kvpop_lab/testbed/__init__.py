@@ -2,6 +2,7 @@
 
 from .tasks import (
     ALL_FAMILIES,
+    DRILLS,
     FAMILIES,
     MIN_LENGTH,
     Problem,
@@ -10,6 +11,7 @@ from .tasks import (
     lookup,
     make_problem,
     mixture,
+    needle_drill,
     niah_multikey,
     reasoning,
     reasoning_twin,
@@ -21,6 +23,7 @@ from .tokenizer import build_tokenizer, count_tokens, extract_answer, normalize
 
 __all__ = [
     "ALL_FAMILIES",
+    "DRILLS",
     "FAMILIES",
     "MIN_LENGTH",
     "Problem",
@@ -32,6 +35,7 @@ __all__ = [
     "lookup",
     "make_problem",
     "mixture",
+    "needle_drill",
     "niah_multikey",
     "niah_multiquery",
     "niah_multivalue",

@@ -37,6 +37,7 @@ import random
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from .problem import (MIN_LENGTH, _HEX, Problem, _as_rng, _check_length, _check_positive_int, _too_small, _filler_lines, _interleave, _cost, _finish, _fixed_cost, _number)  # noqa: F401  (Problem, MIN_LENGTH: re-exported)
+from .needle_drill import needle_drill
 from .ruler_tasks import RULER_FAMILIES
 from .tokenizer import ANSWER_MARKER, count_tokens, encode_plain
 from .vocab import ENTITY_WORDS, PSEUDO_WORDS
@@ -53,7 +54,9 @@ __all__ = [
     "cwe",
     "fwe",
     "lookup",
+    "needle_drill",
     "ALL_FAMILIES",
+    "DRILLS",
     "training_example",
     "mixture",
 ]
@@ -585,13 +588,16 @@ _REGISTRY: dict[str, Callable[..., Problem]] = {
     "cwe": cwe,
     "fwe": fwe,
     "lookup": lookup,
+    "needle_drill": needle_drill,
 }
 #: the RULER-style needles of :mod:`.ruler_tasks`
 _RULER: tuple[str, ...] = ("niah_multivalue", "niah_multiquery")
 #: the evaluated families (paper Tables 1/2 analogues)
 FAMILIES: tuple[str, ...] = ("reasoning", "vt", "niah_multikey", "cwe", "fwe")
-#: every generator: the evaluated families, the RULER-style ones and the training-only drill
+#: every generator: the evaluated families, the RULER-style ones and the training-only drills (lookup, needle_drill)
 ALL_FAMILIES: tuple[str, ...] = tuple(_REGISTRY) + _RULER
+#: the training-only drills: generators for a teacher's mixture, never an evaluated or held-out family
+DRILLS: tuple[str, ...] = ("lookup", "needle_drill")
 
 
 def _generator(family: str) -> Callable[..., Problem]:
@@ -624,7 +630,9 @@ def training_example(problem: Problem, tokenizer: Any, mode: str = "trace",
     ``problem.target`` (for ``reasoning`` the whole trace + answer line is
     supervised). ``mode="answer"``: context = ``problem.answer_prompt`` (the
     reference trace is part of the context) and only ``" " + answer`` is
-    supervised. Context positions get label -100 unless ``prompt_loss``.
+    supervised. Context positions get label -100 unless ``prompt_loss``. A problem whose
+    ``meta["target_segments"]`` lists ``[text, supervised]`` pairs (:func:`.needle_drill.needle_drill`) has the
+    unsupervised pieces of its target labelled -100 in ``"trace"`` mode.
     ``tokenizer`` is the HF tokenizer from :func:`build_tokenizer` (or the raw
     backend). Returns ``{"input_ids": [...], "labels": [...]}``.
     """
@@ -638,7 +646,14 @@ def training_example(problem: Problem, tokenizer: Any, mode: str = "trace",
     eos = tokenizer.token_to_id("<eos>") if not hasattr(tokenizer, "eos_token_id") else tokenizer.eos_token_id
     ctx_ids = [bos] + encode_plain(tokenizer, context)
     tgt_ids = encode_plain(tokenizer, target) + [eos]
-    labels = ([-100] + ctx_ids[1:] if prompt_loss else [-100] * len(ctx_ids)) + tgt_ids
+    tgt_labels = list(tgt_ids)
+    segments = problem.meta.get("target_segments") if mode == "trace" else None
+    if segments:  # a drill whose target holds unsupervised words: those positions get -100
+        pieces = [(encode_plain(tokenizer, text), sup) for text, sup in segments]
+        if "".join(text for text, _ in segments) != target or sum((ids for ids, _ in pieces), []) != tgt_ids[:-1]:
+            raise ValueError(f"{problem.family}: meta['target_segments'] do not tokenize to the target")
+        tgt_labels = sum((ids if sup else [-100] * len(ids) for ids, sup in pieces), []) + [eos]
+    labels = ([-100] + ctx_ids[1:] if prompt_loss else [-100] * len(ctx_ids)) + tgt_labels
     return {"input_ids": ctx_ids + tgt_ids, "labels": labels}
 
 
