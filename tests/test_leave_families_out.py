@@ -150,6 +150,8 @@ def test_seeds_on_different_problems_are_refused(work, tmp_path):
 
 @pytest.mark.parametrize("args,msg", [
     ((FAMS, ("reasoning", "bogus"), (1,)), "unknown family bogus"),
+    ((FAMS + ("needle_drill",), ("reasoning",), (1,)), "unknown family needle_drill.*drills train teachers only"),
+    ((FAMS, ("lookup",), (1,)), "unknown family lookup"),
     ((FAMS, ("reasoning", "fwe"), (1, 2)), "fwe is not among --families"),
     ((FAMS, ("reasoning", "vt"), (2, 1)), "must increase"),
     ((FAMS, ("reasoning", "vt"), (1, 3)), "--order lists 2"),

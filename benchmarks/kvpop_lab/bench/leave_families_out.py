@@ -64,7 +64,8 @@ def make_plan(families=FAMILIES, order=ORDER, ks=KS, **settings) -> dict:
         bad = [f for f in names if f not in ALL_FAMILIES or f in DRILLS]
         if bad:
             raise ValueError(f"{name}: unknown family {', '.join(bad)} (testbed families: "
-                             f"{', '.join(f for f in ALL_FAMILIES if f not in DRILLS)}; the drills train teachers only)")
+                             f"{', '.join(f for f in ALL_FAMILIES if f not in DRILLS)}; the drills "
+                             "train teachers only)")
         if len(set(names)) != len(names):
             raise ValueError(f"{name} names a family twice: {','.join(names)}")
     outside = [f for f in order if f not in families]

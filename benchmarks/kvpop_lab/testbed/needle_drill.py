@@ -59,7 +59,8 @@ def needle_drill(seed: int | random.Random = 0, length: int = 1024, num_needles:
     target = "".join(text for text, _ in segments)
     head = ["some special magic numbers are hidden in the text below . memorize them ."]
     tail = [_question(keys[asked[0]]), ANSWER_MARKER]
-    needles = [(f"one of the special magic numbers for {k} is : {v} .", i) for i, (k, v) in enumerate(zip(keys, values))]
+    needles = [(f"one of the special magic numbers for {k} is : {v} .", i)
+               for i, (k, v) in enumerate(zip(keys, values))]
     body_budget = length - _fixed_cost(head, tail, target)
     need = _cost(line for line, _ in needles)
     if body_budget < need:
