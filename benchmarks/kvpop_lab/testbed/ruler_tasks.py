@@ -25,6 +25,23 @@ def _distinct_numbers(rng: random.Random, n: int, digits: int) -> list[str]:
     return out
 
 
+def _keyed_needles(fam: str, rng: random.Random, num_needles: int, num_queries: int,
+                   value_digits: int) -> tuple[list[str], list[str], list[tuple[str, int]]]:
+    """Checks the knobs of a family that asks ``num_queries`` of ``num_needles`` two-word keys, then draws the keys,
+    their distinct values and the needle lines ``(line, index)``."""
+    for name, value in (("num_needles", num_needles), ("num_queries", num_queries), ("value_digits", value_digits)):
+        _check_positive_int(fam, name, value)
+    if num_queries > num_needles:
+        raise ValueError(f"{fam}: num_queries={num_queries} must be <= num_needles={num_needles}")
+    if 2 * num_needles > len(ENTITY_WORDS):
+        raise ValueError(f"{fam}: num_needles must be <= {len(ENTITY_WORDS) // 2}")
+    kw = rng.sample(ENTITY_WORDS, 2 * num_needles)
+    keys = [f"{kw[2 * i]} {kw[2 * i + 1]}" for i in range(num_needles)]
+    values = _distinct_numbers(rng, num_needles, value_digits)
+    needles = [(f"one of the special magic numbers for {k} is : {v} .", i) for i, (k, v) in enumerate(zip(keys, values))]
+    return keys, values, needles
+
+
 def _build(fam: str, length: int, rng: random.Random, needles: list[tuple[str, int]], tail: list[str], answer: str,
            knobs: dict, ordered: bool, meta: dict) -> Problem:
     head = ["some special magic numbers are hidden in the text below . memorize them ."]
@@ -66,16 +83,7 @@ def niah_multiquery(seed: int | random.Random = 0, length: int = 1024, num_needl
     fam = "niah_multiquery"
     length = _check_length(length, fam)
     rng = _as_rng(seed, fam)
-    for name, value in (("num_needles", num_needles), ("num_queries", num_queries), ("value_digits", value_digits)):
-        _check_positive_int(fam, name, value)
-    if num_queries > num_needles:
-        raise ValueError(f"{fam}: num_queries={num_queries} must be <= num_needles={num_needles}")
-    if 2 * num_needles > len(ENTITY_WORDS):
-        raise ValueError(f"{fam}: num_needles must be <= {len(ENTITY_WORDS) // 2}")
-    kw = rng.sample(ENTITY_WORDS, 2 * num_needles)
-    keys = [f"{kw[2 * i]} {kw[2 * i + 1]}" for i in range(num_needles)]
-    values = _distinct_numbers(rng, num_needles, value_digits)
-    needles = [(f"one of the special magic numbers for {k} is : {v} .", i) for i, (k, v) in enumerate(zip(keys, values))]
+    keys, values, needles = _keyed_needles(fam, rng, num_needles, num_queries, value_digits)
     asked = rng.sample(range(num_needles), num_queries)
     names = [keys[i] for i in asked]
     listed = names[0] if len(names) == 1 else " , ".join(names[:-1]) + " and " + names[-1]
