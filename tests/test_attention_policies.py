@@ -365,3 +365,24 @@ def test_mean_over_heads_by_position_any_dtype():
     got = mean_over_heads_by_position(vals.bfloat16(), pos)
     assert got.dtype == torch.bfloat16
     torch.testing.assert_close(got, want.bfloat16(), atol=1e-2, rtol=0)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_mean_over_heads_by_position_matches_a_loop(seed):
+    """Random rows (positions shared by some KV heads, far apart, or none; empty slots; no slots) against a plain
+    loop over positions."""
+    from kvpop_hf.baselines.attention_policies.policies import mean_over_heads_by_position
+
+    g = torch.Generator().manual_seed(seed)
+    b, h, C = 3, 4, (0, 1, 7, 16)[seed]
+    pos = torch.randint(0, 2 * C + 1, (b, h, C), generator=g) * (10 ** seed)  # sparse and large positions
+    pos = torch.where(torch.rand(b, h, C, generator=g) < 0.2, -1, pos)
+    vals = torch.rand(b, h, C, generator=g)
+    want = torch.zeros(b, h, C)
+    for r in range(b):
+        for p in pos[r].unique().tolist():
+            if p >= 0:
+                sel = pos[r] == p
+                want[r][sel] = vals[r][sel].mean()
+    torch.testing.assert_close(mean_over_heads_by_position(vals, pos), want)
+    torch.testing.assert_close(mean_over_heads_by_position(vals, pos.int()), want)

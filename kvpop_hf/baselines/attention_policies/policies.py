@@ -149,12 +149,15 @@ def mean_over_heads_by_position(values: torch.Tensor, pos: torch.Tensor) -> torc
     """``values [b, h, C]`` of the entries at positions ``pos [b, h, C]`` (-1: none) -> for each entry the mean of
     the values every KV head of its row holds for that position (the layer-wide score of TOVA; the group means are
     over equal numbers of query heads, so this is the mean over all query heads). Entries without a position: 0."""
-    b, v32 = values.shape[0], values.float()  # sums in float32 whatever the values' dtype
-    top = int(pos.max()) + 1 if pos.numel() else 0
-    idx = torch.where(pos >= 0, pos, top).reshape(b, -1)  # bucket ``top`` collects the empty slots
-    total = v32.new_zeros(b, top + 1).scatter_add_(1, idx, v32.reshape(b, -1))
-    count = v32.new_zeros(b, top + 1).scatter_add_(1, idx, torch.ones_like(v32).reshape(b, -1))
-    mean = (total / count.clamp(min=1)).gather(1, idx).reshape(values.shape)
+    b, v32 = values.shape[0], values.float().reshape(values.shape[0], -1)  # sums in float32 whatever the dtype
+    flat = pos.reshape(b, -1)  # [b, N]: entries of every KV head, N = h * C
+    sorted_pos, order = flat.sort(dim=-1)
+    starts = torch.ones_like(sorted_pos, dtype=torch.bool)
+    starts[:, 1:] = sorted_pos[:, 1:] != sorted_pos[:, :-1]
+    group = torch.empty_like(order).scatter_(1, order, starts.long().cumsum(-1) - 1)  # equal positions, one group
+    total = v32.new_zeros(flat.shape).scatter_add_(1, group, v32)  # at most N groups: no host sync on the size
+    count = v32.new_zeros(flat.shape).scatter_add_(1, group, torch.ones_like(v32))
+    mean = (total / count.clamp(min=1)).gather(1, group).reshape(values.shape)
     return torch.where(pos >= 0, mean, 0.0).to(values.dtype)
 
 
