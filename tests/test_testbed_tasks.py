@@ -364,47 +364,61 @@ def test_ruler_families_registered(tok, family, knobs):
 
 
 @pytest.mark.parametrize("length,knobs", [(256, {}), (1024, {"num_needles": 8, "num_queries": 4}),
-                                          (600, {"num_needles": 2, "num_queries": 1, "value_digits": 5})])
-def test_needle_drill_supervises_only_the_values(tok, length, knobs):
-    """The drill asks the multi-key question in the prompt and more in the target; every asked value is a needle's,
-    the questions use niah_multikey's words, and only the values (and <eos>) carry a label."""
+                                          (600, {"num_needles": 2, "num_queries": 1, "value_digits": 5}),
+                                          (700, {"num_needles": 9, "num_queries": 3, "max_keys": 3}),
+                                          (500, {"max_keys": 1})])
+def test_needle_drill_supervises_only_the_answers(tok, length, knobs):
+    """The drill asks niah_multikey's question (one key) or niah_multiquery's (several) in the prompt and more in the
+    target; every asked key is a needle's, asked once; only the answers (and <eos>) carry a label."""
     from kvpop_lab.testbed import ALL_FAMILIES, DRILLS
+    from kvpop_lab.testbed.ruler_tasks import multiquery_question
 
     assert "needle_drill" in ALL_FAMILIES and "needle_drill" in DRILLS and "needle_drill" not in FAMILIES
-    mk = make_problem("niah_multikey", length=length, seed=0)
-    for seed in range(3):
+    mk = make_problem("niah_multikey", length=length, seed=0).prompt.split("\n")[-2]
+    mq = make_problem("niah_multiquery", length=max(length, 512), seed=0)
+    assert mq.prompt.split("\n")[-2] == multiquery_question(mq.meta["query_keys"])
+
+    def question(keys):  # the evaluated families' questions, as their prompts show them
+        if len(keys) == 1:
+            return mk.replace(mk.split(" for ")[1].split(" mentioned")[0], keys[0])
+        return multiquery_question(keys)
+
+    sizes = set()
+    for seed in range(8):
         p = make_problem("needle_drill", length=length, seed=seed, **knobs)
-        needles = p.meta["needles"]
-        assert len(needles) == knobs.get("num_needles", 6)
-        asked = p.meta["query_keys"]
-        assert len(asked) == len(set(asked)) == knobs.get("num_queries", 3)
+        needles, groups = p.meta["needles"], p.meta["question_keys"]
+        assert len(needles) == knobs.get("num_needles", 6) and len(groups) == knobs.get("num_queries", 3)
+        asked = [k for g in groups for k in g]
+        assert asked == p.meta["query_keys"] and len(asked) == len(set(asked)) and set(asked) <= set(needles)
+        assert all(1 <= len(g) <= knobs.get("max_keys", 2) for g in groups)
+        sizes.update(len(g) for g in groups)
         for key, value in needles.items():
             assert f"one of the special magic numbers for {key} is : {value} ." in p.prompt
-        # the prompt ends like a niah_multikey prompt, with the first asked key
-        assert p.prompt.endswith(f"question : what is the special magic number for {asked[0]} mentioned in the text ?"
-                                 "\nanswer :")
-        assert mk.prompt.split("\n")[-2].startswith("question : what is the special magic number for ")
+        assert p.prompt.endswith(question(groups[0]) + "\nanswer :")
         ex = training_example(p, tok)
         assert len(ex["input_ids"]) == p.meta["n_tokens"] and abs(p.meta["n_tokens"] - length) <= 2
         sup = [t for t, lab in zip(ex["input_ids"], ex["labels"]) if lab != -100]
         assert sup[-1] == tok.eos_token_id
-        values = tok.decode(sup[:-1], skip_special_tokens=True).split()
-        digits = knobs.get("value_digits", 7)
-        assert "".join(values) == "".join(needles[k] for k in asked) and len("".join(values)) == digits * len(asked)
+        answers = " ".join(" , ".join(needles[k] for k in g) for g in groups)
+        assert normalize(tok.decode(sup[:-1], skip_special_tokens=True).replace(",", " , ")) == normalize(answers)
         # the target's unsupervised tokens are the follow-up questions, word for word
         n_tgt = count_tokens(p.target) + 1
         unsup = [t for t, lab in zip(ex["input_ids"][-n_tgt:], ex["labels"][-n_tgt:]) if lab == -100]
-        questions = "".join(f"\nquestion : what is the special magic number for {k} mentioned in the text ?\nanswer :"
-                            for k in asked[1:])
-        assert normalize(tok.decode(unsup, skip_special_tokens=True)) == normalize(questions)
+        assert normalize(tok.decode(unsup, skip_special_tokens=True)) == normalize(
+            "".join(f"\n{question(g)}\nanswer :" for g in groups[1:]))
         # answer mode has no segments: the whole target is supervised
         full = training_example(p, tok, mode="answer")
         assert sum(lab != -100 for lab in full["labels"]) == n_tgt == len(sup) + len(unsup)
+    assert sizes == set(range(1, knobs.get("max_keys", 2) + 1)) or knobs.get("num_needles") == 2
 
 
 def test_needle_drill_bad_input(tok):
     with pytest.raises(ValueError, match="num_queries=5 must be <= num_needles=4"):
         make_problem("needle_drill", length=512, num_needles=4, num_queries=5)
+    with pytest.raises(ValueError, match=r"num_queries \* max_keys = 3 \* 3 must be <= num_needles=6"):
+        make_problem("needle_drill", length=512, max_keys=3)
+    with pytest.raises(ValueError, match="max_keys must be"):
+        make_problem("needle_drill", length=512, max_keys=0)
     with pytest.raises(ValueError, match="too small"):
         make_problem("needle_drill", length=128)
     p = make_problem("needle_drill", length=400, seed=1)

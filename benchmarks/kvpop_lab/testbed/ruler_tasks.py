@@ -76,6 +76,12 @@ def niah_multivalue(seed: int | random.Random = 0, length: int = 1024, num_value
                   {"num_values": num_values, "value_digits": value_digits}, True, {"key": key, "values": values})
 
 
+def multiquery_question(names: list[str]) -> str:
+    """The niah_multiquery question asking the values of the keys ``names`` (answered in this order)."""
+    listed = names[0] if len(names) == 1 else " , ".join(names[:-1]) + " and " + names[-1]
+    return f"question : what are the special magic numbers for {listed} mentioned in the text ?"
+
+
 def niah_multiquery(seed: int | random.Random = 0, length: int = 1024, num_needles: int = 4, num_queries: int = 2,
                     value_digits: int = 7) -> Problem:
     """``num_needles`` keys with one value each; ``num_queries`` of them are asked in one question and the answer
@@ -86,8 +92,7 @@ def niah_multiquery(seed: int | random.Random = 0, length: int = 1024, num_needl
     keys, values, needles = _keyed_needles(fam, rng, num_needles, num_queries, value_digits)
     asked = rng.sample(range(num_needles), num_queries)
     names = [keys[i] for i in asked]
-    listed = names[0] if len(names) == 1 else " , ".join(names[:-1]) + " and " + names[-1]
-    tail = [f"question : what are the special magic numbers for {listed} mentioned in the text ?", ANSWER_MARKER]
+    tail = [multiquery_question(names), ANSWER_MARKER]
     return _build(fam, length, rng, needles, tail, " , ".join(values[i] for i in asked),
                   {"num_needles": num_needles, "num_queries": num_queries, "value_digits": value_digits}, False,
                   {"needles": dict(zip(keys, values)), "query_keys": names})
