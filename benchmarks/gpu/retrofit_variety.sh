@@ -16,7 +16,7 @@
 # and OUT stays within the 8 files a device call returns; each step gets the time left as its DEADLINE. A step
 # that leaves the folders as they were ends the call.
 # On a fresh machine, carry what the step reads (docs/retrofit_data.md). Knobs: MF_WORK (out/many_family), LFO_WORK
-# (out/leave_families_out), QUICK_MIN (0.9), MAX_ROUNDS (8), DEADLINE (570), MIN_STEP (240), and every knob of the
+# (out/leave_families_out), QUICK_MIN (0.9), MAX_ROUNDS (14), DEADLINE (570), MIN_STEP (240), and every knob of the
 # two scripts (FAMILIES, KS, SEEDS, POLICIES, COMPRESSIONS, INIT, TB, CAP, STEPS, ...), passed through.
 set -u
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -44,7 +44,7 @@ next_step() {
   local r k s p c fam
   if [ ! -f "$MF/final_teacher.txt" ]; then
     r=$(latest_round "$MF")
-    if [ "$r" -gt 0 ] && { [ "$r" -ge "${MAX_ROUNDS:-8}" ] || quick_ok "$r"; }; then echo teacher-eval
+    if [ "$r" -gt 0 ] && { [ "$r" -ge "${MAX_ROUNDS:-14}" ] || quick_ok "$r"; }; then echo teacher-eval
     else echo teacher-train; fi
     return
   fi
