@@ -145,6 +145,16 @@ def test_teacher_round_follows_the_schedule_and_the_environment_wins(tmp_path):
     assert args["family_weight"] == [["niah_multiquery", 0.5]]
     assert args["lookup_weight"] == 0.15  # given in the environment: wins over the schedule's 0.05
 
+    # FROM=2:FOLDER: round 2 continues FOLDER instead of round 1's teacher; a bad FROM is refused before any work
+    other = tmp_path / "w" / "round1" / "teacher"
+    rc, log = _run("many_family_teacher.sh", {**env, "WORK": str(tmp_path / "wf"), "FROM": f"2:{other}"})
+    assert rc == 0 and "round 1 from scratch" in log, log[-3000:]
+    rc, log = _run("many_family_teacher.sh", {**env, "WORK": str(tmp_path / "wf"), "FROM": f"2:{other}", "TB": "1"})
+    assert rc == 0 and f"round 2 from {other}" in log, log[-3000:]
+    for bad in (f"{other}", f"x:{other}", f"2:{tmp_path}"):
+        rc, log = _run("many_family_teacher.sh", {**env, "WORK": str(tmp_path / "w3"), "FROM": bad})
+        assert rc == 2 and "give ROUND:FOLDER" in log and not (tmp_path / "w3").exists(), (bad, log[-2000:])
+
     sched.write_text("1: TB=2 LR=oops=1 SEQ=3\n")  # a bad schedule is refused before any work
     rc, log = _run("many_family_teacher.sh", {**env, "WORK": str(tmp_path / "w2")})
     assert rc == 2 and "SEQ=3 is not KEY=VALUE" in log and not (tmp_path / "w2").exists()

@@ -33,7 +33,8 @@
 #                                                                            1024-2048, then 1024-4096 tokens)
 # A fresh machine holds nothing of the last: unpack OUT's teacher_r<r>.tar (cat the parts) into WORK here and name
 # WORK/round<r> in the device run's carry; the next call then continues from it.
-# Knobs: WORK (out/many_family; /out is git-ignored), INIT, SCHEDULE ("" for none), FAMILIES (reasoning,vt,
+# Knobs: WORK (out/many_family; /out is git-ignored), INIT, FROM (ROUND:FOLDER: round ROUND continues the teacher in
+# FOLDER, e.g. one trained further on the CPU, instead of round ROUND-1's; later rounds continue as usual), SCHEDULE ("" for none), FAMILIES (reasoning,vt,
 # niah_multikey,niah_multivalue,niah_multiquery,fwe: the families evaluated, and trained on unless the schedule's
 # TRAIN_FAMILIES says otherwise),
 # REASONING_WEIGHT (0.3), LOOKUP_WEIGHT (0.1), FAMILY_WEIGHTS ("" e.g. "vt=0.15 fwe=0.1"),
@@ -75,6 +76,11 @@ except ValueError as err:
 if [ "$INIT" != scratch ] && [ ! -f "$INIT/config.json" ]; then
   echo "INIT=$INIT holds no model (config.json): a teacher folder or INIT=scratch" >&2; exit 2
 fi
+FROM=${FROM:-}; FROM_ROUND=${FROM%%:*}; FROM_DIR=${FROM#*:}
+if [ -n "$FROM" ] && { ! [[ "$FROM_ROUND" =~ ^[1-9][0-9]*$ ]] || [ ! -f "$FROM_DIR/config.json" ]; }; then
+  echo "FROM=$FROM: give ROUND:FOLDER, a round number and the teacher folder (config.json) that round continues," \
+    "e.g. FROM=8:out/many_family/cpu/teacher" >&2; exit 2
+fi
 schedule_knob "$SCHEDULE" 1 TB > /dev/null || exit 2  # the whole schedule is checked: a bad one stops before any work
 mkdir -p "$OUT" "$WORK"
 
@@ -107,7 +113,8 @@ stage_train() {
   lw=$(round_knob $r LOOKUP_WEIGHT LOOKUP_WEIGHT "${LOOKUP_WEIGHT:-0.1}")
   fws=$(round_knob $r FAMILY_WEIGHTS FAMILY_WEIGHTS "${FAMILY_WEIGHTS:-}")
   tfs=$(round_knob $r TRAIN_FAMILIES TRAIN_FAMILIES "${TRAIN_FAMILIES:-$FAMILIES}")
-  if [ "$prev" -gt 0 ]; then init=(--init-from "$WORK/round$prev/teacher")
+  if [ -n "$FROM" ] && [ "$r" = "$FROM_ROUND" ]; then init=(--init-from "$FROM_DIR")
+  elif [ "$prev" -gt 0 ]; then init=(--init-from "$WORK/round$prev/teacher")
   elif [ "$INIT" != scratch ]; then init=(--init-from "$INIT")
   else init=(); arch=(--hidden "${HIDDEN:-384}" --layers "${LAYERS:-8}" --heads "${HEADS:-12}" --kv-heads "${KV_HEADS:-4}"
     --head-dim "${HEAD_DIM:-32}" --intermediate "${INTERMEDIATE:-1152}"); fi
