@@ -34,9 +34,9 @@
 # A fresh machine holds nothing of the last: unpack OUT's teacher_r<r>.tar (cat the parts) into WORK here and name
 # WORK/round<r> in the device run's carry; the next call then continues from it.
 # Knobs: WORK (out/many_family; /out is git-ignored), INIT, FROM (ROUND:FOLDER: round ROUND continues the teacher in
-# FOLDER, e.g. one trained further on the CPU, instead of round ROUND-1's; later rounds continue as usual), SCHEDULE ("" for none), FAMILIES (reasoning,vt,
-# niah_multikey,niah_multivalue,niah_multiquery,fwe: the families evaluated, and trained on unless the schedule's
-# TRAIN_FAMILIES says otherwise),
+# FOLDER, e.g. one trained further on the CPU, instead of round ROUND-1's; later rounds continue as usual), SCHEDULE
+# ("" for none), FAMILIES (reasoning,vt,niah_multikey,niah_multivalue,niah_multiquery,fwe: the families evaluated,
+# and trained on unless the schedule's TRAIN_FAMILIES says otherwise),
 # REASONING_WEIGHT (0.3), LOOKUP_WEIGHT (0.1), FAMILY_WEIGHTS ("" e.g. "vt=0.15 fwe=0.1"),
 # TB (training seconds per round, 400), LRS (learning rate per round: "7e-4", from scratch "2e-3 1e-3 7e-4"), LENS
 # (length range per round: "1024:4096", from scratch "256:1024 1024:2048 1024:4096"), CURRICULUM (the share of a

@@ -24,16 +24,14 @@ from __future__ import annotations
 import random
 
 from .problem import Problem, _as_rng, _check_length, _check_positive_int
-from .ruler_tasks import _build, _keyed_needles, multiquery_question
+from .ruler_tasks import _build, _keyed_needles, multikey_question, multiquery_question
 from .tokenizer import ANSWER_MARKER
 
 __all__ = ["needle_drill"]
 
 
 def _question(keys: list[str]) -> str:
-    if len(keys) == 1:
-        return f"question : what is the special magic number for {keys[0]} mentioned in the text ?"
-    return multiquery_question(keys)
+    return multikey_question(keys[0]) if len(keys) == 1 else multiquery_question(keys)
 
 
 def needle_drill(seed: int | random.Random = 0, length: int = 1024, num_needles: int = 6, num_queries: int = 3,
@@ -52,16 +50,17 @@ def needle_drill(seed: int | random.Random = 0, length: int = 1024, num_needles:
                          f"{num_needles} (every question asks needles not asked before): lower num_queries or "
                          "max_keys, or raise num_needles")
     sizes = [rng.randint(1, max_keys) for _ in range(num_queries)]
-    order = rng.sample(range(num_needles), sum(sizes))
-    groups = [order[sum(sizes[:q]):sum(sizes[:q + 1])] for q in range(num_queries)]
+    order = iter(rng.sample(range(num_needles), sum(sizes)))
+    groups = [[next(order) for _ in range(size)] for size in sizes]  # needle indices, per question
+    names = [[keys[i] for i in group] for group in groups]
     segments: list[list] = []
     for q, group in enumerate(groups):
         if q:
-            segments.append(["\n" + _question([keys[i] for i in group]) + "\n" + ANSWER_MARKER, False])
+            segments.append(["\n" + _question(names[q]) + "\n" + ANSWER_MARKER, False])
         segments.append([" " + " , ".join(values[i] for i in group), True])
     answer = "".join(text for text, _ in segments)[1:]  # the target is " " + answer, as in every needle family
-    return _build(fam, length, rng, needles, [_question([keys[i] for i in groups[0]]), ANSWER_MARKER], answer,
+    return _build(fam, length, rng, needles, [_question(names[0]), ANSWER_MARKER], answer,
                   {"num_needles": num_needles, "num_queries": num_queries, "value_digits": value_digits,
                    "max_keys": max_keys}, False,
-                  {"needles": dict(zip(keys, values)), "query_keys": [keys[i] for i in order],
-                   "question_keys": [[keys[i] for i in g] for g in groups], "target_segments": segments})
+                  {"needles": dict(zip(keys, values)), "query_keys": [k for group in names for k in group],
+                   "question_keys": names, "target_segments": segments})

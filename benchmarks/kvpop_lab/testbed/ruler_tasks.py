@@ -76,6 +76,11 @@ def niah_multivalue(seed: int | random.Random = 0, length: int = 1024, num_value
                   {"num_values": num_values, "value_digits": value_digits}, True, {"key": key, "values": values})
 
 
+def multikey_question(key: str, noun: str = "number") -> str:
+    """The niah_multikey question asking the value (a ``noun``) of the key ``key``."""
+    return f"question : what is the special magic {noun} for {key} mentioned in the text ?"
+
+
 def multiquery_question(names: list[str]) -> str:
     """The niah_multiquery question asking the values of the keys ``names`` (answered in this order)."""
     listed = names[0] if len(names) == 1 else " , ".join(names[:-1]) + " and " + names[-1]

@@ -38,7 +38,7 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from .problem import (MIN_LENGTH, _HEX, Problem, _as_rng, _check_length, _check_positive_int, _too_small, _filler_lines, _interleave, _cost, _finish, _fixed_cost, _number)  # noqa: F401  (Problem, MIN_LENGTH: re-exported)
 from .needle_drill import needle_drill
-from .ruler_tasks import RULER_FAMILIES
+from .ruler_tasks import RULER_FAMILIES, multikey_question
 from .tokenizer import ANSWER_MARKER, count_tokens, encode_plain
 from .vocab import ENTITY_WORDS, PSEUDO_WORDS
 
@@ -364,8 +364,7 @@ def niah_multikey(seed: int | random.Random = 0, length: int = 1024, num_needles
     q = rng.randrange(num_needles)
     answer = values[q]
     head = [f"some special magic {nouns} are hidden in the text below . memorize them ."]
-    tail = [f"question : what is the special magic {noun} for {keys[q]} mentioned in the text ?",
-            ANSWER_MARKER]
+    tail = [multikey_question(keys[q], noun), ANSWER_MARKER]
     target = " " + answer
     body_budget = length - _fixed_cost(head, tail, target)
     need = _cost(l for l, _ in needles)
