@@ -14,6 +14,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 
 ROOT = Path(__file__).resolve().parents[1]
 FAMILIES = "reasoning,niah_multiquery,cwe"
@@ -160,12 +162,13 @@ def test_teacher_round_follows_the_schedule_and_the_environment_wins(tmp_path):
     assert rc == 2 and "SEQ=3 is not KEY=VALUE" in log and not (tmp_path / "w2").exists()
 
 
-def test_shipped_schedule_is_valid():
-    """Every round of benchmarks/gpu/many_family_schedule.txt parses and gives a valid mixture that holds the six
+@pytest.mark.parametrize("name", ["many_family_schedule.txt", "many_family_scratch_schedule.txt"])
+def test_shipped_schedule_is_valid(name):
+    """Every round of a shipped teacher schedule (benchmarks/gpu/) parses and gives a valid mixture that holds the six
     families of the experiment."""
     from kvpop_lab.pretrain_teacher import mixture_weights
 
-    sched = ROOT / "benchmarks" / "gpu" / "many_family_schedule.txt"
+    sched = ROOT / "benchmarks" / "gpu" / name
     rounds = [l.split(":")[0] for l in sched.read_text().splitlines() if l.split("#")[0].strip()]
     assert rounds == [str(r) for r in range(1, len(rounds) + 1)] and len(rounds) >= 4
     from kvpop_lab.bench.leave_families_out import FAMILIES as six
