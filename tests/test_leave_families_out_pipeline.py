@@ -157,12 +157,21 @@ def test_teacher_round_follows_the_schedule_and_the_environment_wins(tmp_path):
         rc, log = _run("many_family_teacher.sh", {**env, "WORK": str(tmp_path / "w3"), "FROM": bad})
         assert rc == 2 and "give ROUND:FOLDER" in log and not (tmp_path / "w3").exists(), (bad, log[-2000:])
 
+    # GROW: round 1 continues INIT grown by kvpop_lab.grow_teacher; a GROW without a teacher to grow is refused
+    grown = {**env, "WORK": str(tmp_path / "wg"), "INIT": str(other), "GROW": "--layers 2 --heads 4 --kv-heads 2"}
+    rc, log = _run("many_family_teacher.sh", grown)
+    assert rc == 0 and f"round 1 from {tmp_path / 'wg' / 'grown'}" in log, log[-3000:]
+    cfg = json.loads((tmp_path / "wg" / "round1" / "teacher" / "config.json").read_text())
+    assert (cfg["num_hidden_layers"], cfg["num_attention_heads"], cfg["num_key_value_heads"]) == (2, 4, 2)
+    rc, log = _run("many_family_teacher.sh", {**grown, "WORK": str(tmp_path / "wg2"), "INIT": "scratch"})
+    assert rc == 2 and "nothing to grow" in log and not (tmp_path / "wg2").exists(), log[-2000:]
+
     sched.write_text("1: TB=2 LR=oops=1 SEQ=3\n")  # a bad schedule is refused before any work
     rc, log = _run("many_family_teacher.sh", {**env, "WORK": str(tmp_path / "w2")})
     assert rc == 2 and "SEQ=3 is not KEY=VALUE" in log and not (tmp_path / "w2").exists()
 
 
-@pytest.mark.parametrize("name", ["many_family_schedule.txt", "many_family_scratch_schedule.txt"])
+@pytest.mark.parametrize("name", ["many_family_schedule.txt", "many_family_grown_schedule.txt"])
 def test_shipped_schedule_is_valid(name):
     """Every round of a shipped teacher schedule (benchmarks/gpu/) parses and gives a valid mixture that holds the six
     families of the experiment."""

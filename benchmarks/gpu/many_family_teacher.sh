@@ -6,7 +6,9 @@
 #   STAGE=train  one training round of benchmarks/kvpop_lab/pretrain_teacher.py, TB seconds, continuing the latest
 #                teacher in WORK (WORK/round<r>/teacher, r highest) or, for round 1, INIT: a teacher folder (default
 #                checkpoints/testbed-4k-teacher, the shipped 5.76M-parameter 4k teacher) or INIT=scratch (a
-#                larger Qwen3, HIDDEN x LAYERS below, about 15.6M parameters with the defaults). Mixture: the
+#                larger Qwen3, HIDDEN x LAYERS below, about 15.6M parameters with the defaults); with GROW (the size
+#                flags of python -m kvpop_lab.grow_teacher, e.g. "--layers 12 --heads 16 --kv-heads 4"), round 1
+#                starts from INIT grown to that size, computing what INIT computes (-> WORK/grown). Mixture: the
 #                families of FAMILIES (or the round's TRAIN_FAMILIES), reasoning REASONING_WEIGHT, the lookup
 #                drill LOOKUP_WEIGHT (16 facts), any FAMILY_WEIGHTS, the rest split evenly; reasoning with the 4k
 #                knobs (10 facts, 4 steps). Round r takes its seconds, lengths, learning rate and mixture from line r of
@@ -33,11 +35,11 @@
 #                                                                            1024-2048, then 1024-4096 tokens)
 # A fresh machine holds nothing of the last: unpack OUT's teacher_r<r>.tar (cat the parts) into WORK here and name
 # WORK/round<r> in the device run's carry; the next call then continues from it.
-# Knobs: WORK (out/many_family; /out is git-ignored), INIT, FROM (ROUND:FOLDER: round ROUND continues the teacher in
-# FOLDER, e.g. one trained further on the CPU, instead of round ROUND-1's; later rounds continue as usual), SCHEDULE
-# ("" for none), FAMILIES (reasoning,vt,niah_multikey,niah_multivalue,niah_multiquery,fwe: the families evaluated,
-# and trained on unless the schedule's TRAIN_FAMILIES says otherwise),
-# REASONING_WEIGHT (0.3), LOOKUP_WEIGHT (0.1), FAMILY_WEIGHTS ("" e.g. "vt=0.15 fwe=0.1"),
+# Knobs: WORK (out/many_family; /out is git-ignored), INIT, GROW (round 1 only, as INIT), FROM (ROUND:FOLDER: round
+# ROUND continues the teacher in FOLDER, e.g. one trained further on the CPU, instead of round ROUND-1's; later rounds
+# continue as usual), SCHEDULE ("" for none), FAMILIES (reasoning,vt,niah_multikey,niah_multivalue,niah_multiquery,
+# fwe: the families evaluated, and trained on unless the schedule's TRAIN_FAMILIES says otherwise), REASONING_WEIGHT
+# (0.3), LOOKUP_WEIGHT (0.1), FAMILY_WEIGHTS ("" e.g. "vt=0.15 fwe=0.1"),
 # TB (training seconds per round, 400), LRS (learning rate per round: "7e-4", from scratch "2e-3 1e-3 7e-4"), LENS
 # (length range per round: "1024:4096", from scratch "256:1024 1024:2048 1024:4096"), CURRICULUM (the share of a
 # round at its low end up to CLEN tokens, 0; CLEN 2560), HIDDEN/LAYERS/HEADS/KV_HEADS/HEAD_DIM/INTERMEDIATE (from
@@ -73,6 +75,9 @@ try:
     check_families(sys.argv[1].split(','))
 except ValueError as err:
     sys.exit(f'FAMILIES={sys.argv[1]}: {err}')" "$FAMILIES" || exit 2
+if [ -n "${GROW:-}" ] && [ "$INIT" = scratch ]; then
+  echo "GROW=$GROW grows a trained teacher: set INIT to its folder (INIT=scratch has nothing to grow)" >&2; exit 2
+fi
 if [ "$INIT" != scratch ] && [ ! -f "$INIT/config.json" ]; then
   echo "INIT=$INIT holds no model (config.json): a teacher folder or INIT=scratch" >&2; exit 2
 fi
@@ -115,6 +120,11 @@ stage_train() {
   tfs=$(round_knob $r TRAIN_FAMILIES TRAIN_FAMILIES "${TRAIN_FAMILIES:-$FAMILIES}")
   if [ -n "$FROM" ] && [ "$r" = "$FROM_ROUND" ]; then init=(--init-from "$FROM_DIR")
   elif [ "$prev" -gt 0 ]; then init=(--init-from "$WORK/round$prev/teacher")
+  elif [ -n "${GROW:-}" ]; then  # round 1 continues INIT grown (kvpop_lab.grow_teacher, GROW its size flags)
+    mkdir -p "$D"
+    python3 -m kvpop_lab.grow_teacher --src "$INIT" --out "$WORK/grown" $GROW > "$D/grow.log" 2>&1 \
+      || { cat "$D/grow.log"; return 1; }
+    tail -1 "$D/grow.log"; init=(--init-from "$WORK/grown")
   elif [ "$INIT" != scratch ]; then init=(--init-from "$INIT")
   else init=(); arch=(--hidden "${HIDDEN:-384}" --layers "${LAYERS:-8}" --heads "${HEADS:-12}" --kv-heads "${KV_HEADS:-4}"
     --head-dim "${HEAD_DIM:-32}" --intermediate "${INTERMEDIATE:-1152}"); fi
