@@ -165,6 +165,12 @@ def test_teacher_round_follows_the_schedule_and_the_environment_wins(tmp_path):
     assert (cfg["num_hidden_layers"], cfg["num_attention_heads"], cfg["num_key_value_heads"]) == (2, 4, 2)
     rc, log = _run("many_family_teacher.sh", {**grown, "WORK": str(tmp_path / "wg2"), "INIT": "scratch"})
     assert rc == 2 and "nothing to grow" in log and not (tmp_path / "wg2").exists(), log[-2000:]
+    # INIT is read by round 1 only: a later round runs without it, a first round is refused before any work
+    gone = str(tmp_path / "gone")
+    rc, log = _run("many_family_teacher.sh", {**grown, "INIT": gone, "TB": "1"})
+    assert rc == 0 and f"round 2 from {tmp_path / 'wg' / 'round1' / 'teacher'}" in log, log[-3000:]
+    rc, log = _run("many_family_teacher.sh", {**grown, "WORK": str(tmp_path / "wg3"), "INIT": gone})
+    assert rc == 2 and "holds no model" in log and not (tmp_path / "wg3").exists(), log[-2000:]
 
     sched.write_text("1: TB=2 LR=oops=1 SEQ=3\n")  # a bad schedule is refused before any work
     rc, log = _run("many_family_teacher.sh", {**env, "WORK": str(tmp_path / "w2")})

@@ -78,7 +78,8 @@ except ValueError as err:
 if [ -n "${GROW:-}" ] && [ "$INIT" = scratch ]; then
   echo "GROW=$GROW grows a trained teacher: set INIT to its folder (INIT=scratch has nothing to grow)" >&2; exit 2
 fi
-if [ "$INIT" != scratch ] && [ ! -f "$INIT/config.json" ]; then
+if [ "$INIT" != scratch ] && [ "$STAGE" != eval ] && [ "$(latest_round "$WORK")" = 0 ] && [ ! -f "$INIT/config.json" ]
+then  # read by round 1 only: later rounds continue the last one, and need INIT no more
   echo "INIT=$INIT holds no model (config.json): a teacher folder or INIT=scratch" >&2; exit 2
 fi
 FROM=${FROM:-}; FROM_ROUND=${FROM%%:*}; FROM_DIR=${FROM#*:}
