@@ -61,14 +61,14 @@ def test_new_parts_start_at_zero_output_and_copies_keep_the_source():
 
 def test_grown_model_trains():
     src = _source()
-    dst = grow(src, layers=6, heads=8, kv_heads=4, seed=1).train()
+    dst = grow(src, layers=6, heads=8, kv_heads=4, intermediate=256, seed=1).train()
     ids = torch.randint(0, src.config.vocab_size, (2, 32), generator=torch.Generator().manual_seed(0))
     dst(ids, labels=ids).loss.backward()
     grads = {n: p.grad for n, p in dst.named_parameters()}
+    d0, i0 = src.config.num_attention_heads * src.config.head_dim, src.config.intermediate_size
     assert grads["model.layers.1.self_attn.o_proj.weight"].abs().sum() > 0  # a zero-output copy gets a gradient
-    new_units = grads["model.layers.0.mlp.down_proj.weight"][:, src.config.intermediate_size:]
-    assert new_units.numel() == 0  # the MLP was not widened: no new units
-    assert grads["model.layers.0.self_attn.o_proj.weight"][:, 64:].abs().sum() > 0  # new heads' columns
+    assert grads["model.layers.0.self_attn.o_proj.weight"][:, d0:].abs().sum() > 0  # the new heads' columns
+    assert grads["model.layers.0.mlp.down_proj.weight"][:, i0:].abs().sum() > 0  # the new units' columns
 
 
 @pytest.mark.parametrize("sizes, needle", [
