@@ -177,7 +177,8 @@ def test_teacher_round_follows_the_schedule_and_the_environment_wins(tmp_path):
     assert rc == 2 and "SEQ=3 is not KEY=VALUE" in log and not (tmp_path / "w2").exists()
 
 
-@pytest.mark.parametrize("name", ["many_family_schedule.txt", "many_family_grown_schedule.txt"])
+@pytest.mark.parametrize("name", ["many_family_schedule.txt", "many_family_grown_schedule.txt",
+                                  "many_family_drill_schedule.txt"])
 def test_shipped_schedule_is_valid(name):
     """Every round of a shipped teacher schedule (benchmarks/gpu/) parses and gives a valid mixture that holds the six
     families of the experiment."""
