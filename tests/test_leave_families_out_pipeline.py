@@ -116,6 +116,22 @@ def _knob(schedule, r, key):
     return r.returncode, r.stdout.strip(), r.stderr
 
 
+@pytest.mark.parametrize("env, want", [
+    ({}, "benchmarks/gpu/many_family_schedule.txt"),
+    ({"GROW": "--layers 12"}, "benchmarks/gpu/many_family_grown_schedule.txt"),
+    ({"INIT": "scratch"}, ""),
+    ({"GROW": "--layers 12", "SCHEDULE": "x.txt"}, "x.txt"),
+    ({"SCHEDULE": ""}, ""),
+])
+def test_teacher_schedule_defaults(env, want):
+    """The schedule a teacher round reads: SCHEDULE when set (even empty), else none from scratch, the grown
+    teacher's with GROW, the many-family one otherwise."""
+    base = {k: v for k, v in os.environ.items() if k not in ("GROW", "INIT", "SCHEDULE")}
+    r = subprocess.run(["bash", "-c", "source benchmarks/gpu/rounds.sh && teacher_schedule"], cwd=ROOT,
+                       capture_output=True, text=True, env={**base, **env})
+    assert r.returncode == 0 and r.stdout.strip() == want, (env, r.stdout, r.stderr)
+
+
 def test_schedule_knob_reads_round_lines(tmp_path):
     s = tmp_path / "s.txt"
     s.write_text("# a comment\n1: TB=5 LENS=512:512 LR=1e-3   # trailing comment\n\n"

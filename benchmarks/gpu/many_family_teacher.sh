@@ -12,9 +12,10 @@
 #                families of FAMILIES (or the round's TRAIN_FAMILIES), reasoning REASONING_WEIGHT, the lookup
 #                drill LOOKUP_WEIGHT (16 facts), any FAMILY_WEIGHTS, the rest split evenly; reasoning with the 4k
 #                knobs (10 facts, 4 steps). Round r takes its seconds, lengths, learning rate and mixture from line r of
-#                SCHEDULE (default benchmarks/gpu/many_family_schedule.txt, the recipe of the many-family teacher; none
-#                from scratch), a knob given in the environment winning over it; without a schedule, round r trains at
-#                the r-th length range of LENS and learning rate of LRS (the last one for later rounds).
+#                SCHEDULE (default benchmarks/gpu/many_family_schedule.txt, the recipe of the many-family teacher;
+#                with GROW many_family_grown_schedule.txt; none from scratch), a knob given in the environment winning
+#                over it; without a schedule, round r trains at the r-th length range of LENS and learning rate of LRS
+#                (the last one for later rounds).
 #                Then a quick dense kvpop-eval on QUICK_N problems per family at LEN tokens (seeds 2^48 + 9000 + i,
 #                never the final ones), to decide on another round.
 #                -> WORK/round<r>/{teacher/, teacher.log, quick/}; OUT/teacher_r<r>.tar (split in 15 MiB parts

@@ -2,7 +2,7 @@
 #   latest_round DIR            the highest r with DIR/round<r>/teacher/config.json (0: none), the teacher round a
 #                               later call continues from
 #   teacher_schedule            the schedule file of the teacher's rounds: SCHEDULE when set ("" for none), else
-#                               MF_SCHEDULE unless INIT=scratch (a scratch teacher has none by default)
+#                               none for INIT=scratch, GROWN_SCHEDULE with GROW, MF_SCHEDULE otherwise
 #   schedule_knob FILE R KEY    KEY's value on round R's line of the schedule FILE (the last line for rounds past
 #                               it; nothing when FILE is empty or the line does not set KEY); exit 2, naming the
 #                               line, on a malformed schedule or a key outside SCHEDULE_KEYS
@@ -19,9 +19,12 @@ latest_round() {
 }
 
 MF_SCHEDULE=benchmarks/gpu/many_family_schedule.txt  # the default schedule of the many-family teacher
+GROWN_SCHEDULE=benchmarks/gpu/many_family_grown_schedule.txt  # ... and of a grown one (GROW set)
 SCHEDULE_KEYS="TB LENS LR REASONING_WEIGHT LOOKUP_WEIGHT FAMILY_WEIGHTS TRAIN_FAMILIES"
 teacher_schedule() {
-  if [ "${INIT:-}" = scratch ]; then echo "${SCHEDULE-}"; else echo "${SCHEDULE-$MF_SCHEDULE}"; fi
+  if [ "${INIT:-}" = scratch ]; then echo "${SCHEDULE-}"
+  elif [ -n "${GROW:-}" ]; then echo "${SCHEDULE-$GROWN_SCHEDULE}"
+  else echo "${SCHEDULE-$MF_SCHEDULE}"; fi
 }
 
 schedule_knob() {
