@@ -56,19 +56,22 @@ def needle_errors(run_dir: str | Path, policy: str = "dense") -> dict[str, dict]
     if not rows:
         raise ValueError(f"{run_dir}: no {'/'.join(KEYED_FAMILIES)} rows of policy {policy!r} in outputs.jsonl "
                          "(evaluate a keyed needle family, or name the run's policy with --policy)")
-    out: dict[str, dict] = {}
+    by_position: dict[str, dict[int, Counter]] = {}
+    from_other: Counter = Counter()
     for r in rows:
         fam = r["family"]
         problem = make_problem(fam, meta["length"], seed=r["seed"], **meta.get("knobs", {}).get(fam, {}))
         needles = list(problem.meta["needles"].values())
-        stats = out.setdefault(fam, {"values": 0, **{k: 0 for k in KINDS}, "first_from_other": 0, "by_position": {}})
         predicted = r["prediction"].split(" , ")
         for i, answer in enumerate(problem.answer.split(" , ")):
-            kind, from_other = classify_value(answer, predicted[i] if i < len(predicted) else "", needles)
-            stats["values"] += 1
-            stats[kind] += 1
-            stats["first_from_other"] += from_other
-            stats["by_position"].setdefault(i, Counter())[kind] += 1
+            kind, starts_other = classify_value(answer, predicted[i] if i < len(predicted) else "", needles)
+            by_position.setdefault(fam, {}).setdefault(i, Counter())[kind] += 1
+            from_other[fam] += starts_other
+    out: dict[str, dict] = {}
+    for fam, places in by_position.items():
+        total = sum(places.values(), Counter())
+        out[fam] = {"values": total.total(), **{k: total[k] for k in KINDS}, "first_from_other": from_other[fam],
+                    "by_position": places}
     return out
 
 
