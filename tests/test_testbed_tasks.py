@@ -153,12 +153,16 @@ def _check_vt(p):
 
 
 def _check_niah(p):
-    kind = p.meta["knobs"]["value_kind"]
+    knobs = p.meta["knobs"]
+    kind = knobs["value_kind"]
     noun = "numbers" if kind == "number" else "uuids"
-    needles = dict(re.findall(rf"^one of the special magic {noun} for (\w+ \w+) is : (\S+) \.$",
+    link = ":" if knobs["adjacent_key"] else "is :"
+    needles = dict(re.findall(rf"^one of the special magic {noun} for (\w+ \w+) {link} (\S+) \.$",
                               p.prompt, flags=re.M))
-    assert len(needles) == p.meta["knobs"]["num_needles"]
-    key = re.search(r"for (\w+ \w+) mentioned in the text \?\nanswer :$", p.prompt).group(1)
+    assert len(needles) == knobs["num_needles"]
+    key = re.search(r"for (\w+ \w+) mentioned in the text \?\nanswer :", p.prompt).group(1)
+    prefix = f" the special magic {noun[:-1]} for {key} {link}" if knobs["restate_key"] else ""
+    assert p.prompt.endswith(f"mentioned in the text ?\nanswer :{prefix}")
     assert p.answer == needles[key]
     if kind == "uuid":
         assert re.fullmatch(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}", p.answer)
@@ -197,6 +201,20 @@ _CHECKERS = {"reasoning": _check_reasoning, "vt": _check_vt, "niah_multikey": _c
 @pytest.mark.parametrize("family,length,seed", list(_problems()))
 def test_answers_recomputed(family, length, seed):
     _CHECKERS[family](make_problem(family, length=length, seed=seed))
+
+
+@pytest.mark.parametrize("restate_key,adjacent_key", [(False, True), (True, False), (True, True)])
+def test_niah_multikey_layouts(restate_key, adjacent_key):
+    """The layout knobs change the words around the key, not the draw: same keys, values and asked needle as the
+    default layout, and the answer recomputed from the prompt."""
+    base = make_problem("niah_multikey", length=1024, seed=5)
+    p = make_problem("niah_multikey", length=1024, seed=5, restate_key=restate_key, adjacent_key=adjacent_key)
+    _check_niah(p)
+    assert (p.meta["needles"], p.meta["query_key"], p.answer) == (base.meta["needles"], base.meta["query_key"],
+                                                                   base.answer)
+    assert (" is : " not in p.prompt) == adjacent_key
+    with pytest.raises(ValueError, match="restate_key must be True or False"):
+        make_problem("niah_multikey", length=512, seed=0, restate_key="yes")
 
 
 @pytest.mark.parametrize("knobs", [dict(hops=3), dict(hops=4, steps=5, rules_first=True),

@@ -332,13 +332,21 @@ def vt(seed: int | random.Random = 0, length: int = 1024, num_chains: int = 1,
 
 def niah_multikey(seed: int | random.Random = 0, length: int = 1024, num_needles: int = 4,
                   value_kind: str = "number", value_digits: int = 7,
-                  uuid_groups: Sequence[int] = (8, 4, 4, 4, 12)) -> Problem:
+                  uuid_groups: Sequence[int] = (8, 4, 4, 4, 12), restate_key: bool = False,
+                  adjacent_key: bool = False) -> Problem:
     """Multi-key needle in a haystack.
 
     ``num_needles`` lines ``one of the special magic numbers for <k1> <k2> is :
     <value> .`` (keys are distinct pseudo-word pairs) among filler; one key is
     queried. ``value_kind="number"`` gives ``value_digits``-digit numbers,
     ``"uuid"`` gives hex strings grouped by ``uuid_groups`` joined with ``-``.
+    ``restate_key=True`` ends the prompt with an answer prefix in the needle's
+    words, ``answer : the special magic number for <k1> <k2> is :`` (as RULER's
+    prefix restates the key), so the value follows the same words as in its
+    needle; the default ends it with ``answer :``. ``adjacent_key=True`` drops
+    ``is`` from the needles and the prefix (``... for <k1> <k2> : <value> .``):
+    the token before the value is then the key's last word, which a model that
+    copies by the previous token alone (induction) can match.
     """
     fam = "niah_multikey"
     length = _check_length(length, fam)
@@ -347,6 +355,9 @@ def niah_multikey(seed: int | random.Random = 0, length: int = 1024, num_needles
         raise ValueError(f"{fam}: value_kind must be 'number' or 'uuid', got {value_kind!r}")
     _check_positive_int(fam, "num_needles", num_needles)
     _check_positive_int(fam, "value_digits", value_digits)
+    for name, flag in (("restate_key", restate_key), ("adjacent_key", adjacent_key)):
+        if not isinstance(flag, bool):
+            raise ValueError(f"{fam}: {name} must be True or False, got {flag!r}")
     if not uuid_groups or any((not isinstance(g, int)) or g < 1 for g in uuid_groups):
         raise ValueError(f"{fam}: uuid_groups must be positive ints, got {uuid_groups!r}")
     if 2 * num_needles > len(ENTITY_WORDS):
@@ -359,12 +370,14 @@ def niah_multikey(seed: int | random.Random = 0, length: int = 1024, num_needles
         if v not in values:
             values.append(v)
     noun, nouns = ("number", "numbers") if value_kind == "number" else ("uuid", "uuids")
-    needles = [(f"one of the special magic {nouns} for {k} is : {v} .", i)
+    link = ":" if adjacent_key else "is :"
+    needles = [(f"one of the special magic {nouns} for {k} {link} {v} .", i)
                for i, (k, v) in enumerate(zip(keys, values))]
     q = rng.randrange(num_needles)
     answer = values[q]
     head = [f"some special magic {nouns} are hidden in the text below . memorize them ."]
-    tail = [multikey_question(keys[q], noun), ANSWER_MARKER]
+    marker = f"{ANSWER_MARKER} the special magic {noun} for {keys[q]} {link}" if restate_key else ANSWER_MARKER
+    tail = [multikey_question(keys[q], noun), marker]
     target = " " + answer
     body_budget = length - _fixed_cost(head, tail, target)
     need = _cost(l for l, _ in needles)
@@ -379,7 +392,8 @@ def niah_multikey(seed: int | random.Random = 0, length: int = 1024, num_needles
         "needle_token_pos": [pos[i] for i in range(num_needles)],
         "n_tokens": n_tokens,
         "knobs": {"length": length, "num_needles": num_needles, "value_kind": value_kind,
-                  "value_digits": value_digits, "uuid_groups": list(uuid_groups)},
+                  "value_digits": value_digits, "uuid_groups": list(uuid_groups), "restate_key": restate_key,
+                  "adjacent_key": adjacent_key},
     }
     return Problem(fam, prompt, answer, meta)
 
