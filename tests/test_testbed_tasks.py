@@ -213,8 +213,6 @@ def test_niah_multikey_layouts(restate_key, adjacent_key):
     assert (p.meta["needles"], p.meta["query_key"], p.answer) == (base.meta["needles"], base.meta["query_key"],
                                                                    base.answer)
     assert (" is : " not in p.prompt) == adjacent_key
-    with pytest.raises(ValueError, match="restate_key must be True or False"):
-        make_problem("niah_multikey", length=512, seed=0, restate_key="yes")
 
 
 @pytest.mark.parametrize("knobs", [dict(hops=3), dict(hops=4, steps=5, rules_first=True),
@@ -307,6 +305,10 @@ def test_bad_inputs():
         make_problem("vt", length=512, seed=0, hops=3)
     with pytest.raises(ValueError, match="value_kind"):
         make_problem("niah_multikey", length=512, seed=0, value_kind="word")
+    with pytest.raises(ValueError, match="restate_key must be True or False"):
+        make_problem("niah_multikey", length=512, seed=0, restate_key="yes")
+    with pytest.raises(ValueError, match="adjacent_key must be True or False"):
+        make_problem("niah_multikey", length=512, seed=0, adjacent_key=1)
     with pytest.raises(ValueError, match="hops"):
         make_problem("reasoning", length=512, seed=0, hops=1)
     with pytest.raises(ValueError, match="length must be an int"):
