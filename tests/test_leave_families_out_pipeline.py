@@ -156,9 +156,14 @@ def test_teacher_round_follows_the_schedule_and_the_environment_wins(tmp_path):
     env = dict(OUT=str(tmp_path / "out"), WORK=str(tmp_path / "w"), DEVICE="cpu", INIT="scratch", HIDDEN="32",
                LAYERS="1", HEADS="2", KV_HEADS="1", HEAD_DIM="16", INTERMEDIATE="64", LEN="512", QUICK_N="1",
                WORKERS="0", WINDOW="16", FAMILIES=FAMILIES, DEADLINE="600", SCHEDULE=str(sched), LENS="512:512")
-    rc, log = _run("many_family_teacher.sh", {**env, "LOOKUP_WEIGHT": "0.15"})
+    layout = "niah_multiquery.adjacent_key=True niah_multiquery.restate_key=True"
+    rc, log = _run("many_family_teacher.sh", {**env, "LOOKUP_WEIGHT": "0.15", "DATA_KNOBS": layout})
     assert rc == 0, log[-4000:]
-    args = json.loads((tmp_path / "w" / "round1" / "teacher" / "manifest.json").read_text())["args"]
+    manifest = json.loads((tmp_path / "w" / "round1" / "teacher" / "manifest.json").read_text())
+    want = {"adjacent_key": True, "restate_key": True}  # DATA_KNOBS reach the training and the quick evaluation
+    assert manifest["data"]["knobs"]["niah_multiquery"] == want
+    assert json.loads((tmp_path / "w" / "round1" / "quick" / "meta.json").read_text())["knobs"]["niah_multiquery"] == want
+    args = manifest["args"]
     assert (args["time_budget"], args["lr"], args["reasoning_weight"]) == (2.0, 3e-3, 0.2)
     assert args["family_weight"] == [["niah_multiquery", 0.5]]
     assert args["lookup_weight"] == 0.15  # given in the environment: wins over the schedule's 0.05
@@ -187,6 +192,11 @@ def test_teacher_round_follows_the_schedule_and_the_environment_wins(tmp_path):
     assert rc == 0 and f"round 2 from {tmp_path / 'wg' / 'round1' / 'teacher'}" in log, log[-3000:]
     rc, log = _run("many_family_teacher.sh", {**grown, "WORK": str(tmp_path / "wg3"), "INIT": gone})
     assert rc == 2 and "holds no model" in log and not (tmp_path / "wg3").exists(), log[-2000:]
+
+    for bad, why in (("niah_multiquery.adjacent_key=yes", "adjacent_key must be True or False"),
+                     ("niah_multiquery.layout=1", "unknown knob"), ("adjacent_key=True", "FAMILY.KEY=VALUE")):
+        rc, log = _run("many_family_teacher.sh", {**env, "WORK": str(tmp_path / "wk"), "DATA_KNOBS": bad})
+        assert rc == 2 and f"DATA_KNOBS: " in log and why in log and not (tmp_path / "wk").exists(), (bad, log[-2000:])
 
     sched.write_text("1: TB=2 LR=oops=1 SEQ=3\n")  # a bad schedule is refused before any work
     rc, log = _run("many_family_teacher.sh", {**env, "WORK": str(tmp_path / "w2")})

@@ -56,6 +56,20 @@ def test_needle_errors_regenerates_the_problems(tmp_path, capsys):
     assert saved["niah_multikey"]["values"] == 3 and saved["niah_multiquery"]["by_position"]["1"] == {"right": 1}
 
 
+def test_needle_errors_reads_restated_answers(tmp_path):
+    """With restate_key the answer puts each later key before its value; the values are still what is sorted."""
+    knobs = {"niah_multiquery": {"num_queries": 3, "restate_key": True, "adjacent_key": True}}
+    q = make_problem("niah_multiquery", 512, seed=2, **knobs["niah_multiquery"])
+    a, b, c = q.meta["query_values"]
+    pieces = q.answer.split(" , ")
+    assert pieces[0] == a and pieces[1].endswith(f": {b}") and pieces[2].endswith(f": {c}")
+    pred = " , ".join([a, pieces[1].replace(b, c), pieces[2][:-1]])  # right, another needle's, cut short
+    run = _run_dir(tmp_path, [{"policy": "dense", "family": "niah_multiquery", "seed": 2, "prediction": pred}], 512,
+                   knobs)
+    mq = needle_errors(run)["niah_multiquery"]
+    assert (mq["values"], mq["right"], mq["other_needle"], mq["other"]) == (3, 1, 1, 1)
+
+
 def test_needle_errors_refuses_a_run_without_keyed_answers(tmp_path):
     run = _run_dir(tmp_path, [{"policy": "dense", "family": "vt", "seed": 0, "prediction": "x"}])
     with pytest.raises(ValueError, match="no niah_multikey/niah_multiquery rows of policy 'dense'"):

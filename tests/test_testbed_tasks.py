@@ -215,6 +215,32 @@ def test_niah_multikey_layouts(restate_key, adjacent_key):
     assert (" is : " not in p.prompt) == adjacent_key
 
 
+@pytest.mark.parametrize("restate_key,adjacent_key", [(False, False), (False, True), (True, False), (True, True)])
+def test_niah_multiquery_layouts(restate_key, adjacent_key):
+    """niah_multiquery's layout knobs: the same draw as the default layout; with restate_key each asked key comes
+    before its value in the needle's words (the first in the answer prefix); the answer recomputed from the prompt."""
+    base = make_problem("niah_multiquery", length=1024, seed=7, num_needles=5, num_queries=3)
+    p = make_problem("niah_multiquery", length=1024, seed=7, num_needles=5, num_queries=3, restate_key=restate_key,
+                     adjacent_key=adjacent_key)
+    link = ":" if adjacent_key else "is :"
+    needles = dict(re.findall(rf"^one of the special magic numbers for (\w+ \w+) {link} (\d+) \.$", p.prompt,
+                              flags=re.M))
+    assert len(needles) == 5 and (" is : " not in p.prompt) == adjacent_key
+    asked = re.search(r"numbers for (\w+ \w+) , (\w+ \w+) and (\w+ \w+) mentioned", p.prompt).groups()
+    assert (needles, list(asked)) == (base.meta["needles"], base.meta["query_keys"])
+    assert p.meta["query_values"] == base.meta["query_values"] == [needles[k] for k in asked]
+    if restate_key:
+        assert p.prompt.endswith(f"\nanswer : the special magic number for {asked[0]} {link}")
+        assert p.answer == " , ".join([needles[asked[0]]] + [f"the special magic number for {k} {link} {needles[k]}"
+                                                              for k in asked[1:]])
+    else:
+        assert p.prompt.endswith("\nanswer :") and p.answer == base.answer == " , ".join(needles[k] for k in asked)
+    with pytest.raises(ValueError, match="restate_key must be True or False"):
+        make_problem("niah_multiquery", length=512, seed=0, restate_key=1)
+    with pytest.raises(ValueError, match="adjacent_key must be True or False"):
+        make_problem("niah_multiquery", length=512, seed=0, adjacent_key="no")
+
+
 @pytest.mark.parametrize("knobs", [dict(hops=3), dict(hops=4, steps=5, rules_first=True),
                                    dict(distractor_density=0.5), dict(restate=False), dict(hops=3, restate=False)])
 def test_reasoning_knobs(knobs):

@@ -44,12 +44,13 @@
 # TB (training seconds per round, 400), LRS (learning rate per round: "7e-4", from scratch "2e-3 1e-3 7e-4"), LENS
 # (length range per round: "1024:4096", from scratch "256:1024 1024:2048 1024:4096"), CURRICULUM (the share of a
 # round at its low end up to CLEN tokens, 0; CLEN 2560), HIDDEN/LAYERS/HEADS/KV_HEADS/HEAD_DIM/INTERMEDIATE (from
-# scratch only: 384/8/12/4/32/1152), MAX_MIB (64), LEN (4096), QUICK_N (16), EVAL_N (80), SEED_BASE
-# (2^48 + 5000), EBS (evaluation batch size, 40), WORKERS (data workers, 12), DEVICE (cuda), DEADLINE (seconds,
-# 570), TEACHER (STAGE=eval: the folder to evaluate), WINDOW (the evaluations' window, 64: dense keeps every token,
-# but kvpop-eval checks its default budgets against it). A CPU smoke test (tests/test_leave_families_out_pipeline.py):
-# DEVICE=cpu INIT=scratch HIDDEN=64 LAYERS=1 HEADS=4 KV_HEADS=2 HEAD_DIM=16 INTERMEDIATE=128 LENS=512:512 LEN=512
-# TB=3 QUICK_N=1 EVAL_N=2 WORKERS=0 WINDOW=16.
+# scratch only: 384/8/12/4/32/1152), DATA_KNOBS (family knobs FAMILY.KEY=VALUE, space-separated, given to the
+# training and every evaluation, e.g. "niah_multikey.adjacent_key=True niah_multikey.restate_key=True"; none),
+# MAX_MIB (64), LEN (4096), QUICK_N (16), EVAL_N (80), SEED_BASE (2^48 + 5000), EBS (evaluation batch size, 40),
+# WORKERS (data workers, 12), DEVICE (cuda), DEADLINE (seconds, 570), TEACHER (STAGE=eval: the folder to evaluate),
+# WINDOW (the evaluations' window, 64: dense keeps every token, but kvpop-eval checks its default budgets against it).
+# A CPU smoke test (tests/test_leave_families_out_pipeline.py): DEVICE=cpu INIT=scratch HIDDEN=64 LAYERS=1 HEADS=4
+# KV_HEADS=2 HEAD_DIM=16 INTERMEDIATE=128 LENS=512:512 LEN=512 TB=3 QUICK_N=1 EVAL_N=2 WORKERS=0 WINDOW=16.
 set -u
 : "${OUT:?set OUT to an output directory}"
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
@@ -66,6 +67,7 @@ L=${LEN:-4096}; DEVICE=${DEVICE:-cuda}; DEADLINE=${DEADLINE:-570}; TB=${TB:-400}
 if [ "$INIT" = scratch ]; then LRS=${LRS:-2e-3 1e-3 7e-4}; LENS=${LENS:-256:1024 1024:2048 1024:4096}
 else LRS=${LRS:-7e-4}; LENS=${LENS:-1024:4096}; fi
 KNOBS=(--knob reasoning.n_facts=10 --knob reasoning.steps=4)
+for k in ${DATA_KNOBS:-}; do KNOBS+=(--knob "$k"); done  # family knobs for training and every evaluation
 T0=$(date +%s)
 stamp() { echo "[$(( $(date +%s) - T0 ))s] $*"; }
 left() { local s=$(( DEADLINE - ($(date +%s) - T0) )); echo $(( s > 1 ? s : 1 )); }
@@ -76,6 +78,12 @@ try:
     check_families(sys.argv[1].split(','))
 except ValueError as err:
     sys.exit(f'FAMILIES={sys.argv[1]}: {err}')" "$FAMILIES" || exit 2
+python3 -c "import sys
+from kvpop_lab.testbed.evaluate import check_knobs
+try:
+    check_knobs(sys.argv[2:], int(sys.argv[1]))
+except ValueError as err:
+    sys.exit(f'DATA_KNOBS: {err}')" "$L" ${DATA_KNOBS:-} || exit 2
 if [ -n "${GROW:-}" ] && [ "$INIT" = scratch ]; then
   echo "GROW=$GROW grows a trained teacher: set INIT to its folder (INIT=scratch has nothing to grow)" >&2; exit 2
 fi

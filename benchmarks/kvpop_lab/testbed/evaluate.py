@@ -56,7 +56,8 @@ from .models import model_config as checkpoint_model_config
 from .oracle import oracle_kind_arg
 from .tasks import ALL_FAMILIES, FAMILIES, Problem, make_problem, training_example
 
-__all__ = ["build_parser", "plan_from_args", "token_accuracy", "main", "EvalPlan", "DEFAULT_SEED_BASE"]
+__all__ = ["build_parser", "check_knobs", "parse_knobs", "plan_from_args", "token_accuracy", "main", "EvalPlan",
+           "DEFAULT_SEED_BASE"]
 
 DEFAULT_SEED_BASE = 2 ** 48
 DEFAULT_POLICIES = ("dense", "streaming", "knorm", "random", "keydiff", "lagkv", "tova", "h2o", "snapkv", "kvpop_mlp",
@@ -166,6 +167,15 @@ def parse_knobs(items: Sequence[str], families: Sequence[str] = ()) -> dict[str,
             value = val
         out.setdefault(fam, {})[name.strip()] = value
     return out
+
+
+def check_knobs(items: Sequence[str], length: int) -> dict[str, dict]:
+    """Parses ``items`` (:func:`parse_knobs`) and draws one problem of ``length`` tokens per named family with its
+    knobs, so a bad knob name or value raises ValueError (naming the knob) before a script starts any work."""
+    knobs = parse_knobs(items)
+    for fam, kw in knobs.items():
+        make_problem(fam, length=length, seed=0, **kw)
+    return knobs
 
 
 def plan_from_args(args: argparse.Namespace) -> EvalPlan:

@@ -4,8 +4,8 @@
     python -m kvpop_lab.testbed.needle_errors RUN_DIR [--policy dense]
 
 ``RUN_DIR`` is a ``kvpop-eval`` output folder (``meta.json`` and ``outputs.jsonl``); every problem is regenerated from
-its seed, length and knobs (``meta.json``) to know its needles. Kinds, per asked value (``answer`` and
-``prediction`` split at ``" , "``):
+its seed, length and knobs (``meta.json``) to know its needles. Kinds, per asked value (the prediction split at
+``" , "``, each piece's last word: a restated key, ``restate_key=True``, is passed over):
 
 * ``right``: the value.
 * ``first_digit``: every digit right but the first (the model copied the right needle after a wrong start).
@@ -62,8 +62,8 @@ def needle_errors(run_dir: str | Path, policy: str = "dense") -> dict[str, dict]
         fam = r["family"]
         problem = make_problem(fam, meta["length"], seed=r["seed"], **meta.get("knobs", {}).get(fam, {}))
         needles = list(problem.meta["needles"].values())
-        predicted = r["prediction"].split(" , ")
-        for i, answer in enumerate(problem.answer.split(" , ")):
+        predicted = [piece.rsplit(" ", 1)[-1] for piece in r["prediction"].split(" , ")]
+        for i, answer in enumerate(problem.meta.get("query_values", [problem.answer])):
             kind, starts_other = classify_value(answer, predicted[i] if i < len(predicted) else "", needles)
             by_position.setdefault(fam, {}).setdefault(i, Counter())[kind] += 1
             from_other[fam] += starts_other

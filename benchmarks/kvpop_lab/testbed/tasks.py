@@ -38,7 +38,7 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from .problem import (MIN_LENGTH, _HEX, Problem, _as_rng, _check_length, _check_positive_int, _too_small, _filler_lines, _interleave, _cost, _finish, _fixed_cost, _number)  # noqa: F401  (Problem, MIN_LENGTH: re-exported)
 from .needle_drill import needle_drill
-from .ruler_tasks import RULER_FAMILIES, multikey_question
+from .ruler_tasks import RULER_FAMILIES, check_flag, key_link, multikey_question, restated
 from .tokenizer import ANSWER_MARKER, count_tokens, encode_plain
 from .vocab import ENTITY_WORDS, PSEUDO_WORDS
 
@@ -355,9 +355,8 @@ def niah_multikey(seed: int | random.Random = 0, length: int = 1024, num_needles
         raise ValueError(f"{fam}: value_kind must be 'number' or 'uuid', got {value_kind!r}")
     _check_positive_int(fam, "num_needles", num_needles)
     _check_positive_int(fam, "value_digits", value_digits)
-    for name, flag in (("restate_key", restate_key), ("adjacent_key", adjacent_key)):
-        if not isinstance(flag, bool):
-            raise ValueError(f"{fam}: {name} must be True or False, got {flag!r}")
+    check_flag(fam, "restate_key", restate_key)
+    check_flag(fam, "adjacent_key", adjacent_key)
     if not uuid_groups or any((not isinstance(g, int)) or g < 1 for g in uuid_groups):
         raise ValueError(f"{fam}: uuid_groups must be positive ints, got {uuid_groups!r}")
     if 2 * num_needles > len(ENTITY_WORDS):
@@ -370,13 +369,13 @@ def niah_multikey(seed: int | random.Random = 0, length: int = 1024, num_needles
         if v not in values:
             values.append(v)
     noun, nouns = ("number", "numbers") if value_kind == "number" else ("uuid", "uuids")
-    link = ":" if adjacent_key else "is :"
+    link = key_link(adjacent_key)
     needles = [(f"one of the special magic {nouns} for {k} {link} {v} .", i)
                for i, (k, v) in enumerate(zip(keys, values))]
     q = rng.randrange(num_needles)
     answer = values[q]
     head = [f"some special magic {nouns} are hidden in the text below . memorize them ."]
-    marker = f"{ANSWER_MARKER} the special magic {noun} for {keys[q]} {link}" if restate_key else ANSWER_MARKER
+    marker = f"{ANSWER_MARKER} {restated(keys[q], link, noun)}" if restate_key else ANSWER_MARKER
     tail = [multikey_question(keys[q], noun), marker]
     target = " " + answer
     body_budget = length - _fixed_cost(head, tail, target)
