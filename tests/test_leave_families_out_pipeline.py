@@ -196,7 +196,7 @@ def test_teacher_round_follows_the_schedule_and_the_environment_wins(tmp_path):
     for bad, why in (("niah_multiquery.adjacent_key=yes", "adjacent_key must be True or False"),
                      ("niah_multiquery.layout=1", "unknown knob"), ("adjacent_key=True", "FAMILY.KEY=VALUE")):
         rc, log = _run("many_family_teacher.sh", {**env, "WORK": str(tmp_path / "wk"), "DATA_KNOBS": bad})
-        assert rc == 2 and f"DATA_KNOBS: " in log and why in log and not (tmp_path / "wk").exists(), (bad, log[-2000:])
+        assert rc == 2 and "DATA_KNOBS: " in log and why in log and not (tmp_path / "wk").exists(), (bad, log[-2000:])
 
     sched.write_text("1: TB=2 LR=oops=1 SEQ=3\n")  # a bad schedule is refused before any work
     rc, log = _run("many_family_teacher.sh", {**env, "WORK": str(tmp_path / "w2")})
