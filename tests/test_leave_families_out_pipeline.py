@@ -19,6 +19,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 FAMILIES = "reasoning,niah_multiquery,cwe"
+LAYOUT = "niah_multiquery.restate_key=True"  # DATA_KNOBS: a family knob given to the teacher and to every evaluation
 
 
 def _run(script, env, timeout=900):
@@ -37,7 +38,8 @@ def test_many_family_teacher_then_leave_families_out(tmp_path):
     work_t, out = tmp_path / "teacher_work", tmp_path / "out"
     teacher_env = dict(OUT=str(out / "t"), WORK=str(work_t), DEVICE="cpu", INIT="scratch", HIDDEN="64", LAYERS="1",
                        HEADS="4", KV_HEADS="2", HEAD_DIM="16", INTERMEDIATE="128", LENS="512:512", LEN="512", TB="2",
-                       QUICK_N="1", EVAL_N="2", WORKERS="0", WINDOW="16", FAMILIES=FAMILIES, DEADLINE="900")
+                       QUICK_N="1", EVAL_N="2", WORKERS="0", WINDOW="16", FAMILIES=FAMILIES, DEADLINE="900",
+                       DATA_KNOBS=LAYOUT)
     for r in (1, 2):  # the second call resumes from the first one's teacher
         rc, log = _run("many_family_teacher.sh", teacher_env)
         assert rc == 0, log[-4000:]
@@ -58,7 +60,7 @@ def test_many_family_teacher_then_leave_families_out(tmp_path):
     work = tmp_path / "lfo_work"
     env = dict(OUT=str(out / "l"), WORK=str(work), TEACHER=teacher, DEVICE="cpu", LEN="512", WINDOW="16", STEPS="2",
                BS="1", EVAL_N="2", EBS="2", DEBS="2", SEEDS="0", COMPRESSIONS="88", FAMILIES=FAMILIES,
-               ORDER="reasoning", KS="1", DEADLINE="900")
+               ORDER="reasoning", KS="1", DEADLINE="900", DATA_KNOBS=LAYOUT)
     for stage in ("baselines", "train", "evaluate", "table"):
         rc, log = _run("leave_families_out.sh", {**env, "STAGE": stage, "K": "1", "HELDOUT_ONLY": "1"})
         assert rc == 0, (stage, log[-4000:])
@@ -80,9 +82,18 @@ def test_many_family_teacher_then_leave_families_out(tmp_path):
     verdict = json.loads((work / "tables" / "verdict.json").read_text())
     assert [(v["policy"], v["compression"]) for v in verdict] == [("kvpop_distill", 0.88)]
 
-    # the plan of WORK is fixed: another retrofit order is refused before any work
+    # DATA_KNOBS reach every evaluation and are part of the plan
+    meta = json.loads((work / "baselines" / "eval_niah_multiquery" / "meta.json").read_text())
+    assert meta["knobs"]["niah_multiquery"] == {"restate_key": True}
+    assert json.loads((work / "plan.json").read_text())["data_knobs"] == LAYOUT
+
+    # the plan of WORK is fixed: another retrofit order or other data knobs are refused before any work
     rc, log = _run("leave_families_out.sh", {**env, "STAGE": "baselines", "ORDER": "cwe"})
     assert rc == 2 and "holds another plan" in log
+    rc, log = _run("leave_families_out.sh", {**env, "STAGE": "baselines", "DATA_KNOBS": ""})
+    assert rc == 2 and "holds another plan" in log and "data_knobs" in log
+    rc, log = _run("leave_families_out.sh", {**env, "STAGE": "baselines", "DATA_KNOBS": "niah_multiquery.restate=1"})
+    assert rc == 2 and "DATA_KNOBS: niah_multiquery: unknown knob" in log
 
 
 def test_retrofit_variety_runs_several_steps_a_call_until_done(tmp_path):

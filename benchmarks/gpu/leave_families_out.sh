@@ -40,7 +40,9 @@
 # call --, SEEDS ("0 1"), POLICIES ("kvpop dms"), COMPRESSIONS ("88 94"), STEPS (400), BS (4), CAP (seconds a
 # training may run, 480), DMS_WEIGHTS ("88:3 94:1"), BASE_POLICIES (dense,snapkv,streaming), LEN (4096), WINDOW
 # (64), EVAL_N (80), SEED_BASE (2^48 + 5000: the problems of the teacher's table), EBS (40; DEBS for DMS, 20),
-# HELDOUT_ONLY (0), THREADS (torch threads per process, 1), DEVICE (cuda), DEADLINE (seconds, 570).
+# HELDOUT_ONLY (0), THREADS (torch threads per process, 1), DEVICE (cuda), DEADLINE (seconds, 570), DATA_KNOBS
+# (family knobs FAMILY.KEY=VALUE, space-separated: every evaluation, and the retrofits of a split holding the family;
+# the teacher's, e.g. "niah_multikey.adjacent_key=True niah_multikey.restate_key=True"; part of the plan when set).
 
 # A CPU smoke test (tests/test_leave_families_out_pipeline.py): DEVICE=cpu LEN=512 WINDOW=16 STEPS=2 BS=1 EVAL_N=2
 # EBS=2 DEBS=2 SEEDS=0 with a tiny teacher.
@@ -76,10 +78,16 @@ if [ "$STAGE" != table ]; then
   : "${TEACHER:?set TEACHER to the many-family teacher (benchmarks/gpu/many_family_teacher.sh writes one)}"
   [ -f "$TEACHER/config.json" ] || { echo "TEACHER=$TEACHER holds no model (config.json)" >&2; exit 2; }
 fi
+python3 -c "import sys
+from kvpop_lab.testbed.evaluate import check_knobs
+try:
+    check_knobs(sys.argv[2:], int(sys.argv[1]))
+except ValueError as err:
+    sys.exit(f'DATA_KNOBS: {err}')" "$L" ${DATA_KNOBS:-} || exit 2
 if [ "$STAGE" != table ]; then  # written at WORK's first call, checked against at every later one
   $LFO plan "$WORK" --families "$FAMILIES" --order "$ORDER" --ks "$KS" --setting "length=$L" --setting "window=$W" \
     --setting "eval_n=$N" --setting "seed_base=$SEED_BASE" --setting "steps=$STEPS" --setting "batch_size=$BS" \
-    || exit 2
+    ${DATA_KNOBS:+--setting "data_knobs=$DATA_KNOBS"} || exit 2
 fi
 if [ "$STAGE" = train ] || [ "$STAGE" = evaluate ]; then
   : "${K:?STAGE=$STAGE needs K=<number of retrofit families, one of KS=$KS>}"
@@ -92,12 +100,14 @@ mkdir -p "$OUT"
 
 source benchmarks/gpu/pack.sh  # pack NAME PATTERNS...
 
-evaluate() {  # out-dir batch-size families in-domain args...  (kvpop-eval with the 4k knobs)
+DKNOBS=(); for k in ${DATA_KNOBS:-}; do DKNOBS+=(--knob "$k"); done
+
+evaluate() {  # out-dir batch-size families in-domain args...  (kvpop-eval with the 4k knobs and DATA_KNOBS)
   local d=$1 bs=$2 fams=$3 ind=$4; shift 4
   OMP_NUM_THREADS=$TH timeout "$(left)" python3 -m kvpop_lab.testbed.evaluate --model "$TEACHER" --out "$d" \
     --length $L --n "$N" --seed-base "$SEED_BASE" --families "$fams" --in-domain "$ind" --sinks 4 --window $W \
-    --knob reasoning.n_facts=10 --knob reasoning.steps=4 --batch-size "$bs" --device "$DEVICE" --no-progress \
-    "$@" > "$d.log" 2>&1
+    --knob reasoning.n_facts=10 --knob reasoning.steps=4 "${DKNOBS[@]}" --batch-size "$bs" --device "$DEVICE" \
+    --no-progress "$@" > "$d.log" 2>&1
   local rc=$?; stamp "eval ${d#"$WORK"/} exit $rc"; grep -hE "^\| [a-z]" "$d"/table[12].md 2>/dev/null | head -8
 }
 
@@ -116,8 +126,12 @@ stage_baselines() {
 }
 
 train_one() {  # policy seed NN
-  local p=$1 s=$2 c=$3 name ck knob=() limit
-  case ",$RETRO," in *,reasoning,*) knob=(--knob reasoning.n_facts=10 reasoning.steps=4) ;; esac
+  local p=$1 s=$2 c=$3 name ck knob=() limit k
+  case ",$RETRO," in *,reasoning,*) knob=(reasoning.n_facts=10 reasoning.steps=4) ;; esac
+  for k in ${DATA_KNOBS:-}; do  # the knobs of the split's families
+    case ",$RETRO," in *,"${k%%.*}",*) knob+=("$k") ;; esac
+  done
+  [ ${#knob[@]} -gt 0 ] && knob=(--knob "${knob[@]}")
   name=$([ "$p" = kvpop ] && echo kvpop_distill || echo dms)_cr$c
   ck=$D/ckpt_s$s/$name
   if [ -f "$ck/lfo_training.json" ] && [ -f "$ck/model_delta.json" ]; then stamp "train $name seed $s: done before"; return; fi
