@@ -78,13 +78,7 @@ if [ "$STAGE" != table ]; then
   : "${TEACHER:?set TEACHER to the many-family teacher (benchmarks/gpu/many_family_teacher.sh writes one)}"
   [ -f "$TEACHER/config.json" ] || { echo "TEACHER=$TEACHER holds no model (config.json)" >&2; exit 2; }
 fi
-python3 -c "import sys
-from kvpop_lab.testbed.evaluate import check_knobs
-try:
-    check_knobs(sys.argv[2:], int(sys.argv[1]))
-except ValueError as err:
-    sys.exit(f'DATA_KNOBS: {err}')" "$L" ${DATA_KNOBS:-} || exit 2
-if [ "$STAGE" != table ]; then  # written at WORK's first call, checked against at every later one
+if [ "$STAGE" != table ]; then  # written at WORK's first call (DATA_KNOBS checked), checked against at every later one
   $LFO plan "$WORK" --families "$FAMILIES" --order "$ORDER" --ks "$KS" --setting "length=$L" --setting "window=$W" \
     --setting "eval_n=$N" --setting "seed_base=$SEED_BASE" --setting "steps=$STEPS" --setting "batch_size=$BS" \
     ${DATA_KNOBS:+--setting "data_knobs=$DATA_KNOBS"} || exit 2

@@ -74,16 +74,15 @@ left() { local s=$(( DEADLINE - ($(date +%s) - T0) )); echo $(( s > 1 ? s : 1 ))
 case "$STAGE" in train|eval|all) ;; *) echo "STAGE must be train, eval or all, got $STAGE" >&2; exit 2 ;; esac
 python3 -c "import sys
 from kvpop_lab.pretrain_teacher import check_families
+from kvpop_lab.testbed.evaluate import check_knobs
 try:
     check_families(sys.argv[1].split(','))
 except ValueError as err:
-    sys.exit(f'FAMILIES={sys.argv[1]}: {err}')" "$FAMILIES" || exit 2
-python3 -c "import sys
-from kvpop_lab.testbed.evaluate import check_knobs
+    sys.exit(f'FAMILIES={sys.argv[1]}: {err}')
 try:
-    check_knobs(sys.argv[2:], int(sys.argv[1]))
+    check_knobs(sys.argv[3:], int(sys.argv[2]))
 except ValueError as err:
-    sys.exit(f'DATA_KNOBS: {err}')" "$L" ${DATA_KNOBS:-} || exit 2
+    sys.exit(f'DATA_KNOBS: {err}')" "$FAMILIES" "$L" ${DATA_KNOBS:-} || exit 2
 if [ -n "${GROW:-}" ] && [ "$INIT" = scratch ]; then
   echo "GROW=$GROW grows a trained teacher: set INIT to its folder (INIT=scratch has nothing to grow)" >&2; exit 2
 fi

@@ -420,6 +420,12 @@ def main(argv=None) -> int:
             settings[key] = int(val) if re.fullmatch(r"-?\d+", val) else val
         if "length" not in settings:
             raise SystemExit("plan needs --setting length=<tokens per problem> (the evaluations' --length)")
+        if "data_knobs" in settings:  # family knobs of every evaluation and retrofit: checked before any work
+            from kvpop_lab.testbed.evaluate import check_knobs
+            try:
+                check_knobs(str(settings["data_knobs"]).split(), int(settings["length"]))
+            except ValueError as err:
+                raise SystemExit(f"--setting data_knobs (the scripts' DATA_KNOBS: {err})") from None
         try:
             plan = make_plan(args.families, args.order, args.ks, **settings)
         except ValueError as err:
