@@ -241,6 +241,20 @@ def test_niah_multiquery_layouts(restate_key, adjacent_key):
         make_problem("niah_multiquery", length=512, seed=0, adjacent_key="no")
 
 
+def test_fwe_restates_the_question():
+    """fwe's answer prefix: the prompt ends in the question's words, the length is kept (the text is shorter) and the
+    answer is still the top three words of the text, recomputed from the prompt."""
+    from kvpop_lab.testbed.tokenizer import count_tokens
+    p = make_problem("fwe", length=2048, seed=3, restate_question=True)
+    assert p.prompt.endswith("\nanswer : the 3 most frequent words are :")
+    assert count_tokens(p.prompt + " " + p.answer) == count_tokens(make_problem("fwe", length=2048, seed=3).prompt
+                                                                   + " " + p.answer)
+    _check_fwe(p)
+    assert p.meta["knobs"]["restate_question"] is True
+    with pytest.raises(ValueError, match="restate_question must be True or False"):
+        make_problem("fwe", length=512, seed=0, restate_question="yes")
+
+
 @pytest.mark.parametrize("knobs", [dict(hops=3), dict(hops=4, steps=5, rules_first=True),
                                    dict(distractor_density=0.5), dict(restate=False), dict(hops=3, restate=False)])
 def test_reasoning_knobs(knobs):

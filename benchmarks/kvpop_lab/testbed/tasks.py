@@ -483,25 +483,31 @@ def cwe(seed: int | random.Random = 0, length: int = 1024, n_common: int = 10,
 
 def fwe(seed: int | random.Random = 0, length: int = 1024, alpha: float = 2.0,
         vocab_size: int | None = None, top_k: int = 3, words_per_line: int = 16,
-        max_tries: int = 100) -> Problem:
+        max_tries: int = 100, restate_question: bool = False) -> Problem:
     """Frequent-words extraction.
 
     Words are sampled i.i.d. from a truncated Zipf law ``p(rank r) ~ r**-alpha``
     over ``vocab_size`` pseudo-words (default ``clamp(n_words // 8, 32,
     pool)``); samples are redrawn until the ``top_k`` counts are strictly
     ordered and above the next one. Answer: the ``top_k`` words, most
-    frequent first.
+    frequent first. ``restate_question=True`` ends the prompt with an answer
+    prefix in the question's words, ``answer : the <top_k> most frequent words
+    are :`` (as RULER's prefix does), instead of ``answer :`` alone, which the
+    needle families share; the text is then shorter by the prefix's tokens, so
+    the draw differs from the default one.
     """
     fam = "fwe"
     length = _check_length(length, fam)
     rng = _as_rng(seed, fam)
     _check_positive_int(fam, "top_k", top_k)
     _check_positive_int(fam, "words_per_line", words_per_line)
+    check_flag(fam, "restate_question", restate_question)
     if not (isinstance(alpha, (int, float)) and alpha > 0):
         raise ValueError(f"{fam}: alpha must be > 0, got {alpha!r}")
     head = ["read the text below and track how often each word appears ."]
+    marker = f"{ANSWER_MARKER} the {top_k} most frequent words are :" if restate_question else ANSWER_MARKER
     tail = [f"question : what are the {top_k} most frequent words in the text above ? "
-            "give them in order of frequency .", ANSWER_MARKER]
+            "give them in order of frequency .", marker]
     fixed = _fixed_cost(head, tail, "") + top_k
     n_words = _max_words(length - fixed, words_per_line)
     if n_words < 4 * (top_k + 1):
@@ -540,7 +546,7 @@ def fwe(seed: int | random.Random = 0, length: int = 1024, alpha: float = 2.0,
         "vocab_size": vocab_size,
         "n_tokens": n_tokens,
         "knobs": {"length": length, "alpha": alpha, "vocab_size": vocab_size, "top_k": top_k,
-                  "words_per_line": words_per_line},
+                  "words_per_line": words_per_line, "restate_question": restate_question},
     }
     return Problem(fam, prompt, " ".join(answer_words), meta)
 
