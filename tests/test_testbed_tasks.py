@@ -255,6 +255,22 @@ def test_fwe_restates_the_question():
         make_problem("fwe", length=512, seed=0, restate_question="yes")
 
 
+def test_fwe_word_pool():
+    """fwe's word_pool: every word of the text comes from the first word_pool pseudo-words, the answer is still the
+    text's top three; the full pool is the default draw; a pool that is too small or not an int is refused."""
+    from kvpop_lab.testbed.vocab import PSEUDO_WORDS
+    p = make_problem("fwe", length=2048, seed=4, word_pool=64)
+    assert set(_body_words(p)) <= set(PSEUDO_WORDS[:64]) and p.meta["vocab_size"] == 64
+    _check_fwe(p)
+    assert make_problem("fwe", length=2048, seed=4, word_pool=len(PSEUDO_WORDS)).prompt == \
+        make_problem("fwe", length=2048, seed=4).prompt
+    for bad in (3, len(PSEUDO_WORDS) + 1, 64.0, True):
+        with pytest.raises(ValueError, match="word_pool must be an int"):
+            make_problem("fwe", length=512, seed=0, word_pool=bad)
+    with pytest.raises(ValueError, match=r"vocab_size must be an int in \(3, 64\] \(word_pool\)"):
+        make_problem("fwe", length=512, seed=0, word_pool=64, vocab_size=100)
+
+
 @pytest.mark.parametrize("knobs", [dict(hops=3), dict(hops=4, steps=5, rules_first=True),
                                    dict(distractor_density=0.5), dict(restate=False), dict(hops=3, restate=False)])
 def test_reasoning_knobs(knobs):
