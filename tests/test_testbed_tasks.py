@@ -363,6 +363,10 @@ def test_bad_inputs():
         make_problem("niah_multikey", length=512, seed=0, value_kind="word")
     with pytest.raises(ValueError, match="restate_key must be True or False"):
         make_problem("niah_multikey", length=512, seed=0, restate_key="yes")
+    with pytest.raises(ValueError, match="reasoning: restate must be True or False"):
+        make_problem("reasoning", length=512, seed=0, restate=0)
+    with pytest.raises(ValueError, match="reasoning: rules_first must be True or False"):
+        make_problem("reasoning", length=512, seed=0, rules_first="no")
     with pytest.raises(ValueError, match="adjacent_key must be True or False"):
         make_problem("niah_multikey", length=512, seed=0, adjacent_key=1)
     with pytest.raises(ValueError, match="hops"):

@@ -210,6 +210,8 @@ def reasoning(seed: int | random.Random = 0, length: int = 1024, n_facts: int | 
         raise ValueError(f"{fam}: n_facts must be an int >= hops={hops}, got {n_facts!r}")
     if not 0.0 <= distractor_density < 1.0:
         raise ValueError(f"{fam}: distractor_density must be in [0, 1), got {distractor_density!r}")
+    check_flag(fam, "rules_first", rules_first)
+    check_flag(fam, "restate", restate)
 
     id_range = max(100, 4 * n_facts)
     facts = {f"x{i}": rng.randint(0, 9) for i in rng.sample(range(id_range), n_facts)}
