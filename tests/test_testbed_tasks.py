@@ -256,17 +256,26 @@ def test_fwe_restates_the_question():
 
 
 def test_fwe_word_pool():
-    """fwe's word_pool: every word of the text comes from the first word_pool pseudo-words, the answer is still the
-    text's top three; the full pool is the default draw; a pool that is too small or not an int is refused."""
-    from kvpop_lab.testbed.vocab import PSEUDO_WORDS
+    """fwe's word_pool and pool_start: every word of the text comes from the word_pool pseudo-words from pool_start
+    on, the answer is still the text's top three; the full pool is the default draw; a pool that is too small, runs
+    past the pseudo-words or is not an int is refused."""
+    from kvpop_lab.testbed.vocab import FILLER_WORDS, PSEUDO_WORDS
     p = make_problem("fwe", length=2048, seed=4, word_pool=64)
-    assert set(_body_words(p)) <= set(PSEUDO_WORDS[:64]) and p.meta["vocab_size"] == 64
+    assert set(_body_words(p)) <= set(PSEUDO_WORDS[:64]) <= set(FILLER_WORDS) and p.meta["vocab_size"] == 64
     _check_fwe(p)
+    q = make_problem("fwe", length=2048, seed=4, word_pool=64, pool_start=256)
+    assert set(_body_words(q)) <= set(PSEUDO_WORDS[256:320]) and not set(_body_words(q)) & set(FILLER_WORDS)
+    _check_fwe(q)
     assert make_problem("fwe", length=2048, seed=4, word_pool=len(PSEUDO_WORDS)).prompt == \
         make_problem("fwe", length=2048, seed=4).prompt
     for bad in (3, len(PSEUDO_WORDS) + 1, 64.0, True):
         with pytest.raises(ValueError, match="word_pool must be an int"):
             make_problem("fwe", length=512, seed=0, word_pool=bad)
+    with pytest.raises(ValueError, match="word_pool must be an int in \\(3, 36\\]"):
+        make_problem("fwe", length=512, seed=0, word_pool=64, pool_start=len(PSEUDO_WORDS) - 36)
+    for bad in (-1, len(PSEUDO_WORDS), "0"):
+        with pytest.raises(ValueError, match="pool_start must be an int"):
+            make_problem("fwe", length=512, seed=0, pool_start=bad)
     with pytest.raises(ValueError, match=r"vocab_size must be an int in \(3, 64\] \(word_pool\)"):
         make_problem("fwe", length=512, seed=0, word_pool=64, vocab_size=100)
 

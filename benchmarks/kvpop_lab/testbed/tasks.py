@@ -485,7 +485,8 @@ def cwe(seed: int | random.Random = 0, length: int = 1024, n_common: int = 10,
 
 def fwe(seed: int | random.Random = 0, length: int = 1024, alpha: float = 2.0,
         vocab_size: int | None = None, top_k: int = 3, words_per_line: int = 16,
-        max_tries: int = 100, restate_question: bool = False, word_pool: int | None = None) -> Problem:
+        max_tries: int = 100, restate_question: bool = False, word_pool: int | None = None,
+        pool_start: int = 0) -> Problem:
     """Frequent-words extraction.
 
     Words are sampled i.i.d. from a truncated Zipf law ``p(rank r) ~ r**-alpha``
@@ -496,9 +497,12 @@ def fwe(seed: int | random.Random = 0, length: int = 1024, alpha: float = 2.0,
     prefix in the question's words, ``answer : the <top_k> most frequent words
     are :`` (as RULER's prefix does), instead of ``answer :`` alone, which the
     needle families share; the text then loses its last words to the prefix.
-    ``word_pool`` draws the words from the first ``word_pool`` pseudo-words
-    instead of all of them (the default ``vocab_size`` is then at most
-    ``word_pool``): fewer words a model must tell apart in its output.
+    ``word_pool`` draws the words from ``word_pool`` pseudo-words, from number
+    ``pool_start`` on, instead of all of them (the default ``vocab_size`` is
+    then at most ``word_pool``): fewer words a model must tell apart in its
+    output. The first 256 pseudo-words are the filler words of every other
+    family (``vocab.FILLER_WORDS``), so ``word_pool=256`` draws fwe's words from
+    the filler and ``pool_start=256`` from the other words.
     """
     fam = "fwe"
     length = _check_length(length, fam)
@@ -516,16 +520,20 @@ def fwe(seed: int | random.Random = 0, length: int = 1024, alpha: float = 2.0,
     n_words = _max_words(length - fixed, words_per_line)
     if n_words < 4 * (top_k + 1):
         raise _too_small(fam, length, fixed + 5 * (top_k + 1), f"top_k={top_k}")
+    if isinstance(pool_start, bool) or not isinstance(pool_start, int) or not 0 <= pool_start < len(PSEUDO_WORDS):
+        raise ValueError(f"{fam}: pool_start must be an int in [0, {len(PSEUDO_WORDS)}), got {pool_start!r}")
+    n_left = len(PSEUDO_WORDS) - pool_start
     if word_pool is None:
-        word_pool = len(PSEUDO_WORDS)
-    if isinstance(word_pool, bool) or not isinstance(word_pool, int) or not top_k < word_pool <= len(PSEUDO_WORDS):
-        raise ValueError(f"{fam}: word_pool must be an int in ({top_k}, {len(PSEUDO_WORDS)}], got {word_pool!r}")
+        word_pool = n_left
+    if isinstance(word_pool, bool) or not isinstance(word_pool, int) or not top_k < word_pool <= n_left:
+        raise ValueError(f"{fam}: word_pool must be an int in ({top_k}, {n_left}] (the pseudo-words from "
+                         f"pool_start={pool_start} on), got {word_pool!r}")
     if vocab_size is None:
         vocab_size = max(min(32, word_pool), min(word_pool, n_words // 8))
     if not isinstance(vocab_size, int) or not top_k < vocab_size <= word_pool:
         raise ValueError(f"{fam}: vocab_size must be an int in ({top_k}, {word_pool}] (word_pool), "
                          f"got {vocab_size!r}")
-    ranked = rng.sample(PSEUDO_WORDS[:word_pool], vocab_size)
+    ranked = rng.sample(PSEUDO_WORDS[pool_start:pool_start + word_pool], vocab_size)
     cum, tot = [], 0.0
     for r in range(vocab_size):
         tot += (r + 1) ** -float(alpha)
@@ -554,7 +562,8 @@ def fwe(seed: int | random.Random = 0, length: int = 1024, alpha: float = 2.0,
         "vocab_size": vocab_size,
         "n_tokens": n_tokens,
         "knobs": {"length": length, "alpha": alpha, "vocab_size": vocab_size, "top_k": top_k,
-                  "words_per_line": words_per_line, "restate_question": restate_question, "word_pool": word_pool},
+                  "words_per_line": words_per_line, "restate_question": restate_question, "word_pool": word_pool,
+                  "pool_start": pool_start},
     }
     return Problem(fam, prompt, " ".join(answer_words), meta)
 
