@@ -186,13 +186,17 @@ def test_teacher_table(tmp_path):
     hits = {f: _draw(rng, 0.9) for f in FAMS}
     _write_eval(tmp_path / "eval", {("dense", None): {f: hits[f] for f in FAMS[:3]}})
     _write_eval(tmp_path / "eval_cwe", {("dense", None): {"cwe": hits["cwe"]}}, outputs_only=True)
+    knobs = {FAMS[1]: {"restate_key": True, "adjacent_key": True}}  # kvpop-eval's meta.json: only the knobs given
+    (tmp_path / "eval" / "meta.json").write_text(json.dumps({"knobs": knobs}))
     rows = lfo.teacher_table([tmp_path / "eval", tmp_path / "eval_cwe"], tmp_path / "out")
     assert [r["family"] for r in rows] == list(FAMS)
     for r in rows:
         em = sum(hits[r["family"]]) / N
         assert r["em"] == pytest.approx(em, abs=1e-5) and r["n"] == N and r["meets"] == (em >= 0.9)
         assert r["se"] == pytest.approx(math.sqrt(em * (1 - em) / N), abs=1e-5)
-    assert "every family >= 0.9" in (tmp_path / "out" / "teacher_dense_em.md").read_text()
+        assert r["knobs"] == ("restate_key=True adjacent_key=True" if r["family"] == FAMS[1] else "")
+    md = (tmp_path / "out" / "teacher_dense_em.md").read_text()
+    assert "every family >= 0.9" in md and f"| {FAMS[1]} |" in md and "| restate_key=True adjacent_key=True |" in md
 
 
 def test_plan_of_a_work_folder_is_fixed(tmp_path):

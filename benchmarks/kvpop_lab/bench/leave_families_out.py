@@ -353,9 +353,17 @@ def _families_of(folder: Path) -> list[str]:
     raise SystemExit(f"{folder}: neither results.csv nor outputs.jsonl (not a kvpop-eval folder)")
 
 
+def _family_knobs(folder: Path, fam: str) -> str:
+    """The knobs a kvpop-eval folder gave ``fam`` (its meta.json), as ``key=value`` words; "" for the defaults."""
+    meta = folder / "meta.json"
+    knobs = json.loads(meta.read_text()).get("knobs", {}).get(fam, {}) if meta.is_file() else {}
+    return " ".join(f"{k}={v}" for k, v in knobs.items())
+
+
 def teacher_table(eval_dirs, out: Path, min_em: float = THRESHOLD) -> list[dict]:
     """The teacher's dense EM per family from kvpop-eval folders (one or several; for a family in several, the
-    first wins): ``teacher_dense_em.csv`` and ``.md`` in ``out`` with EM, SE, n and whether EM >= ``min_em``."""
+    first wins): ``teacher_dense_em.csv`` and ``.md`` in ``out`` with EM, SE, n, whether EM >= ``min_em`` and the
+    family's knobs (its layout: the problems differ from the defaults')."""
     eval_dirs = [Path(eval_dirs)] if isinstance(eval_dirs, (str, Path)) else [Path(d) for d in eval_dirs]
     out = Path(out)
     rows, seen = [], set()
@@ -365,14 +373,15 @@ def teacher_table(eval_dirs, out: Path, min_em: float = THRESHOLD) -> list[dict]
             if dense and fam not in seen:
                 seen.add(fam)
                 em, n = dense[0]["em"], dense[0]["n"]
-                rows.append({"family": fam, "em": em, "se": binomial_se(em, n), "n": n, "meets": em >= min_em})
+                rows.append({"family": fam, "em": em, "se": binomial_se(em, n), "n": n,
+                             "knobs": _family_knobs(folder, fam), "meets": em >= min_em})  # meets last: scripts grep it
     if not rows:
         raise SystemExit(f"{', '.join(map(str, eval_dirs))}: no dense rows")
     out.mkdir(parents=True, exist_ok=True)
     write_csv(rows, out / "teacher_dense_em.csv")
-    md = ["| family | dense EM | ± SE | n | >= %.2f |" % min_em, "|---|---|---|---|---|"]
-    md += [f"| {r['family']} | {r['em']:.3f} | {r['se']:.3f} | {r['n']} | {'yes' if r['meets'] else 'no'} |"
-           for r in rows]
+    md = ["| family | dense EM | ± SE | n | >= %.2f | knobs |" % min_em, "|---|---|---|---|---|---|"]
+    md += [f"| {r['family']} | {r['em']:.3f} | {r['se']:.3f} | {r['n']} | {'yes' if r['meets'] else 'no'} "
+           f"| {r['knobs'] or 'default'} |" for r in rows]
     md.append(f"\nevery family >= {min_em}: {'yes' if all(r['meets'] for r in rows) else 'no'}")
     (out / "teacher_dense_em.md").write_text("\n".join(md) + "\n")
     return rows
