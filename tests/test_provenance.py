@@ -46,3 +46,27 @@ def test_unknown_outside_a_repository_or_without_git(tmp_path, monkeypatch):
     _repo(sha_dir)
     monkeypatch.setenv("PATH", str(tmp_path / "no-bin"))
     assert git_commit(sha_dir) == "unknown"
+
+
+def test_gpu_scripts_name_a_changed_tree_head_plus_changes(tmp_path):
+    """benchmarks/gpu/commit_env.sh (sourced by every GPU script): a tree whose tracked files differ from HEAD is
+    named HEAD+changes, with a note; a clean tree, a KVPOP_GIT_COMMIT already set and a folder outside git keep theirs."""
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu" / "commit_env.sh"
+    env = {k: v for k, v in os.environ.items() if k != "KVPOP_GIT_COMMIT"}
+    env["GIT_CEILING_DIRECTORIES"] = str(tmp_path)
+
+    def named(folder, **extra):
+        r = subprocess.run(["bash", "-c", f'source "{script}"; echo "[${{KVPOP_GIT_COMMIT:-}}]"'], cwd=folder,
+                           env={**env, **extra}, capture_output=True, text=True, check=True)
+        return r.stdout.strip(), r.stderr
+
+    sha = _repo(tmp_path / "repo")
+    assert named(tmp_path / "repo") == ("[]", "")
+    (tmp_path / "repo" / "f.txt").write_text("changed")
+    name, note = named(tmp_path / "repo")
+    assert name == f"[{sha}+changes]" and "differ from HEAD" in note
+    assert named(tmp_path / "repo", KVPOP_GIT_COMMIT="abc123")[0] == "[abc123]"
+    (tmp_path / "plain").mkdir()
+    assert named(tmp_path / "plain") == ("[]", "")
