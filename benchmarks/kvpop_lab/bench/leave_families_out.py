@@ -353,11 +353,12 @@ def _families_of(folder: Path) -> list[str]:
     raise SystemExit(f"{folder}: neither results.csv nor outputs.jsonl (not a kvpop-eval folder)")
 
 
-def _family_knobs(folder: Path, fam: str) -> str:
-    """The knobs a kvpop-eval folder gave ``fam`` (its meta.json), as ``key=value`` words; "" for the defaults."""
+def _knobs_of(folder: Path) -> dict[str, str]:
+    """The knobs a kvpop-eval folder gave each family (its meta.json), as ``key=value`` words; a family left out
+    ran with the defaults."""
     meta = folder / "meta.json"
-    knobs = json.loads(meta.read_text()).get("knobs", {}).get(fam, {}) if meta.is_file() else {}
-    return " ".join(f"{k}={v}" for k, v in knobs.items())
+    knobs = json.loads(meta.read_text()).get("knobs", {}) if meta.is_file() else {}
+    return {fam: " ".join(f"{k}={v}" for k, v in kw.items()) for fam, kw in knobs.items()}
 
 
 def teacher_table(eval_dirs, out: Path, min_em: float = THRESHOLD) -> list[dict]:
@@ -368,13 +369,14 @@ def teacher_table(eval_dirs, out: Path, min_em: float = THRESHOLD) -> list[dict]
     out = Path(out)
     rows, seen = [], set()
     for folder in eval_dirs:
+        knobs = _knobs_of(folder)
         for fam in _families_of(folder):
             dense = [r for r in rows_of(folder, fam) if r["policy"] == "dense"]
             if dense and fam not in seen:
                 seen.add(fam)
                 em, n = dense[0]["em"], dense[0]["n"]
                 rows.append({"family": fam, "em": em, "se": binomial_se(em, n), "n": n,
-                             "knobs": _family_knobs(folder, fam), "meets": em >= min_em})  # meets last: scripts grep it
+                             "knobs": knobs.get(fam, ""), "meets": em >= min_em})  # meets last: scripts grep it
     if not rows:
         raise SystemExit(f"{', '.join(map(str, eval_dirs))}: no dense rows")
     out.mkdir(parents=True, exist_ok=True)
