@@ -8,10 +8,6 @@ def pytest_configure(config):
     """Triton kernels run on CPU (the interpreter) in the suite, unless the run is tests/gpu alone: there the
     kernels and FlexAttention's inductor kernels must be compiled for the GPU. Decided before any test module
     imports a kernel (a kernel defined under the interpreter stays interpreted)."""
-    try:  # the testbed teacher's weights are tracked xz-packed; importing the laboratory restores them
-        import kvpop_lab  # noqa: F401
-    except ImportError:  # without the laboratory the tests that need the checkpoints skip
-        pass
     paths = [os.path.abspath(str(arg).split("::")[0]) for arg in config.args]
     if paths and all(p == GPU_TESTS or p.startswith(GPU_TESTS + os.sep) for p in paths):
         return
