@@ -13,6 +13,8 @@ from helpers import distinct_ids, reference_logits, run_chunks, tiny_model
 from kvpop_hf import Backends, KVpopCache
 from kvpop_hf.backends import CHOICES, INFERENCE_FIELDS, TRAINING_FIELDS, VARIANTS, env_var
 
+pytestmark = pytest.mark.tier("unit")
+
 warnings.filterwarnings("ignore", message=".*flex_attention called without torch.compile.*")
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.tier("unit")
+
 ROOT = Path(__file__).resolve().parents[1]
 FOLDERS = sorted(p.name for p in (ROOT / "checkpoints").iterdir() if p.is_dir() and (p / "README.md").is_file())
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-pytestmark = pytest.mark.scripts
+pytestmark = pytest.mark.tier("scripts")
 
 
 def run(*argv: str) -> subprocess.CompletedProcess:

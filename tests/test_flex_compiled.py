@@ -6,6 +6,9 @@ from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 from kvpop_hf.ops import chunk_attention
 from kvpop_hf.ops.flex_compiled import INFERENCE_DYNAMIC, TRAINING_DYNAMIC, compiled_create_block_mask, compiled_flex
 from kvpop_hf.trainer import sparse_attention
+import pytest
+
+pytestmark = pytest.mark.tier("unit")
 
 
 def test_eager_off_cuda():

@@ -7,6 +7,8 @@ import pytest
 
 from kvpop_hf.ops.kernels import lazy_kernel
 
+pytestmark = pytest.mark.tier("unit")
+
 
 def _probe():
     calls = []

@@ -24,6 +24,8 @@ from kvpop_hf.policies import POLICIES  # noqa: E402
 
 from helpers import tiny_model  # noqa: E402
 
+pytestmark = pytest.mark.tier("unit")
+
 SINKS, WINDOW, TOPK = 2, 8, 8
 
 
@@ -76,7 +78,7 @@ LL_PAIRS = [(PROMPTS[0], " 1 2 3"), (PROMPTS[0], " 4"), (PROMPTS[1], " kages stu
 
 
 # -- the command line -------------------------------------------------------------------------------
-@pytest.mark.scripts  # another process or the command line
+@pytest.mark.tier("scripts")  # another process or the command line
 def test_cli_runs_kvpop_on_an_exported_task_and_the_table_reads_it(tiny_dir, tasks_dir, tmp_path, monkeypatch):
     from kvpop_hf.integrations.lm_eval import main
     from kvpop_hf.integrations.lm_eval_table import main as table_main
@@ -104,7 +106,7 @@ def test_cli_runs_kvpop_on_an_exported_task_and_the_table_reads_it(tiny_dir, tas
     assert len(csv) == 4 and csv[0].startswith("policy,budget,cr")
 
 
-@pytest.mark.scripts  # another process or the command line
+@pytest.mark.tier("scripts")  # another process or the command line
 def test_console_command_is_lm_evals_cli(tiny_dir):
     """The console command's function hands its arguments to lm-eval's own command line unchanged."""
     out = subprocess.run([sys.executable, "-c", "from kvpop_hf.integrations.lm_eval import main; main()", "--help"],
@@ -517,7 +519,7 @@ def test_table_reads_recorded_settings_and_string_model_args(tmp_path):
         collect_rows([tmp_path / "missing"])
 
 
-@pytest.mark.quality
+@pytest.mark.tier("quality")
 def test_shipped_student_through_lm_eval_matches_kvpop_eval(tmp_path):
     """lm-eval's command line with --model kvpop and kvpop-eval on the same 4k problems, shipped student at 88%
     (B = 492, window 64): the exact matches agree within one problem (CPU, a few minutes)."""

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.tier("scripts")
+
 ROOT = Path(__file__).resolve().parents[1]
 LIMIT = 24_000_000
 
