@@ -48,8 +48,9 @@ DEFAULT_PREFILL_CHUNK = 16384
 HOOK_DIR = "custom_generate"
 HOOK_FILE = "generate.py"
 # what a checkpoint folder carries: transformers copies this file into its modules cache and calls `generate`
-HOOK_SOURCE = '''"""transformers' custom_generate hook of a KVpop checkpoint: the checkpoint's own KVpopCache, chunked prefill
-and the fastest decoding loop of the device (kvpop_hf/hub_generate.py). Needs kvpop-hf installed."""
+HOOK_SOURCE = '''"""transformers' custom_generate hook of a KVpop checkpoint: generate with the checkpoint's own
+KVpopCache, chunked prefill and the device's fastest decoding loop (kvpop_hf/hub_generate.py in kvpop-hf, which
+must be installed)."""
 
 from kvpop_hf.hub_generate import generate  # noqa: F401
 '''

@@ -171,3 +171,13 @@ def test_projection_fusion_is_applied_once_and_survives_a_move():
     assert attn.k_proj.weight.data_ptr() == attn.q_proj.stacked[attn.k_proj.start:].data_ptr()
     with torch.no_grad():
         torch.testing.assert_close(model(ids).logits.float(), before, atol=1e-5, rtol=0)
+
+
+def test_the_model_card_names_both_calls():
+    from kvpop_hf.config import KVpopConfig
+    from kvpop_hf.trainer.model_card import render_model_card
+
+    card = render_model_card(KVpopConfig(sinks=4, window=8, topk=4), model_name="m", repo="org/m", dataset="d",
+                             steps=1, history=[])
+    assert 'from_pretrained("org/m", trust_remote_code=True)' in card
+    assert 'custom_generate="org/m", trust_remote_code=True' in card and "custom_generate/generate.py" in card
