@@ -5,7 +5,8 @@ trust_remote_code=True).generate(ids, max_new_tokens=N)`` decodes with the check
 budget, the same tokens as the explicit ``KVpopCache.from_pretrained`` + ``prefill_in_chunks`` + ``run_ahead_sample``
 call, prompts longer than the budget (eviction) and than the prefill chunk. Without ``trust_remote_code``,
 ``generate`` is transformers' own. The shipped LoRA students carry the same hook, and since transformers reads the
-hook of an adapter folder's base model, they generate through it with ``custom_generate=adapter_dir``.
+hook of an adapter folder's base model, they generate through it with ``custom_generate=adapter_dir``, as a
+scorer-only folder does over its base model.
 """
 
 from __future__ import annotations
@@ -181,3 +182,27 @@ def test_the_model_card_names_both_calls():
                              steps=1, history=[])
     assert 'from_pretrained("org/m", trust_remote_code=True)' in card
     assert 'custom_generate="org/m", trust_remote_code=True' in card and "custom_generate/generate.py" in card
+
+
+def test_a_scorer_only_folder_runs_its_hook_when_named(tmp_path):
+    base = tmp_path / "base"
+    tiny_model("qwen3", attn="sdpa").save_pretrained(base)
+    model = AutoModelForCausalLM.from_pretrained(base, attn_implementation="sdpa")
+    trainer = KVpopTrainer(model=model, args=_args(tmp_path / "scorer", train_backbone=False, scorer="mlp",
+                                                   scorer_kwargs="{}"), train_dataset=_data())
+    trainer.train()
+    trainer.save_model(str(tmp_path / "scorer"))
+    folder = tmp_path / "scorer"
+    assert (folder / "custom_generate" / "generate.py").is_file() and not (folder / "model.safetensors").exists()
+    loaded = AutoModelForCausalLM.from_pretrained(base, trust_remote_code=True)
+    assert loaded.generate.__func__ is GenerationMixin.generate  # the base has no hook
+    prompt = distinct_ids(1, 30, seed=7)
+    result = loaded.generate(prompt, max_new_tokens=6, do_sample=False, pad_token_id=0, prefill_chunk_size=8,
+                             custom_generate=str(folder), trust_remote_code=True, return_dict_in_generate=True)
+    assert _cache_of(result).kvpop_config.topk == BUDGET["topk"]
+    reference = AutoModelForCausalLM.from_pretrained(base, attn_implementation="kvpop")
+    cache = KVpopCache.from_pretrained(folder, reference.config)
+    prefill_in_chunks(reference, cache, prompt, 8)
+    expect = reference.generate(prompt, **with_cache(reference, cache, max_new_tokens=6, do_sample=False,
+                                                     pad_token_id=0, custom_generate=run_ahead_sample))
+    assert torch.equal(result.sequences, expect)
