@@ -25,6 +25,8 @@ from kvpop_hf.compat import with_cache
 from kvpop_hf.hub_generate import HOOK_SOURCE, _fuse_once, _run_ahead_fits, generate
 from kvpop_hf.trainer import KVpopTrainer, KVpopTrainingArguments
 
+pytestmark = pytest.mark.tier("unit")
+
 ROOT = Path(__file__).resolve().parents[1]
 BUDGET = dict(sinks=2, window=5, topk=6)  # B = 13
 STUDENTS = {"cr88": 492, "cr94": 246}

@@ -13,7 +13,7 @@ from kvpop_hf.batch import BatchRequest, generate_batch, generate_batch_stream
 from kvpop_hf.compat import with_cache
 from kvpop_hf import rows as row_ops
 
-pytestmark = pytest.mark.unit
+pytestmark = pytest.mark.tier("unit")
 
 KW = dict(sinks=2, window=6, topk=8)  # B = 16: prompts up to 40 tokens and outputs up to 30 evict
 

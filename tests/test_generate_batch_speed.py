@@ -7,7 +7,7 @@ import pytest
 
 from kvpop_lab.bench import generate_batch_speed
 
-pytestmark = pytest.mark.scripts
+pytestmark = pytest.mark.tier("scripts")
 
 
 def test_tiny_rows(tmp_path):

@@ -16,6 +16,8 @@ from kvpop_hf import KVpopCache, fuse_projection_storage, fused_compile_config, 
 from kvpop_hf.compat import with_cache
 from kvpop_hf.ops.fused_projections import SharedStorageLinear
 
+pytestmark = pytest.mark.tier("unit")
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
