@@ -16,6 +16,12 @@ transformers' ``custom_generate`` hook: when ``from_pretrained(folder, trust_rem
    ``compile_config=fused_compile_config()``; other modes (beam search, assisted decoding, returned attentions)
    run transformers' own loop with the cache. On CPU: transformers' own loop with the cache.
 
+A list of prompts (token id lists, 1-D tensors or :class:`~kvpop_hf.batch.BatchRequest`) instead of an
+``input_ids`` tensor goes through :func:`~kvpop_hf.batch.generate_batch` (continuous batching over ``max_rows=``
+rows of the checkpoint's cache, default ``min(8, sequences asked for)``; each prompt's own length, no padding) and
+returns its ``{request_id: BatchOutput}``; the other keyword arguments are ``generate_batch``'s (``max_new_tokens``,
+sampling options, ``num_return_sequences``, ``tokenizer`` with ``stop_strings``, ``progress_bar``, ``seed``).
+
 Which checkpoint. ``kvpop_checkpoint=`` if given; else the folder or repo id of a ``custom_generate=`` string
 that ``GenerationMixin.generate`` was called with (read from that call's arguments); else the folder the model
 was loaded from (``model.name_or_path``). A Hub repo id is resolved through huggingface_hub's cache, as
@@ -44,6 +50,7 @@ import torch
 __all__ = ["DEFAULT_PREFILL_CHUNK", "HOOK_SOURCE", "generate", "write_hook"]
 
 DEFAULT_PREFILL_CHUNK = 16384
+DEFAULT_LIST_ROWS = 8  # rows of generate_batch for a list of prompts, unless the call passes max_rows=
 
 HOOK_DIR = "custom_generate"
 HOOK_FILE = "generate.py"
@@ -85,6 +92,8 @@ def generate(*args: Any, model, kvpop_checkpoint: str | os.PathLike | None = Non
 
     input_ids = args[0] if args else kwargs.get("inputs", kwargs.get("input_ids"))
     chunk = DEFAULT_PREFILL_CHUNK if prefill_chunk_size is None else prefill_chunk_size
+    if _is_prompt_list(input_ids):
+        return _generate_list(model, cache, input_ids, chunk, kwargs)
     if isinstance(input_ids, torch.Tensor) and input_ids.dim() == 2 and input_ids.shape[1] >= 2:
         from .prefill import prefill_in_chunks
 
@@ -104,6 +113,35 @@ def generate(*args: Any, model, kvpop_checkpoint: str | os.PathLike | None = Non
     from .compat import with_cache
 
     return stock(model, *args, **with_cache(model, cache, **kwargs))
+
+
+def _is_prompt_list(inputs) -> bool:
+    """A list (or tuple) of prompts: token id lists, 1-D tensors or ``BatchRequest``s (not a batch tensor)."""
+    from .batch import BatchRequest
+
+    if not isinstance(inputs, (list, tuple)) or not inputs:
+        return False
+    return all(isinstance(p, (list, tuple, BatchRequest)) or (isinstance(p, torch.Tensor) and p.dim() == 1)
+               for p in inputs)
+
+
+def _generate_list(model, cache, prompts, chunk: int, kwargs: dict):
+    """A list of prompts: :func:`~kvpop_hf.batch.generate_batch` over ``max_rows`` rows (default
+    :data:`DEFAULT_LIST_ROWS`, no more than the sequences asked for) of the checkpoint's cache; returns its
+    ``{request_id: BatchOutput}``."""
+    from .batch import BatchRequest, generate_batch
+
+    for name in ("inputs", "input_ids"):
+        kwargs.pop(name, None)
+    if kwargs.get("attention_mask") is not None:
+        raise ValueError("kvpop_hf.hub_generate.generate: a list of prompts takes no attention_mask (each prompt is "
+                         "its own request, unpadded); pass the prompts' token ids only.")
+    kwargs.pop("attention_mask", None)
+    n = kwargs.get("num_return_sequences") or 1
+    wanted = sum((p.num_return_sequences or n) if isinstance(p, BatchRequest) else n for p in prompts)
+    rows = kwargs.pop("max_rows", None) or min(DEFAULT_LIST_ROWS, wanted)
+    return generate_batch(model, list(prompts), kwargs.pop("generation_config", None), cache=cache, max_rows=rows,
+                          prefill_chunk_size=chunk, **kwargs)
 
 
 def _checkpoint_of(model) -> str:

@@ -91,6 +91,25 @@ def test_trust_remote_code_generates_with_the_checkpoints_cache(saved, chunk):
     assert torch.equal(again, expect)
 
 
+def test_a_list_of_prompts_goes_through_generate_batch(saved):
+    """A list of prompts of different lengths: generate_batch over the checkpoint's cache, each request's tokens
+    equal to the same prompt alone through the hook (greedy); a forked request; a padding mask refused."""
+    from kvpop_hf import BatchOutput
+
+    model = AutoModelForCausalLM.from_pretrained(saved, trust_remote_code=True)
+    prompts = [distinct_ids(1, n, seed=n)[0].tolist() for n in (30, 9, 21)]
+    out = model.generate(prompts, max_new_tokens=6, do_sample=False, progress_bar=False)
+    assert list(out) == ["req_0", "req_1", "req_2"] and all(isinstance(o, BatchOutput) for o in out.values())
+    for prompt, o in zip(prompts, out.values()):
+        alone = model.generate(torch.tensor([prompt]), max_new_tokens=6, do_sample=False, pad_token_id=0)
+        assert o.generated_tokens == alone[0, len(prompt):].tolist()
+    forked = model.generate(prompts[:1], max_new_tokens=4, do_sample=True, num_return_sequences=2, seed=0,
+                            progress_bar=False)
+    assert list(forked) == ["req_0", "req_0__child#1"]
+    with pytest.raises(ValueError, match="a list of prompts takes no attention_mask"):
+        model.generate(prompts, attention_mask=torch.ones(3, 30), max_new_tokens=2)
+
+
 def test_without_trust_remote_code_generate_is_transformers_own(saved):
     model = AutoModelForCausalLM.from_pretrained(saved)
     assert model.generate.__func__ is GenerationMixin.generate
