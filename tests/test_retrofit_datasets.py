@@ -3,6 +3,10 @@
 before the model loads."""
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -135,6 +139,56 @@ def test_data_files_and_folders_of_files_load(tmp_path):
     cut = prepare_dataset(load_source(str(tmp_path / "d.jsonl")), tok,
                           KVpopDataArguments(text_field="body", seq_len=6, truncation=True))
     assert cut["input_ids"] == [e[:6] for e in expect]
+
+
+def test_a_bare_folder_name_is_the_local_folder_and_an_unknown_one_fails_before_the_hub(tokenizer_only, tmp_path,
+                                                                                       monkeypatch):
+    """``--dataset data_msg`` run from the folder's parent is that folder (data files or a saved dataset; a folder
+    named ``json`` too, which datasets would take for its json builder), never a Hub name. From elsewhere, the
+    datasets cache's copy of that earlier local load is refused before the Hub is asked (datasets would load it
+    when the Hub has no data_msg); with HF_HUB_OFFLINE set (a fresh process, as a user sets it), a name of no file,
+    folder or cached dataset is a ValueError at once."""
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(tmp_path / "cache"))  # no other run's copies
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(tmp_path / "hub"))
+    for name in ("data_msg", "json"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "d.jsonl").write_text("".join(json.dumps({"text": f"{name} {i}"}) + "\n" for i in range(3)))
+    datasets.Dataset.from_dict({"text": ["a", "b"]}).save_to_disk(str(tmp_path / "saved_msg"))
+    monkeypatch.chdir(tmp_path)
+    assert load_source("data_msg")["text"] == ["data_msg 0", "data_msg 1", "data_msg 2"]
+    assert load_source("json")["text"] == ["json 0", "json 1", "json 2"]
+    assert load_source("saved_msg")["text"] == ["a", "b"]
+    with pytest.raises((OSError, ValueError), match="config.json"):  # the data loaded: the run reached the model
+        _bad(tokenizer_only, "data_msg", tmp_path)
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    stale = r"--dataset 'data_msg' is no file or folder in .*elsewhere, and the datasets cache holds an earlier load " \
+            r"of a local folder named 'data_msg' \(not a Hub download\).*pass the folder's path"
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)  # a regression loads the copy, not the Hub
+    with pytest.raises(ValueError, match=stale):
+        load_source("data_msg")
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", False)
+    with pytest.raises(ValueError, match=stale):  # online too, before any Hub request
+        _bad(tokenizer_only, "data_msg", tmp_path)
+    (tmp_path / "cache" / "someone___cached" / "default" / "0.0.0" / "abc").mkdir(parents=True)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # after datasets was imported: datasets would still ask the Hub
+    with pytest.raises(ValueError, match="HF_HUB_OFFLINE was set after `datasets` was imported"):
+        load_source("someone/cached")
+    code = ("from kvpop_hf.data import load_source\n"
+            "print(list(load_source('data_msg')['text']))\n"
+            "for name in ('data_nope', 'someone/nope'):\n"
+            "    try:\n        load_source(name)\n    except ValueError as err:\n        print(err)\n")
+    root = Path(__file__).resolve().parents[1]
+    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_CACHE=str(tmp_path / "cache"),
+               HF_HUB_CACHE=str(tmp_path / "hub"), PYTHONPATH=str(root))
+    res = subprocess.run([sys.executable, "-c", code], env=env, cwd=tmp_path, capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr[-2000:]
+    shown, nope, nope2 = res.stdout.splitlines()
+    assert shown == "['data_msg 0', 'data_msg 1', 'data_msg 2']"
+    for name, line in (("data_nope", nope), ("someone/nope", nope2)):
+        assert line == (f"--dataset {name!r} is no file or folder in {tmp_path} and no Hub dataset in the local "
+                        "cache, and HF_HUB_OFFLINE is set, so the Hub is not asked: check the path (relative to the "
+                        "current directory), or unset HF_HUB_OFFLINE to download a Hub dataset (owner/name).")
 
 
 def test_streaming_retrofit(chat_model, tmp_path):
