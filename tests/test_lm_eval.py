@@ -331,6 +331,8 @@ def test_bad_model_args_fail_before_the_weights_load(config_only, tiny_dir, tmp_
         (dict(policy="knorm", topk="many"), "topk='many' is not an integer"),
         (dict(policy="knorm", topk=8, prefill_chunk=0), "prefill_chunk"),
         (dict(policy="knorm", topk=8, compile="sometimes"), "compile='sometimes' is not auto, True or False"),
+        (dict(policy="knorm", topk=-3.0), "topk must be a non-negative integer, got -3;"),  # lm-eval's CLI: -3.0
+        (dict(policy="knorm", topk=8, windw=8), "unknown argument windw= (did you mean window=?). Valid: the kvpop"),
     ]
     for args, msg in cases:
         with pytest.raises(ValueError, match="kvpop model_args|was made for") as err:
@@ -338,6 +340,24 @@ def test_bad_model_args_fail_before_the_weights_load(config_only, tiny_dir, tmp_
         assert msg in str(err.value), (args, str(err.value))
     with pytest.raises(OSError):  # good arguments get as far as the (missing) weights
         KVpopLM(pretrained=str(config_only), device="cpu", policy="knorm", topk=8)
+    # from_pretrained options and config fields are model_args too
+    with pytest.raises(OSError):
+        KVpopLM(pretrained=str(config_only), device="cpu", policy="knorm", topk=8, low_cpu_mem_usage=True,
+                max_window_layers=2)
+
+
+@pytest.mark.tier("scripts")  # the command line
+@pytest.mark.parametrize("args, msg", [(",windw=8", r"unknown argument windw= \(did you mean window=\?\)"),
+                                       (",topk=-3", "topk must be a non-negative integer, got -3;")])
+def test_cli_checks_model_args_before_lm_eval_starts(config_only, monkeypatch, args, msg):
+    """A bad kvpop model_arg stops kvpop-lm-eval before lm-eval looks at its tasks (an unknown task would fail
+    there) and before any weights load (the folder has none)."""
+    from kvpop_hf.integrations.lm_eval import main
+
+    monkeypatch.setattr(sys, "argv", ["kvpop-lm-eval"])
+    with pytest.raises(ValueError, match=msg):
+        main(["run", "--model", "kvpop", "--model_args", f"pretrained={config_only},policy=knorm,window=8{args}",
+              "--tasks", "no_such_task", "--device", "cpu"])
 
 
 # -- the exporter -----------------------------------------------------------------------------------
@@ -517,6 +537,46 @@ def test_table_reads_recorded_settings_and_string_model_args(tmp_path):
     assert "| kvpop | 492 | 0.880 | 0.750 | 0.750 | 75.0% |" in md
     with pytest.raises(ValueError, match="no lm-eval results"):
         collect_rows([tmp_path / "missing"])
+
+
+
+def _results(folder: Path, config: dict, values: dict) -> Path:
+    """An lm-eval --output_path folder with one results file: ``values`` task -> exact_match."""
+    d = folder / "model"
+    d.mkdir(parents=True)
+    (d / "results_2026.json").write_text(json.dumps({
+        "config": config, "results": {t: {"exact_match,none": v} for t, v in values.items()},
+        "n-samples": {t: {"effective": 4} for t in values}}))
+    return folder
+
+
+def test_table_compares_runs_with_dense_over_their_common_tasks(tmp_path, capsys):
+    """A run without one of dense's tasks is compared with dense over the tasks both have (not its own mean over
+    fewer tasks against dense's mean over more: 0.5 / 0.25 = 200%), and marked, with a note naming the task."""
+    from kvpop_hf.integrations.lm_eval_table import main
+
+    kv = {"model": "kvpop", "model_args": "pretrained=x,policy=knorm,sinks=2,window=8,topk=8"}
+    runs = [_results(tmp_path / "dense", {"model": "hf", "model_args": "pretrained=x"}, {"easy": 0.5, "hard": 0.0}),
+            _results(tmp_path / "knorm", kv, {"easy": 0.5}),
+            _results(tmp_path / "sn", {"model": "kvpop", "model_args": "pretrained=x,policy=snapkv,compression=0.5"},
+                     {"easy": 0.5, "hard": 0.0})]
+    assert main([*map(str, runs), "--out", str(tmp_path / "table"), "--no-plot"]) == 0
+    md = (tmp_path / "table" / "table.md").read_text()
+    assert "| knorm | 18 | n/a | 0.500 | n/a | 0.500* | 100.0%* |" in md
+    assert "| snapkv | cr50 | 0.500 | 0.500 | 0.000 | 0.250 | 100.0% |" in md  # same tasks: no mark
+    assert "* knorm 18: no result for hard (avg over its 1 task(s)); vs dense over the 1 task(s) both have." in md
+    assert "200.0%" not in md and "200.0%" not in capsys.readouterr().out
+
+
+@pytest.mark.tier("scripts")  # the console command
+def test_table_help_prints_whole(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "kvpop_hf.integrations.lm_eval_table", "--help"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    text = " ".join(out.stdout.split())
+    assert "the policy x compression table (markdown and CSV) and plot" in text
+    assert "Columns are the tasks (groups left out)" in text and "runs whose task sets differ are marked" in text
+    assert "--no-plot write table.md and table.csv only" in text
 
 
 @pytest.mark.tier("quality")

@@ -3,6 +3,10 @@
 before the model loads."""
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -139,6 +143,57 @@ def test_data_files_and_folders_of_files_load(tmp_path):
     assert cut["input_ids"] == [e[:6] for e in expect]
 
 
+def test_a_bare_folder_name_is_the_local_folder_and_an_unknown_one_fails_before_the_hub(tokenizer_only, tmp_path,
+                                                                                       monkeypatch):
+    """``--dataset data_msg`` run from the folder's parent is that folder (data files or a saved dataset; a folder
+    named ``json`` too, which datasets would take for its json builder), never a Hub name. From elsewhere, the
+    datasets cache's copy of that earlier local load is refused before the Hub is asked (datasets would load it
+    when the Hub has no data_msg); with HF_HUB_OFFLINE set (a fresh process, as a user sets it), a name of no file,
+    folder or cached dataset is a ValueError at once."""
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(tmp_path / "cache"))  # no other run's copies
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(tmp_path / "hub"))
+    for name in ("data_msg", "json"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "d.jsonl").write_text("".join(json.dumps({"text": f"{name} {i} " + "ab " * 10}) + "\n"
+                                                         for i in range(3)))  # rows longer than the budget
+    datasets.Dataset.from_dict({"text": ["a", "b"]}).save_to_disk(str(tmp_path / "saved_msg"))
+    monkeypatch.chdir(tmp_path)
+    assert load_source("data_msg")["text"] == [f"data_msg {i} " + "ab " * 10 for i in range(3)]
+    assert load_source("json")["text"] == [f"json {i} " + "ab " * 10 for i in range(3)]
+    assert load_source("saved_msg")["text"] == ["a", "b"]
+    with pytest.raises((OSError, ValueError), match="config.json"):  # the data loaded: the run reached the model
+        _bad(tokenizer_only, "data_msg", tmp_path)
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    stale = r"--dataset 'data_msg' is no file or folder in .*elsewhere, and the datasets cache holds an earlier load " \
+            r"of a local folder named 'data_msg' \(not a Hub download\).*pass the folder's path"
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)  # a regression loads the copy, not the Hub
+    with pytest.raises(ValueError, match=stale):
+        load_source("data_msg")
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", False)
+    with pytest.raises(ValueError, match=stale):  # online too, before any Hub request
+        _bad(tokenizer_only, "data_msg", tmp_path)
+    (tmp_path / "cache" / "someone___cached" / "default" / "0.0.0" / "abc").mkdir(parents=True)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # after datasets was imported: datasets would still ask the Hub
+    with pytest.raises(ValueError, match="HF_HUB_OFFLINE was set after `datasets` was imported"):
+        load_source("someone/cached")
+    code = ("from kvpop_hf.data import load_source\n"
+            "print(list(load_source('data_msg')['text']))\n"
+            "for name in ('data_nope', 'someone/nope'):\n"
+            "    try:\n        load_source(name)\n    except ValueError as err:\n        print(err)\n")
+    root = Path(__file__).resolve().parents[1]
+    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_CACHE=str(tmp_path / "cache"),
+               HF_HUB_CACHE=str(tmp_path / "hub"), PYTHONPATH=str(root))
+    res = subprocess.run([sys.executable, "-c", code], env=env, cwd=tmp_path, capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr[-2000:]
+    shown, nope, nope2 = res.stdout.splitlines()
+    assert shown == str([f"data_msg {i} " + "ab " * 10 for i in range(3)])
+    for name, line in (("data_nope", nope), ("someone/nope", nope2)):
+        assert line == (f"--dataset {name!r} is no file or folder in {tmp_path} and no Hub dataset in the local "
+                        "cache, and HF_HUB_OFFLINE is set, so the Hub is not asked: check the path (relative to the "
+                        "current directory), or unset HF_HUB_OFFLINE to download a Hub dataset (owner/name).")
+
+
 def test_streaming_retrofit(chat_model, tmp_path):
     data = tmp_path / "c.jsonl"
     data.write_text("".join(json.dumps({"messages": c}) + "\n" for c in conversations(4)))
@@ -194,3 +249,37 @@ def test_bad_inputs_fail_before_the_model_loads(tokenizer_only, convo_folder, tm
     # the same checks pass where the model would load: the run reaches the (absent) weights
     with pytest.raises((OSError, ValueError), match="config.json"):  # the model folder has no model
         _bad(tokenizer_only, convo_folder, tmp_path)
+
+
+def test_a_budget_that_covers_every_row_stops_before_the_model_loads(tokenizer_only, tmp_path):
+    """Rows of at most s + w + k = 2 + 8 + 16 = 26 tokens evict nothing (loss 0 at every step): kvpop-retrofit stops
+    once the rows are prepared, before the model loads (the tokenizer-only folder would fail there), naming the flag
+    that made the rows short where one did."""
+    short = tmp_path / "short.jsonl"  # byte-level tokens: 13 to 25 with the EOS
+    short.write_text("".join(json.dumps({"text": "abc " * (3 + i)}) + "\n" for i in range(4)))
+    mixed = tmp_path / "mixed.jsonl"
+    mixed.write_text(short.read_text() + json.dumps({"text": "abc " * 20}) + "\n")  # + one of 81 tokens
+    head = (r"^the KVpop budget s \+ w \+ k = 2 \+ 8 \+ 16 = 26 tokens covers every training row \(the longest has "
+            r"{n} tokens\): nothing is ever evicted, so the student is the dense teacher and the loss is 0 at every "
+            r"step\. Train on rows longer than 26 tokens")
+    tail = r": longer documents, --min_length 27 to keep only the rows that evict, or lower the budget " \
+           r"\(--sinks / --window / --topk\)\.$"
+    with pytest.raises(ValueError, match=head.format(n=25) + tail):
+        _bad(tokenizer_only, short, tmp_path)
+    with pytest.raises(ValueError, match=head.format(n=25) + r" \(--max_length 26 drops every longer row: raise "
+                                                             r"it\)" + tail):
+        _bad(tokenizer_only, mixed, tmp_path, "--max_length", "26")
+    with pytest.raises(ValueError, match=head.format(n=20) + r" \(--truncation cuts every row to --seq_len 20: "
+                                                             r"raise it\)" + tail):
+        _bad(tokenizer_only, mixed, tmp_path, "--seq_len", "20", "--truncation", "True")
+    try:  # a generated source (the laboratory's testbed) has rows of --seq_len tokens each
+        import kvpop_lab  # noqa: F401
+    except ImportError:
+        pass
+    else:
+        fix = retrofit.budget_fix(KVpopDataArguments(dataset="testbed:reasoning", seq_len=16), 26)
+        assert fix == ("rows longer than 26 tokens: every generated row has --seq_len 16 tokens, so a --seq_len "
+                       "above 26, or lower the budget (--sinks / --window / --topk)")
+    # one row past the budget: no error (the trainer warns that most rows train nothing); the run reaches the model
+    with pytest.raises((OSError, ValueError), match="config.json"):
+        _bad(tokenizer_only, mixed, tmp_path)

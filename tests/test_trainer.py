@@ -11,6 +11,7 @@ from helpers import distinct_ids, tiny_model
 from kvpop_hf import Backends, KVpopCache
 from kvpop_hf.backends import CHOICES, env_var
 from kvpop_hf.compat import with_cache
+from kvpop_hf.data import KVpopDataCollator
 from kvpop_hf.trainer import KVpopTrainer, KVpopTrainingArguments, StudentSettings, student_forward
 
 pytestmark = pytest.mark.tier("unit")
@@ -285,3 +286,38 @@ def test_the_trainer_takes_its_backends_from_the_record(tmp_path, monkeypatch):
     with pytest.raises(RuntimeError, match=r"running_topk backend 'triton' runs on CUDA.*KVPOP_RUNNING_TOPK=torch"):
         KVpopTrainer(model=model, args=args(tmp_path, backends={"running_topk": "triton"}), train_dataset=dataset())
     assert not hasattr(model, "kvpop_scorer")  # refused before any work
+
+
+def test_a_budget_that_covers_every_row_fails_before_any_training(tmp_path):
+    """s + w + k = 2 + 5 + 6 = 13: a row of 13 tokens evicts nothing (query t sees t + 1 <= 13 keys), so rows of at
+    most 13 tokens give loss 0 at every step. KVpopTrainer refuses them when it is built, before the model is touched
+    (no scorer attached, attention unchanged); a row of 14 among them trains, with a warning about the others."""
+    datasets = pytest.importorskip("datasets")
+    B = sum(BUDGET.values())
+    model = tiny_model("qwen3", attn="sdpa")
+    error = (r"^the KVpop budget s \+ w \+ k = 2 \+ 5 \+ 6 = 13 tokens covers every training row \(the longest has "
+             r"13 tokens\): nothing is ever evicted, so the student is the dense teacher and the loss is 0 at every "
+             r"step\. Train on rows longer than 13 tokens .*min_length=14 keeps only rows that evict\), or lower the "
+             r"budget \(KVpopTrainingArguments sinks / window / topk\)\.$")
+    short = [dataset(n=2, length=B), dataset(n=3, length=B - 4, seed=1)]
+    arrow = datasets.Dataset.from_dict({"input_ids": [r.tolist() for r in distinct_ids(3, B)]})
+    for data in (short[0] + short[1], arrow):
+        with pytest.raises(ValueError, match=error):
+            KVpopTrainer(model=model, args=args(tmp_path), train_dataset=data)
+        assert not hasattr(model, "kvpop_scorer") and model.config._attn_implementation == "sdpa"
+    with pytest.warns(UserWarning, match=r"covers each of the first 3 training rows read .* If the later rows are no "
+                                         r"longer, the loss is 0 at every step"):  # a stream: only its first rows
+        KVpopTrainer(model=tiny_model("qwen3", attn="sdpa"), args=args(tmp_path),
+                     train_dataset=arrow.to_iterable_dataset())
+    # what the error prevents: the same rows past the check (a collator that is no KVpopDataCollator) train at loss 0
+    t = KVpopTrainer(model=tiny_model("qwen3", attn="sdpa"), args=args(tmp_path, max_steps=2),
+                     train_dataset=short[0] + short[1], data_collator=KVpopDataCollator().__call__)
+    t.train()
+    assert t.state.log_history[-1]["train_loss"] == 0
+    mixed = dataset(n=3, length=B) + dataset(n=1, length=B + 1, seed=2)
+    with pytest.warns(UserWarning, match=r"3 of the 4 training rows \(75%\) are no longer than the KVpop budget"):
+        t = KVpopTrainer(model=tiny_model("qwen3", attn="sdpa"), args=args(tmp_path, max_steps=1,
+                                                                          per_device_train_batch_size=4),
+                         train_dataset=mixed)
+    t.train()
+    assert t.state.log_history[-1]["train_loss"] > 0  # one token past the budget: something is evicted

@@ -38,6 +38,7 @@ from ..data.generated import check_generated, generated_rows, generator_for
 from ..trainer import KVpopTrainer, KVpopTrainingArguments
 from ..trainer.lora import lora_student, require_peft
 from ..trainer.merged_save import check_merged_dtype
+from ..trainer.row_budget import check_rows_exceed_budget
 from .common import check_bf16_device, check_time_arguments, examples_needed, run_cli, train_and_save
 
 
@@ -79,6 +80,22 @@ def build_data(data_args, script, args, tokenizer):
     return prepare_dataset(raw, tokenizer, data_args, num_examples=script.num_examples)
 
 
+def budget_fix(data_args, budget: int) -> str:
+    """What makes the rows longer than ``budget`` tokens, in this command's flags."""
+    lower = "or lower the budget (--sinks / --window / --topk)"
+    if generator_for(data_args.dataset) is not None:
+        return f"rows longer than {budget} tokens: every generated row has --seq_len {data_args.seq_len} tokens, " \
+               f"so a --seq_len above {budget}, {lower}"
+    causes = []
+    if data_args.max_length is not None and data_args.max_length <= budget:
+        causes.append(f"--max_length {data_args.max_length} drops every longer row")
+    if data_args.truncation and data_args.seq_len <= budget:
+        causes.append(f"--truncation cuts every row to --seq_len {data_args.seq_len}")
+    why = f" ({'; '.join(causes)}: raise it)" if causes else ""
+    return f"rows longer than {budget} tokens{why}: longer documents, --min_length {budget + 1} to keep only the " \
+           f"rows that evict, {lower}"
+
+
 def train(argv=None, callbacks=None):
     """Parses `argv`, builds the data, trains and saves; `callbacks`: extra `TrainerCallback`s. Returns the trainer."""
     check_bf16_device(argv)
@@ -97,6 +114,8 @@ def train(argv=None, callbacks=None):
     check_merged_dtype(script.merged_dtype)  # before any work
     tokenizer = AutoTokenizer.from_pretrained(script.model)
     data = build_data(data_args, script, args, tokenizer)  # data errors before the model loads
+    check_rows_exceed_budget(data, args.sinks, args.window, args.topk, fix=lambda b: budget_fix(data_args, b),
+                             warn=False)  # the trainer warns
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[script.dtype]
     model = AutoModelForCausalLM.from_pretrained(script.model, dtype=dtype)
     trainer = train_and_save(KVpopTrainer, lora_student(model, script.lora_rank), args, data, tokenizer, script,

@@ -15,7 +15,9 @@ equals ``generate(prefill_chunk_size=N)`` and keeps ``generate``'s compiled deco
 cache shape (a minute or two each). ``auto`` (the default) lets it when the budget is fixed (``topk=``) and decodes
 eagerly with ``compression=``, whose budget follows each prompt's length and would compile a graph per length;
 ``True`` always lets it, ``False`` never (``generate(disable_compile=True)``). All of them are checked, and a
-checkpoint is loaded and matched to the model's shape, before the weights load.
+checkpoint is loaded and matched to the model's shape, before the weights load; an unknown key (neither the kvpop
+model's, HFLM's, a ``from_pretrained`` option nor a field of the model's config) is refused with the closest valid one.
+``kvpop-lm-eval`` makes these checks before lm-eval starts any work.
 
 * ``generate_until``: HFLM's batching (left padding, greedy or sampled, ``repeats``), each batch with a fresh cache
   passed to ``model.generate``. With ``compression=`` the budget follows each prompt's own length, so a batch is
@@ -47,7 +49,7 @@ from ..compat import with_cache
 from ..prefill import prefill_in_chunks
 from .policy_args import PolicyArgs, parse_policy_args
 
-__all__ = ["KVpopLM", "main"]
+__all__ = ["KVpopLM", "check_model_args", "main"]
 
 log = logging.getLogger(__name__)
 
@@ -93,32 +95,92 @@ def _model_config(pretrained, revision, trust_remote_code, subfolder):
     return config
 
 
+# model_args of the kvpop model itself (HFLM's come from its signature)
+KVPOP_ARGS = ("pretrained", "policy", "scorer", "sinks", "window", "topk", "compression", "prefill_chunk", "compile")
+# options of from_pretrained (and of its quantization) that HFLM hands on through its **kwargs
+MODEL_LOAD_ARGS = ("attn_implementation", "device_map", "max_memory", "low_cpu_mem_usage", "torch_dtype", "variant",
+                   "offload_buffers", "offload_state_dict", "key_mapping", "use_kernels", "experts_implementation",
+                   "adapter_name", "adapter_kwargs", "generation_config", "tp_size", "device_mesh", "load_in_8bit",
+                   "load_in_4bit", "bnb_4bit_compute_dtype", "bnb_4bit_quant_type", "bnb_4bit_use_double_quant")
+
+
+def _signature_args(fn) -> set[str]:
+    import inspect
+
+    return {n for n, p in inspect.signature(fn).parameters.items()
+            if n != "self" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)}
+
+
+def check_arg_names(names, model_config) -> None:
+    """Every ``model_args`` key is the kvpop model's, HFLM's, a ``from_pretrained`` option or a field of the model's
+    config (which ``from_pretrained`` sets); else a ValueError naming the closest valid key and listing them."""
+    import difflib
+
+    from transformers import PreTrainedModel
+
+    hflm = _signature_args(HFLM.__init__) | _signature_args(HFLM._create_model)
+    loading = (set(MODEL_LOAD_ARGS) | _signature_args(PreTrainedModel.from_pretrained)) - hflm - set(KVPOP_ARGS) \
+        - {"pretrained_model_name_or_path", "config"}  # HFLM passes these itself
+    fields = set(model_config.to_dict()) if model_config is not None else set()
+    valid = set(KVPOP_ARGS) | hflm | loading
+    unknown = [n for n in names if n not in valid and n not in fields]
+    if not unknown:
+        return
+    close = {n: difflib.get_close_matches(n, sorted(valid | fields), n=1) for n in unknown}
+    guess = "; ".join(f"{n}= (did you mean {c[0]}=?)" if c else f"{n}=" for n, c in close.items())
+    raise ValueError(f"kvpop model_args: unknown argument {guess}. Valid: the kvpop model's "
+                     f"{', '.join(KVPOP_ARGS)}; HFLM's {', '.join(sorted(hflm - set(KVPOP_ARGS)))}; the model loading "
+                     f"options {', '.join(sorted(loading))}; or a field of the model's config.json.")
+
+
+def _checked_args(pretrained, kwargs: dict, policy="kvpop", scorer=None, sinks=None, window=None, topk=None,
+                  compression=None, prefill_chunk=None, compile="auto"):
+    """Every check of the kvpop model's ``model_args``, made before any weights load: ``(base model of a LoRA folder
+    or None, PolicyArgs, prefill_chunk, compile)``. ``kwargs`` (HFLM's arguments) gets ``peft`` for a LoRA folder
+    and ``attn_implementation="kvpop"`` for a compressing policy."""
+    from .policy_args import _as_int
+
+    base = _adapter_base(pretrained)
+    if base is not None:  # a LoRA student folder: HFLM loads its base model with peft=, the folder is the checkpoint
+        if kwargs.get("peft") not in (None, pretrained):
+            raise ValueError(f"kvpop model_args: pretrained={pretrained} is a PEFT adapter folder; drop peft=.")
+        kwargs["peft"] = pretrained
+    config = _model_config(base or pretrained, kwargs.get("revision"), kwargs.get("trust_remote_code"),
+                           kwargs.get("subfolder"))
+    check_arg_names(kwargs, config)
+    kv = parse_policy_args(config, pretrained if isinstance(pretrained, str) else None, policy, scorer, sinks, window,
+                           topk, compression)
+    chunk = _as_int("prefill_chunk", prefill_chunk, 1)
+    choice = _compile_choice(compile)
+    attn = kwargs.get("attn_implementation")
+    if not kv.dense:
+        if attn is None and isinstance(pretrained, str):
+            kwargs["attn_implementation"] = "kvpop"  # every query of a prompt chunk sees exactly its own set
+        elif attn not in (None, "kvpop") and not kv.chunk_exact:
+            raise ValueError(f"kvpop model_args: policy={policy} scores entries from the attention and needs "
+                             f"attn_implementation=kvpop; drop attn_implementation={attn}.")
+    return base, kv, chunk, choice
+
+
+def check_model_args(model_args: dict) -> PolicyArgs:
+    """The kvpop model's ``model_args`` (a dict, as lm-eval parses them) checked as the model checks them, without
+    loading any weights; ``kvpop-lm-eval`` calls it before lm-eval starts its work."""
+    args = dict(model_args)
+    if args.get("pretrained") in (None, ""):
+        raise ValueError("kvpop model_args: pretrained= (a model folder or Hub id) is missing.")
+    own = {k: args.pop(k) for k in KVPOP_ARGS[1:] if k in args}
+    return _checked_args(args.pop("pretrained"), args, **own)[1]
+
+
 @register_model("kvpop")
 class KVpopLM(HFLM):
     """HFLM with a KVpop (or baseline) cache per request; see the module docstring for ``model_args``."""
 
     def __init__(self, pretrained, policy: str = "kvpop", scorer: str | None = None, sinks=None, window=None,
                  topk=None, compression=None, prefill_chunk=None, compile="auto", **kwargs):
-        base = _adapter_base(pretrained)
-        if base is not None:  # a LoRA student folder: HFLM loads its base model with peft=, the folder is the checkpoint
-            if kwargs.get("peft") not in (None, pretrained):
-                raise ValueError(f"kvpop model_args: pretrained={pretrained} is a PEFT adapter folder; drop peft=.")
-            kwargs["peft"] = pretrained
-        config = _model_config(base or pretrained, kwargs.get("revision"), kwargs.get("trust_remote_code"),
-                               kwargs.get("subfolder"))
-        self.kv: PolicyArgs = parse_policy_args(config, pretrained if isinstance(pretrained, str) else None, policy,
-                                                scorer, sinks, window, topk, compression)
-        from .policy_args import _as_int
-
-        self.prefill_chunk = _as_int("prefill_chunk", prefill_chunk, 1)
-        self.compile = _compile_choice(compile)
+        base, self.kv, self.prefill_chunk, self.compile = _checked_args(
+            pretrained, kwargs, policy, scorer, sinks, window, topk, compression, prefill_chunk, compile)
         attn = kwargs.get("attn_implementation")
-        if not self.kv.dense:
-            if attn is None and isinstance(pretrained, str):
-                kwargs["attn_implementation"] = "kvpop"  # every query of a prompt chunk sees exactly its own set
-            elif attn not in (None, "kvpop") and not self.kv.chunk_exact:
-                raise ValueError(f"kvpop model_args: policy={policy} scores entries from the attention and needs "
-                                 f"attn_implementation=kvpop; drop attn_implementation={attn}.")
         # a stock attention shows a chunk all of its own tokens: then only token-by-token decoding is exact
         self._chunk_exact = self.kv.chunk_exact and attn in (None, "kvpop")
         super().__init__(base or pretrained, **kwargs)
@@ -257,13 +319,19 @@ class KVpopLM(HFLM):
 
 
 def main(argv: list[str] | None = None) -> None:
-    """``kvpop-lm-eval``: lm-eval's command line (``lm-eval run ...``, ``lm-eval ls ...``) with ``--model kvpop``."""
-    from lm_eval.__main__ import cli_evaluate
+    """``kvpop-lm-eval``: lm-eval's command line (``lm-eval run ...``, ``lm-eval ls ...``) with ``--model kvpop``;
+    the kvpop model's ``--model_args`` are checked (:func:`check_model_args`) before lm-eval starts any work."""
+    from lm_eval._cli import HarnessCLI
+    from lm_eval.utils import setup_logging
 
     if argv is not None:
         sys.argv = [sys.argv[0], *argv]
-    cli_evaluate()
-
+    setup_logging()
+    parser = HarnessCLI()  # what lm_eval.__main__.cli_evaluate runs, with the check between parsing and running
+    args = parser.parse_args()
+    if getattr(args, "command", None) == "run" and getattr(args, "model", None) == "kvpop":
+        check_model_args(args.model_args or {})
+    parser.execute(args)
 
 if __name__ == "__main__":
     main()

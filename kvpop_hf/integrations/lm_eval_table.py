@@ -5,10 +5,12 @@ compression table (markdown and CSV) and plot that ``kvpop-eval`` writes for the
 
 Each folder is an lm-eval ``--output_path`` (its ``results_*.json`` are found at any depth; the newest per folder
 is read). A run's policy and budget come from what the ``kvpop`` model records beside the results (``policy``,
-``sinks``, ``window``, ``topk`` or ``compression``, a checkpoint's own budget filled in), else its ``model_args``; a ``--model hf`` run (or ``policy=dense``) is the
-dense reference. The compression ratio is ``compression`` when given, else ``1 - B / --length`` (``B = sinks +
-window + topk``), else unknown (then the plot's x axis is B). Columns are the tasks (groups left out) with the
-metric under any filter (``exact_match,rollouts``, ``exact_match,none``, ...).
+``sinks``, ``window``, ``topk`` or ``compression``, a checkpoint's own budget filled in), else its ``model_args``;
+a ``--model hf`` run (or ``policy=dense``) is the dense reference. The compression ratio is ``compression`` when
+given, else ``1 - B / --length`` (``B = sinks + window + topk``), else unknown (then the plot's x axis is B).
+Columns are the tasks (groups left out) with the metric under any filter (``exact_match,rollouts``,
+``exact_match,none``, ...). "vs dense" compares each run with the dense run over the tasks both have; runs whose
+task sets differ are marked ``*``, with a note naming the tasks left out.
 """
 
 from __future__ import annotations
@@ -109,21 +111,45 @@ def _f(x) -> str:
     return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.3f}"
 
 
+def _mean(values) -> float:
+    values = list(values)
+    return sum(values) / len(values) if values else float("nan")
+
+
 def markdown_table(rows: Sequence[dict], title: str = "lm-eval: quality vs KV budget") -> str:
-    """One line per (policy, budget): the metric per task, the average and the average relative to dense."""
+    """One line per (policy, budget): the metric per task, the average and the average relative to dense. "vs dense"
+    compares a run with the dense run over the tasks both have; a run that lacks some of the table's tasks, or
+    whose comparison with dense leaves tasks out, is marked ``*`` and a note under the table names those tasks."""
     tasks, runs = _table(rows)
-    dense = next((d["avg"] for (p, b), d in runs.items() if b == "full"), None)
+    dense = next((d["v"] for (p, b), d in runs.items() if b == "full"), None)
     metric = rows[0]["metric"]
     head = ["policy", "B", "cr"] + tasks + [f"{metric} avg", "vs dense"]
     lines = [f"## {title}", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     order = sorted(runs.items(), key=lambda kv: (kv[0][1] != "full", kv[0][0], -1 if math.isnan(kv[1]["cr"]) else
                                                  kv[1]["cr"]))
+    notes = []
     for (p, b), d in order:
-        rel = "n/a" if not dense or math.isnan(d["avg"]) else f"{100 * d['avg'] / dense:.1f}%"
+        common = [t for t in tasks if t in d["v"] and dense is not None and t in dense]
+        ref = _mean(dense[t] for t in common) if dense is not None else float("nan")
+        mine = _mean(d["v"][t] for t in common)
+        rel = "n/a" if not common or not ref or math.isnan(mine) else f"{100 * mine / ref:.1f}%"
+        missing = [t for t in tasks if t not in d["v"]]
+        left_out = [t for t in d["v"] if dense is not None and t not in dense]
+        mark = ""
+        if missing or (dense is not None and left_out):
+            mark = "*"
+            what = [f"no result for {', '.join(missing)} (avg over its {len(d['v'])} task(s))"] if missing else []
+            if dense is not None:
+                what.append(f"vs dense over the {len(common)} task(s) both have" if common else
+                            "no task in common with dense (vs dense n/a)")
+            notes.append(f"* {p} {b}: " + "; ".join(what) + ".")
         lines.append("| " + " | ".join([p, b, _f(d["cr"])] + [_f(d["v"].get(t)) for t in tasks]
-                                       + [_f(d["avg"]), rel]) + " |")
-    lines += ["", f"{metric} per lm-eval task; avg: unweighted mean over the tasks; B = sinks + window + topk per "
-                  "layer and KV head (crNN: compression=0.NN of each request's context).", ""]
+                                       + [_f(d["avg"]) + mark, rel + (mark if rel != "n/a" else "")]) + " |")
+    lines += ["", f"{metric} per lm-eval task; avg: unweighted mean over the tasks; vs dense: the mean over the tasks "
+                  "the run and the dense run both have, relative to dense's mean over the same tasks; B = sinks + "
+                  "window + topk per layer and KV head (crNN: compression=0.NN of each request's context).", ""]
+    if notes:
+        lines += ["Runs over different task sets:", "", *notes, ""]
     return "\n".join(lines)
 
 
@@ -167,13 +193,14 @@ def main(argv: list[str] | None = None) -> int:
 
     from importlib.metadata import version
 
-    ap = argparse.ArgumentParser(prog="kvpop-lm-eval-table", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="kvpop-lm-eval-table", description=__doc__.replace("``", "`"),
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("runs", nargs="+", help="lm-eval --output_path folders, one per policy and budget")
     ap.add_argument("--out", required=True, help="folder for table.md, table.csv and quality_vs_budget.png")
     ap.add_argument("--metric", default="exact_match", help="metric name as the tasks report it")
     ap.add_argument("--length", type=int, default=None,
                     help="context length for cr = 1 - B / length of runs given with topk= (kvpop-eval's convention)")
-    ap.add_argument("--no-plot", action="store_true")
+    ap.add_argument("--no-plot", action="store_true", help="write table.md and table.csv only")
     argv = list(sys.argv[1:] if argv is None else argv)
     args = ap.parse_args(argv)
     rows = collect_rows(args.runs, args.metric, args.length)

@@ -19,6 +19,7 @@ Arguments:
 from __future__ import annotations
 
 import math
+import operator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -102,8 +103,8 @@ def _fail(msg: str):
 
 
 def _as_int(name: str, value: Any, minimum: int) -> int | None:
-    from ..config import check_int
-
+    """``value`` as an int ``>= minimum`` (0 or 1); lm-eval's command line reads ``-3`` as the float ``-3.0``,
+    so a float with an integral value counts as that integer."""
     if value is None or value == "":
         return None
     if isinstance(value, str):
@@ -111,10 +112,16 @@ def _as_int(name: str, value: Any, minimum: int) -> int | None:
             value = int(value)
         except ValueError:
             _fail(f"{name}={value!r} is not an integer; give e.g. {name}=64.")
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
     try:
-        return check_int(name, value, minimum)
-    except ValueError as err:
-        _fail(str(err))
+        number = None if isinstance(value, bool) else operator.index(value)
+    except TypeError:
+        number = None
+    if number is None or number < minimum:
+        kind = "a non-negative integer" if minimum == 0 else f"an integer >= {minimum}"
+        _fail(f"{name} must be {kind}, got {value!r}; give e.g. {name}=64.")
+    return int(number)
 
 
 def _as_ratio(value: Any) -> float | None:

@@ -38,6 +38,7 @@ from ..scorers import build_scorer
 from .chunked_distillation import chunked_lm_loss
 from .distillation import DistillationTrainer, StudentPass
 from .hidden_states import head_weights, lm_head_of, unwrap_model
+from .row_budget import check_rows_exceed_budget
 from .student import TRAIN_ATTN_NAME, StudentSettings, student_forward
 from ..ops.targets import reduce_power
 from .teacher_distillation import final_logit_softcap, supervised_positions
@@ -176,6 +177,9 @@ class KVpopTrainer(DistillationTrainer):
 
     Rows of different lengths are padded on the right by `kvpop_hf.data.KVpopDataCollator` (the default
     ``data_collator``); padded positions take no part in the targets, the boundary loss or the distillation.
+    With that collator, a ``train_dataset`` whose every row is no longer than the budget ``sinks + window + topk``
+    (nothing evicted: loss 0 at every step) is a ValueError here, before any training; mostly such rows, a warning
+    (`kvpop_hf.trainer.row_budget`).
     The shared sequence (teacher, step order, saves, resuming) is `DistillationTrainer`'s; the scorer (and the
     decay, with ``log_gamma``) are its parts.
     """
@@ -195,6 +199,8 @@ class KVpopTrainer(DistillationTrainer):
             kwargs[key] = ensure_prepared(kwargs.get(key), tokenizer, data_args)
         if kwargs.get("data_collator") is None:
             kwargs["data_collator"] = KVpopDataCollator(getattr(tokenizer, "pad_token_id", None) or 0)
+        if isinstance(kwargs["data_collator"], KVpopDataCollator):  # one document per row: rows within the budget
+            check_rows_exceed_budget(kwargs.get("train_dataset"), args.sinks, args.window, args.topk)  # train nothing
         self.kvpop_config = args.kvpop_config(unwrap_model(model).config)
         cfg = self.kvpop_config
         if scorer is None:
