@@ -37,3 +37,30 @@ def test_the_training_flex_raises_the_recompile_limit_for_its_calls_only(monkeyp
     assert seen == [max(before, flex_compiled.MIN_RECOMPILE_LIMIT)] and cfg.recompile_limit == before
     flex_compiled._compiled(flex_attention, "cuda", None)(1)
     assert seen[-1] == before
+
+
+def _causal_after(stored: int):
+    """Query ``i`` of a chunk sees the ``stored`` keys before the chunk and the chunk's keys up to its own."""
+    return lambda b, h, qi, ki: ki <= qi + stored
+
+
+def test_the_inference_flex_compiles_once_for_a_first_chunk_and_the_next():
+    """The inference function traced on CPU (inductor): a first chunk attending its own keys only (query and key
+    lengths equal) and a second chunk with stored keys before its own (longer keys) share one graph; with duck
+    sizing the second would recompile on ``key.size(2) == query.size(2)``."""
+    from torch._dynamo.utils import counters
+
+    from kvpop_hf.ops import flex_compiled
+
+    torch._dynamo.reset()
+    counters.clear()
+    fn = flex_compiled._compiled(flex_attention, "cuda", INFERENCE_DYNAMIC)  # "cuda": the key only; CPU tensors
+    calls = []
+    for lq, lk in ((256, 256), (256, 512), (384, 896)):  # (a chunk of one 128-query block would recompile: 0/1)
+        q, k, v = torch.randn(1, 2, lq, 16), torch.randn(1, 2, lk, 16), torch.randn(1, 2, lk, 16)
+        mask = create_block_mask(_causal_after(lk - lq), 1, 1, lq, lk, device="cpu")
+        calls.append(((q, k, v), mask, fn(q, k, v, block_mask=mask)))
+    assert counters["stats"]["unique_graphs"] == 1
+    for (q, k, v), mask, out in calls:  # the eager reference after the count (eager flex traces graphs of its own)
+        torch.testing.assert_close(out, flex_attention(q, k, v, block_mask=mask), atol=1e-5, rtol=1e-5)
+    torch._dynamo.reset()

@@ -10,7 +10,9 @@ One compiled function per ``(device type, dynamic)``, made on first use:
 * inference (``dynamic=True``, :data:`INFERENCE_DYNAMIC`): the candidates of a prompt chunk grow with every chunk
   and prompts differ in length, so the first chunk compiles the dynamic-shape graph every later chunk and prompt
   reuses (torch's default, ``dynamic=None``, would compile a static graph for the first shape and recompile at the
-  second: two compilations in a process's first prompt).
+  second: two compilations in a process's first prompt); it is traced without duck sizing
+  (:func:`_without_duck_sizing`), else the first chunk's equal query and key lengths become one symbol and the
+  second chunk recompiles.
 """
 
 from __future__ import annotations
@@ -55,8 +57,10 @@ def _compiled(fn, device_type: str, dynamic: bool | None):
     if device_type != "cuda":
         return fn
     compiled = torch.compile(fn, dynamic=dynamic)
-    if dynamic is not False:
+    if dynamic is None:
         return compiled
+    if dynamic:
+        return _without_duck_sizing(compiled)
 
     @functools.wraps(fn)
     def with_recompile_limit(*args, **kwargs):
@@ -68,3 +72,20 @@ def _compiled(fn, device_type: str, dynamic: bool | None):
             return compiled(*args, **kwargs)
 
     return with_recompile_limit
+
+
+def _without_duck_sizing(compiled):
+    """``compiled`` traced without duck sizing: by default dynamo gives sizes that are equal in the first call one
+    symbol (the first prompt chunk attends its own keys only, ``key.size(2) == query.size(2)``) and the second
+    chunk, with stored keys before its own, recompiles. Traced with ``use_duck_shape=False`` every size is its own
+    symbol, so the first chunk's graph serves every later one."""
+    from torch.fx.experimental import _config as fx_config
+
+    @functools.wraps(compiled)
+    def one_graph(*args, **kwargs):
+        if torch.compiler.is_compiling() or not hasattr(fx_config, "use_duck_shape"):
+            return compiled(*args, **kwargs)
+        with fx_config.patch(use_duck_shape=False):
+            return compiled(*args, **kwargs)
+
+    return one_graph
