@@ -99,3 +99,60 @@ def test_the_run_backends_are_a_record_not_the_environment():
     record = generation_speed.run_backends(SimpleNamespace(mlstm_step="triton"), cuda, *disagreed, notes)
     assert record == Backends(mlstm_step="torch", decode_eviction="torch", decode_attention="torch")
     assert dict(os.environ) == before
+
+
+def profile_stages(path: Path) -> tuple[set[str], set[str]]:
+    """The ``kvpop::`` ranges a ``--profile-prefill`` table says ran, and those it says did not."""
+    head = dict(line[2:].split(": ", 1) for line in path.read_text().splitlines()[1:3])
+    ran = {item.split(" x")[0] for item in head["stages"].split(", ") if item}
+    return ran, set() if head["not run"] == "none" else set(head["not run"].split(", "))
+
+
+@pytest.mark.tier("scripts")
+def test_profile_prefill_writes_the_chunk_stages(tmp_path):
+    """--profile-prefill at the tiny shape on CPU: one profiler table per scorer, the chunk path's stages as ranges
+    (the dense chunk attention, so the FlexAttention stages are listed as not run)."""
+    prefix = tmp_path / "run"
+    argv = ["--shape", "tiny", "--contexts", "256", "--sinks", "4", "--window", "16", "--topk", "44",
+            "--prefill-chunk", "128", "--rows", "kvpop", "--scorers", "knorm", "mlstm", "--prefill-only",
+            "--profile-prefill", "--compile-backend", "eager", "--out-prefix", str(prefix)]
+    assert generation_speed.main(argv) == 0
+    for scorer, scoring in (("knorm", "kvpop::score"), ("mlstm", "kvpop::absorb_and_read")):
+        path = tmp_path / f"run_prefill_profile_{scorer}_256.txt"
+        ran, not_run = profile_stages(path)
+        assert {"kvpop::begin_chunk", "kvpop::attend", "kvpop::commit_chunk", "kvpop::keep_selection", scoring} <= ran
+        assert "kvpop::flex_chunk_attention" in not_run
+        assert "Self CPU" in path.read_text()
+
+
+@pytest.mark.tier("scripts")
+def test_profile_prefill_marks_the_flex_path_and_restores_the_library(tmp_path):
+    """On the FlexAttention chunk path (uncompiled on CPU) its stages run under their ranges; afterwards every
+    patched method and function is the library's own again."""
+    import torch
+
+    import kvpop_hf.ops.chunk_attention as chunk_attention
+    from kvpop_hf import KVpopCache
+    from kvpop_hf.backends import Backends
+    from kvpop_hf.layer import KVpopLayer
+    from kvpop_lab.bench.shapes import build_model
+
+    before = [owner.__dict__.get(name) if isinstance(owner, type) else getattr(owner, name)
+              for owner, name in generation_speed.prefill_stages()]
+    model = build_model("tiny", torch.device("cpu"), torch.float32, 512)
+    model.set_attn_implementation("kvpop")
+    cache = KVpopCache(model.config, sinks=4, window=16, topk=44, scorer="knorm",
+                       backends=Backends(chunk_attention="flex"))
+    prompt = torch.randint(1, model.config.vocab_size, (1, 256), generator=torch.Generator().manual_seed(0))
+    path = tmp_path / "flex.txt"
+    with torch.inference_mode():
+        generation_speed.profile_prefill_chunk(model, cache, prompt, 128, torch.device("cpu"), path)
+    ran, _ = profile_stages(path)
+    assert {"kvpop::flex_chunk_attention", "kvpop::interval_block_mask", "kvpop::compact", "kvpop::commit_chunk",
+            "kvpop::score"} <= ran, ran
+    after = [owner.__dict__.get(name) if isinstance(owner, type) else getattr(owner, name)
+             for owner, name in generation_speed.prefill_stages()]
+    assert after == before
+    assert chunk_attention.flex_chunk_attention.__module__ == "kvpop_hf.ops.chunk_attention"
+    assert KVpopLayer.commit_chunk.__qualname__ == "KVpopLayer.commit_chunk"
+    assert type(cache.scorer).score.__name__ == "score"  # the scorer's method, not the range's wrapper

@@ -1,4 +1,4 @@
-"""CPU smoke test of the leave-families-out pipeline (docs/retrofit_data.md) end to end at toy scale, through its two
+"""CPU smoke test of the leave-families-out pipeline (benchmarks/docs/retrofit_data.md) end to end at toy scale, through its two
 GPU scripts: a tiny many-family teacher (two resumed training rounds of a few seconds at 512 tokens, then its per-
 family dense table), and the leave-families-out driver (baselines, KVpop and DMS retrofitted on one family for two
 steps, evaluation on the two held-out families with two problems each, the table builder). It checks that every

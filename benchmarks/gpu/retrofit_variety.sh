@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# How varied must retrofit data be (docs/retrofit_data.md): every call runs the next step of the whole
+# How varied must retrofit data be (benchmarks/docs/retrofit_data.md): every call runs the next step of the whole
 # experiment, read from what MF_WORK and LFO_WORK hold, so the same command is repeated until it says "done":
 #
 #   1. teacher rounds  benchmarks/gpu/many_family_teacher.sh STAGE=train, until the last round's quick check has
@@ -15,7 +15,7 @@
 # TB + 200 -- TB from the teacher's schedule, many_family_schedule.txt -- or CAP + 60; any other: MIN_STEP, 240 s)
 # and OUT stays within the 8 files a device call returns; each step gets the time left as its DEADLINE. A step
 # that leaves the folders as they were ends the call.
-# On a fresh machine, carry what the step reads (docs/retrofit_data.md). Knobs: MF_WORK (out/many_family), LFO_WORK
+# On a fresh machine, carry what the step reads (benchmarks/docs/retrofit_data.md). Knobs: MF_WORK (out/many_family), LFO_WORK
 # (out/leave_families_out), QUICK_MIN (0.9), MAX_ROUNDS (14), DEADLINE (570), MIN_STEP (240), and every knob of the
 # two scripts (FAMILIES, KS, SEEDS, POLICIES, COMPRESSIONS, INIT, TB, CAP, STEPS, ...), passed through.
 set -u

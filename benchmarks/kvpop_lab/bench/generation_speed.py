@@ -197,14 +197,34 @@ def eviction_share(model, cache, tok, device) -> float:
     return inside / total if total else float("nan")
 
 
-def profile_prefill_chunk(model, cache, prompt, chunk, device, path: Path) -> None:
-    """torch.profiler table of one prefill chunk (the second), with the chunk path's stages as ranges."""
-    from torch.profiler import ProfilerActivity, profile, record_function
-
-    import kvpop_hf.attention as attention
+def prefill_stages():
+    """The stages of a KVpop prompt chunk that ``--profile-prefill`` marks as profiler ranges: ``(owner, name)``
+    of public methods and functions of the library, looked up where the chunk path calls them (a class's method,
+    or a module function that its caller reads from the module at each call). A stage that the library no
+    longer has raises here, naming it, rather than profiling without it."""
+    import kvpop_hf.ops.chunk_attention as chunk_attention
     import kvpop_hf.ops.flex_mask as flex_mask
     import kvpop_hf.ops.interval_mask as interval_mask
-    from kvpop_hf.layer import KVpopLayer
+    from kvpop_hf.layer import ChunkPlan, KVpopLayer, PendingChunk
+
+    stages = [(KVpopLayer, "begin_chunk"), (PendingChunk, "attend"), (KVpopLayer, "commit_chunk"),
+              (KVpopLayer, "keep_selection"), (ChunkPlan, "compact"), (flex_mask, "compact_chunk_mask"),
+              (chunk_attention, "flex_chunk_attention"), (interval_mask, "interval_chunk_mask"),
+              (interval_mask, "interval_layout"), (interval_mask, "interval_block_mask"),
+              (flex_mask, "build_block_mask")]
+    missing = [f"{getattr(owner, '__module__', '')}.{owner.__name__}.{name}" if isinstance(owner, type)
+               else f"{owner.__name__}.{name}" for owner, name in stages if not callable(getattr(owner, name, None))]
+    if missing:
+        raise AttributeError(f"--profile-prefill marks {', '.join(missing)}, which the library no longer has; "
+                             "update kvpop_lab.bench.generation_speed.prefill_stages")
+    return stages
+
+
+def profile_prefill_chunk(model, cache, prompt, chunk, device, path: Path) -> None:
+    """torch.profiler table of one prefill chunk (the second), with the chunk path's stages (:func:`prefill_stages`,
+    and the scorer's ``score`` / ``absorb_and_read``) as ``kvpop::<name>`` ranges; stages the chunk did not pass
+    through (FlexAttention's on the dense path) are listed as not run above the table."""
+    from torch.profiler import ProfilerActivity, profile, record_function
 
     def ranged(fn, name):
         def wrapped(*a, **k):
@@ -212,13 +232,13 @@ def profile_prefill_chunk(model, cache, prompt, chunk, device, path: Path) -> No
                 return fn(*a, **k)
         return wrapped
 
-    patches = [(KVpopLayer, "commit_chunk"), (KVpopLayer, "begin_chunk"), (KVpopLayer, "_score"),
-               (KVpopLayer, "keep_selection"), (flex_mask, "build_block_mask"), (flex_mask, "compact_chunk_mask"),
-               (interval_mask, "interval_chunk_mask"), (interval_mask, "interval_layout"),
-               (interval_mask, "interval_block_mask"), (attention, "_flex_chunk_attention")]
-    saved = [getattr(obj, name) for obj, name in patches]
-    for obj, name in patches:
-        setattr(obj, name, ranged(getattr(obj, name), f"kvpop::{name}"))
+    stages = prefill_stages()
+    scorer_type = type(cache.scorer)
+    stages += [(scorer_type, name) for name in ("score", "absorb_and_read") if callable(getattr(scorer_type, name, None))]
+    saved = [(owner, name, owner.__dict__.get(name) if isinstance(owner, type) else getattr(owner, name))
+             for owner, name in stages]
+    for owner, name in stages:
+        setattr(owner, name, ranged(getattr(owner, name), f"kvpop::{name}"))
     try:
         prefill(model, cache, prompt[:, :2 * chunk], chunk, device)  # warm: compiles happen here
         cache.reset()
@@ -227,10 +247,19 @@ def profile_prefill_chunk(model, cache, prompt, chunk, device, path: Path) -> No
         with profile(activities=acts) as prof:
             prefill(model, cache, prompt[:, chunk:2 * chunk], chunk, device)
     finally:
-        for (obj, name), fn in zip(patches, saved):
-            setattr(obj, name, fn)
+        for owner, name, fn in saved:
+            if fn is None:  # inherited: drop the wrapper, the base class's method shows through again
+                delattr(owner, name)
+            else:
+                setattr(owner, name, fn)
+    events = prof.key_averages()
+    ran = {e.key: e.count for e in events if e.key.startswith("kvpop::")}
+    names = list(dict.fromkeys(f"kvpop::{name}" for _, name in stages))
+    lines = [f"# one prefill chunk of {chunk} tokens after {chunk} (cache {type(cache).__name__}, device {device})",
+             "# stages: " + ", ".join(f"{n} x{ran[n]}" for n in names if n in ran),
+             "# not run: " + (", ".join(n for n in names if n not in ran) or "none"), ""]
     sort = "cuda_time_total" if device.type == "cuda" else "cpu_time_total"
-    path.write_text(prof.key_averages().table(sort_by=sort, row_limit=40))
+    path.write_text("\n".join(lines) + events.table(sort_by=sort, row_limit=40))
 
 
 def cudagraph_counters() -> dict[str, int]:
