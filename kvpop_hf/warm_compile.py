@@ -17,7 +17,8 @@ length does not matter (the cache's buffers have ``B`` slots whatever the contex
 are never changed; ``--random-weights`` builds the model from its config instead (same graphs, no download of the
 weights). Scorers are names of :data:`kvpop_hf.scorers.SCORERS` (at ``--sinks``, ``--window`` and ``--topk``,
 default 4, 256 and 3836) or KVpop checkpoints (a directory or a Hub repo id, at their own budget but for those of
-the three flags given).
+the three flags given). Each run first feeds a prompt of two evicting chunks of ``--prefill-chunk`` tokens, so the
+prompt chunks' FlexAttention (one dynamic-shape graph per batch size) is in the bundle too.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ __all__ = ["main", "warm"]
 
 
 DEFAULT_BUDGET = {"sinks": 4, "window": 256, "topk": 3836}  # of a scorer given by name
+DEFAULT_PREFILL_CHUNK = 1024  # tokens per chunk of the warm-up prefill (its graph has dynamic shapes)
 
 
 def _build_cache(model, scorer: str, overrides: dict):
@@ -51,20 +53,25 @@ def _build_cache(model, scorer: str, overrides: dict):
 def warm(model, cache_dir: str | os.PathLike, scorers: list[str], batches: list[int], sinks: int | None = None,
          window: int | None = None, topk: int | None = None, prompt_tokens: int = 16, new_tokens: int = 4,
          progress: bool = True, compile_mode: str | None = None,
-         fuse_projections: bool = False) -> tuple[list[dict], Path | None]:
+         fuse_projections: bool = False, prefill_chunk: int = DEFAULT_PREFILL_CHUNK) -> tuple[list[dict], Path | None]:
     """One greedy ``generate`` of ``new_tokens`` per (scorer, batch) with the compile cache ``cache_dir`` on, then
     the bundle written. The model must already be on its device. ``sinks``, ``window``, ``topk``: the budget of the
     caches (None: a checkpoint's own, else ``DEFAULT_BUDGET``'s). ``compile_mode``: generate's
     ``compile_config=CompileConfig(mode=...)`` (None: transformers' default), the one the serving processes pass.
     ``fuse_projections``: store the model's q/k/v and gate/up weights as one buffer each (in place) and compile with
     ``fused_compile_config(compile_mode)``, as serving processes that fuse them do.
-    Returns one record per run (``scorer``, ``batch``, ``seconds``: the whole call, compilation included) and the
-    bundle's path (None: nothing compiled)."""
+    ``prefill_chunk``: before each ``generate``, a prompt of ``B + 2 * prefill_chunk + 1`` random tokens is fed by
+    :func:`~kvpop_hf.prefill.prefill_in_chunks` in chunks of that size (two chunks evict), which compiles the
+    FlexAttention of prompt chunks (one dynamic-shape graph per batch size: batch 1 is its own) into the cache;
+    0 skips it.
+    Returns one record per run (``scorer``, ``batch``, ``prefill_s``: the chunked prefill, ``seconds``: the
+    ``generate`` call, compilation included) and the bundle's path (None: nothing compiled)."""
     from tqdm.auto import tqdm
     from transformers import CompileConfig
 
     from .compat import with_cache
     from .compile_cache import enable_compile_cache, save_compile_cache
+    from .prefill import prefill_in_chunks
 
     enable_compile_cache(cache_dir)
     device = next(model.parameters()).device
@@ -80,11 +87,19 @@ def warm(model, cache_dir: str | os.PathLike, scorers: list[str], batches: list[
     combos = [(s, b) for s in scorers for b in batches]
     for scorer, batch in tqdm(combos, desc="warming the compile cache", disable=not progress):
         cache = _build_cache(model, scorer, overrides)
+        prefill_s = 0.0
+        if prefill_chunk:
+            long_ids = torch.randint(1, model.config.vocab_size, (batch, cache.budget + 2 * prefill_chunk + 1),
+                                     device=device)
+            t0 = time.perf_counter()
+            prefill_in_chunks(model, _build_cache(model, scorer, overrides), long_ids, prefill_chunk)
+            prefill_s = round(time.perf_counter() - t0, 2)
         ids = torch.randint(1, model.config.vocab_size, (batch, prompt_tokens), device=device)
         t0 = time.perf_counter()
         model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=new_tokens,
                        min_new_tokens=new_tokens, pad_token_id=0, **with_cache(model, cache), **extra)
-        records.append({"scorer": scorer, "batch": batch, "seconds": round(time.perf_counter() - t0, 2)})
+        records.append({"scorer": scorer, "batch": batch, "prefill_s": prefill_s,
+                        "seconds": round(time.perf_counter() - t0, 2)})
     return records, save_compile_cache(cache_dir)
 
 
@@ -100,6 +115,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--new-tokens", type=int, default=4, help="tokens per warm-up generation (>= 3)")
+    ap.add_argument("--prefill-chunk", type=int, default=DEFAULT_PREFILL_CHUNK,
+                    help="chunk size of the warm-up prefill that compiles the prompt chunks' FlexAttention (0: skip)")
     ap.add_argument("--random-weights", action="store_true", help="build the model from its config (no weights read)")
     ap.add_argument("--compile-mode", default=None, choices=["reduce-overhead", "max-autotune"],
                     help="the CompileConfig mode the serving processes pass to generate (default: transformers' own)")
@@ -115,6 +132,9 @@ def _check(args) -> None:
         raise SystemExit(f"kvpop-warm-compile: --cache-dir {args.cache_dir!r} is a file; give a directory.")
     if any(b < 1 for b in args.batches):
         raise SystemExit(f"kvpop-warm-compile: --batches must be positive, got {args.batches}.")
+    if args.prefill_chunk < 0 or args.prefill_chunk in range(1, 256):
+        raise SystemExit(f"kvpop-warm-compile: --prefill-chunk must be 0 (skip) or at least 256 (two 128-query "
+                         f"blocks, so the graph serves every longer chunk), got {args.prefill_chunk}.")
     if args.new_tokens < 3:
         raise SystemExit("kvpop-warm-compile: --new-tokens must be >= 3 (the first token is the prompt's; the "
                          "second compiles the decode step; the third replays it).")
@@ -161,9 +181,9 @@ def main(argv=None) -> int:
               file=sys.stderr)
     records, bundle = warm(model, args.cache_dir, args.scorer, args.batches, sinks=args.sinks, window=args.window,
                            topk=args.topk, new_tokens=args.new_tokens, compile_mode=args.compile_mode,
-                           fuse_projections=args.fuse_projections)
+                           fuse_projections=args.fuse_projections, prefill_chunk=args.prefill_chunk)
     for r in records:
-        print(f"{r['scorer']} batch {r['batch']}: {r['seconds']} s")
+        print(f"{r['scorer']} batch {r['batch']}: prefill {r['prefill_s']} s, generate {r['seconds']} s")
     print(f"compile cache {Path(args.cache_dir).resolve()}; bundle: {bundle or 'none (nothing was compiled)'}")
     return 0
 

@@ -31,6 +31,7 @@ def tiny_model(tmp_path_factory):
     (["--topk", "-2"], "--topk -2: .*topk"),
     (["--scorer", "tova"], "not compileable"),
     (["--scorer", "no_such_scorer"], "neither a scorer name"),
+    (["--prefill-chunk", "100"], "--prefill-chunk must be 0 .skip. or at least 256"),
 ])
 def test_bad_input_is_refused_first(tmp_path, argv, message):
     with pytest.raises(SystemExit, match=message):
@@ -102,6 +103,32 @@ def test_compile_mode_reaches_generate(tiny_model, tmp_path, monkeypatch):
     fused = seen[2].options
     assert seen[2].mode is None and fused["max_autotune"] and "post_grad_custom_post_pass" in fused
     assert type(model.model.layers[0].self_attn.k_proj).__name__ == "SharedStorageLinear"
+
+
+def test_each_run_prefills_two_evicting_chunks_first(tiny_model, tmp_path, monkeypatch):
+    """Before each generate, a prompt of B + 2 * chunk + 1 tokens goes through prefill_in_chunks at that chunk size
+    (its FlexAttention graph lands in the compile cache on CUDA), with a cache of the run's budget; 0 skips it."""
+    from transformers import AutoModelForCausalLM
+
+    from kvpop_hf import prefill
+    from kvpop_hf.warm_compile import warm
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model)
+    seen, original = [], prefill.prefill_in_chunks
+
+    def spy(model, cache, input_ids, chunk_size, **kwargs):
+        original(model, cache, input_ids, chunk_size, **kwargs)
+        seen.append((cache.budget, tuple(input_ids.shape), chunk_size, cache.get_seq_length()))
+
+    monkeypatch.setattr(prefill, "prefill_in_chunks", spy)
+    records, _ = warm(model, tmp_path / "cc", ["knorm"], [1, 2], sinks=2, window=4, topk=6, progress=False,
+                      prefill_chunk=256)
+    assert seen == [(12, (1, 525), 256, 524), (12, (2, 525), 256, 524)]  # 524 tokens read, 12 kept
+    assert all(r["prefill_s"] > 0 for r in records)
+    seen.clear()
+    records, _ = warm(model, tmp_path / "cc", ["knorm"], [1], sinks=2, window=4, topk=6, progress=False,
+                      prefill_chunk=0)
+    assert seen == [] and records[0]["prefill_s"] == 0.0
 
 
 def test_bad_compile_mode_is_refused(tmp_path):
