@@ -26,7 +26,7 @@ from kvpop_lab.testbed import make_problem, training_example
 from kvpop_lab.testbed.analysis import oracle_topk_recall, record_qkv
 from kvpop_hf.ops.running_topk import running_topk
 from kvpop_hf.ops.priorities import sequence_priorities
-from kvpop_hf.trainer.sparse_attention import sparse_attention_reference
+from kvpop_hf.ops.sparse_attention import sparse_attention_reference
 from kvpop_hf.ops.targets import dense_causal_lse, future_attention_target
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -161,7 +161,7 @@ def dense_sdpa(q, k, v):
 
 def layer_section(args, S, device, dtype, bench: Bench, rec: Recorder, state: dict):
     from kvpop_hf.ops.running_topk import running_topk
-    from kvpop_hf.trainer.sparse_attention import sparse_attention, sparse_attention_block_mask
+    from kvpop_hf.ops.sparse_attention import sparse_attention, sparse_attention_block_mask
     from kvpop_hf.ops.targets import (future_attention_target, future_attention_target_reference,
                                            future_block_mask_for)
 

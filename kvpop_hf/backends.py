@@ -77,7 +77,7 @@ class Backends:
     * ``decode_eviction``: a decode step's eviction and insertion (:mod:`kvpop_hf.ops.decode_eviction`), ``torch|triton``;
     * ``decode_attention``: a decode step's attention over the ``B`` slots (:mod:`kvpop_hf.ops.decode_attention`),
       ``torch|triton``;
-    * ``mlstm_step``: the mLSTM scorer's part of a decode step (:mod:`kvpop_hf.scorers.mlstm_decode_triton`),
+    * ``mlstm_step``: the mLSTM scorer's part of a decode step (:mod:`kvpop_hf.ops.mlstm_decode`),
       ``torch|triton``;
     * ``chunk_attention``: a prompt chunk's attention (:mod:`kvpop_hf.ops.chunk_attention`), ``dense`` (an SDPA mask
       ``[L x C]`` per head) or ``flex`` (FlexAttention, compiled on CUDA).
@@ -86,7 +86,7 @@ class Backends:
 
     * ``running_topk``: the running top-k over whole sequences ``[b, h, S]`` (:mod:`kvpop_hf.ops.running_topk`),
       ``torch|wavelet|triton``;
-    * ``train_attention``: the student's fixed-budget sparse attention (:mod:`kvpop_hf.trainer.sparse_attention`),
+    * ``train_attention``: the student's fixed-budget sparse attention (:mod:`kvpop_hf.ops.sparse_attention`),
       ``dense`` (the masked ``[S x S]`` reference) or ``flex``;
     * ``target_pass``: the transposed future-attention target pass (:mod:`kvpop_hf.ops.targets`),
       ``chunked`` or ``flex`` (``target_reduce`` other than ``mean`` needs ``chunked``).

@@ -178,7 +178,7 @@ def _paths(monkeypatch, field, value):
     import kvpop_hf.ops.flex_mask as flex_mask
     import kvpop_hf.ops.interval_mask as interval_mask
     import kvpop_hf.scorers.mlstm as mlstm
-    import kvpop_hf.scorers.mlstm_decode_triton as mlstm_decode_triton
+    import kvpop_hf.ops.mlstm_decode as mlstm_decode
     import kvpop_hf.ops.running_topk as topk
     from kvpop_hf.layer import ChunkPlan
 
@@ -191,7 +191,7 @@ def _paths(monkeypatch, field, value):
             _spy(monkeypatch, decode_attention, fn, calls, v)
     elif field == "mlstm_step":
         _spy(monkeypatch, mlstm, "mlstm_step", calls, "torch")
-        _spy(monkeypatch, mlstm_decode_triton, "mlstm_decode_priority_triton", calls, "triton")
+        _spy(monkeypatch, mlstm_decode, "mlstm_decode_priority_triton", calls, "triton")
     elif field == "chunk_attention":
         _spy(monkeypatch, ChunkPlan, "visibility", calls, "dense")
         _spy(monkeypatch, chunk_attention, "flex_chunk_attention", calls, "flex")
@@ -246,7 +246,7 @@ def test_each_choice_reaches_its_path_and_gives_the_reference(field, value, monk
 # ---------------------------------------------------------------- training: each choice reaches its path
 def _training_paths(monkeypatch, field):
     import kvpop_hf.ops.running_topk as topk
-    import kvpop_hf.trainer.sparse_attention as sparse_attention
+    import kvpop_hf.ops.sparse_attention as sparse_attention
     import kvpop_hf.trainer.student as student
     import kvpop_hf.ops.targets as targets
 

@@ -8,9 +8,9 @@ import pytest
 import torch
 from torch.nn.attention.flex_attention import create_block_mask
 
-from kvpop_hf.trainer.block_masks import future_block_flags, sparse_block_flags
+from kvpop_hf.ops.block_masks import future_block_flags, sparse_block_flags
 from kvpop_hf.ops.running_topk import running_topk, sparse_mask_reference
-from kvpop_hf.trainer.sparse_attention import sparse_attention_block_mask, sparse_mask_mods
+from kvpop_hf.ops.sparse_attention import sparse_attention_block_mask, sparse_mask_mods
 from kvpop_hf.ops.targets import future_block_mask_for, future_mask_mod
 
 pytestmark = pytest.mark.tier("unit")

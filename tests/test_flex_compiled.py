@@ -4,8 +4,8 @@ import torch
 from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
 from kvpop_hf.ops import chunk_attention
-from kvpop_hf.ops.flex_compiled import INFERENCE_DYNAMIC, TRAINING_DYNAMIC, compiled_create_block_mask, compiled_flex
-from kvpop_hf.trainer import sparse_attention
+from kvpop_hf.ops.flex_compiled import (INFERENCE_DYNAMIC, TRAINING_DYNAMIC, compiled_create_block_mask, compiled_flex,
+                                        training_flex)
 import pytest
 
 pytestmark = pytest.mark.tier("unit")
@@ -13,15 +13,15 @@ pytestmark = pytest.mark.tier("unit")
 
 def test_eager_off_cuda():
     assert compiled_flex("cpu", False) is flex_attention and compiled_create_block_mask("cpu") is create_block_mask
-    assert sparse_attention._flex(torch.device("cpu")) is flex_attention
+    assert training_flex(torch.device("cpu")) is flex_attention
     assert chunk_attention._flex_fns("cpu") == (flex_attention, create_block_mask)
 
 
 def test_one_compiled_function_per_device_and_policy():
     """torch.compile only wraps here (it compiles at the first call), so this runs without a GPU."""
     cuda = torch.device("cuda")
-    train, infer = sparse_attention._flex(cuda), chunk_attention._flex_fns("cuda")[0]
-    assert train is compiled_flex("cuda", TRAINING_DYNAMIC) and train is sparse_attention._flex(cuda)
+    train, infer = training_flex(cuda), chunk_attention._flex_fns("cuda")[0]
+    assert train is compiled_flex("cuda", TRAINING_DYNAMIC) and train is training_flex(cuda)
     assert INFERENCE_DYNAMIC is True and infer is compiled_flex("cuda", True) and infer is not train and infer is not flex_attention
 
 

@@ -11,8 +11,8 @@ import torch
 
 from kvpop_hf.ops.running_topk import running_topk, sparse_mask_reference
 from kvpop_hf.trainer import KVpopTrainingArguments
-from kvpop_hf.trainer.interval_layout import default_segment, interval_sparse_layout, sequence_intervals
-from kvpop_hf.trainer.sparse_attention import sparse_attention, sparse_attention_block_mask, sparse_attention_reference
+from kvpop_hf.ops.interval_layout import default_segment, interval_sparse_layout, sequence_intervals
+from kvpop_hf.ops.sparse_attention import sparse_attention, sparse_attention_block_mask, sparse_attention_reference
 
 pytestmark = pytest.mark.tier("unit")
 

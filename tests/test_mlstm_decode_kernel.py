@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from kvpop_hf.scorers.mlstm import MLSTMScorer
-from kvpop_hf.scorers.mlstm_decode_triton import mlstm_decode_priority_reference, mlstm_decode_priority_triton
+from kvpop_hf.ops.mlstm_decode import mlstm_decode_priority_reference, mlstm_decode_priority_triton
 
 pytestmark = pytest.mark.tier("unit")
 

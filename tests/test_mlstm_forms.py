@@ -6,7 +6,7 @@ import torch
 from kvpop_hf.scorers import MLSTMScorer
 import pytest
 
-from kvpop_hf.scorers.mlstm_ops import mlstm_chunkwise, mlstm_chunkwise_sequential, mlstm_step
+from kvpop_hf.ops.mlstm_memory import mlstm_chunkwise, mlstm_chunkwise_sequential, mlstm_step
 
 pytestmark = pytest.mark.tier("unit")
 

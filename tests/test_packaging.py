@@ -110,7 +110,7 @@ from kvpop_hf import Backends, KVpopCache
 from kvpop_hf.backends import INFERENCE_FIELDS
 from kvpop_hf.compat import with_cache
 from kvpop_hf.ops.decode_attention import decode_attention_for, split_decode_kernel
-from kvpop_hf.scorers.mlstm_decode_triton import mlstm_decode_priority_reference  # noqa: F401
+from kvpop_hf.ops.mlstm_decode import mlstm_decode_priority_reference  # noqa: F401
 from kvpop_hf.ops.running_topk import running_topk
 
 model = tiny_model("qwen3")
@@ -161,7 +161,7 @@ def spy(name, globals=None, *args, **kwargs):
 
 builtins.__import__ = spy
 import kvpop_hf, kvpop_hf.ops.decode_attention as a, kvpop_hf.ops.decode_eviction as e, kvpop_hf.ops.running_topk
-import kvpop_hf.scorers.mlstm_decode_triton as m
+import kvpop_hf.ops.mlstm_decode as m
 kernels = {a: "split_decode_kernel", e: "evict_insert_kernel", m: "mlstm_decode_kernel"}
 bound = [x.__name__ for x, k in kernels.items() if getattr(x, k).defined() or "tl" in vars(x)]
 print(sorted(set(importers)), bound, [n for n in sys.modules if n.endswith("fenwick_triton")])

@@ -138,8 +138,8 @@ class Diag:
 
 # ------------------------------------------------------------------------------------------ helpers
 def compiled_flex(device):
-    from kvpop_hf.trainer.sparse_attention import _flex
-    return _flex(device)
+    from kvpop_hf.ops.flex_compiled import training_flex
+    return training_flex(device)
 
 
 def flex_call(device, q, k, v, lse=False, **kw):
@@ -200,7 +200,7 @@ def core_section(d: Diag, S: int, dtype, state: dict):
 
     from kvpop_hf.ops.flex_mask import tiled_block_mask
     from kvpop_hf.ops.running_topk import running_topk
-    from kvpop_hf.trainer.sparse_attention import sparse_attention, sparse_attention_block_mask
+    from kvpop_hf.ops.sparse_attention import sparse_attention, sparse_attention_block_mask
     from kvpop_hf.ops.targets import (_expand_kv, _flex_log_sum, _prep_lse, future_attention_target,
                                            future_block_mask_for, future_mask_mod)
 
@@ -295,7 +295,7 @@ def core_section(d: Diag, S: int, dtype, state: dict):
 
 
 def variant_section(d: Diag, S: int, dtype, state: dict):
-    from kvpop_hf.trainer.sparse_attention import sparse_attention, sparse_mask_mods
+    from kvpop_hf.ops.sparse_attention import sparse_attention, sparse_mask_mods
     from kvpop_hf.ops.targets import _flex_log_sum
 
     st = state.get(S)

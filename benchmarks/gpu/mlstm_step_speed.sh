@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The mLSTM scorer's decode step on one H200, its torch path against the fused Triton kernel
-# (kvpop_hf/scorers/mlstm_decode_triton.py, Backends.mlstm_step through --mlstm-step), then DMS beside KVpop:
+# (kvpop_hf/ops/mlstm_decode.py, Backends.mlstm_step through --mlstm-step), then DMS beside KVpop:
 #   1. StaticCache + compile and KVpopCache mlstm with the torch step, 4k and 128k, paired contexts;
 #   2. KVpopCache mlstm with the fused step, the same contexts (the run checks the kernel against its torch
 #      reference on the GPU first and falls back to torch if they disagree);

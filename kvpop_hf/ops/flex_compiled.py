@@ -53,6 +53,12 @@ def compiled_create_block_mask(device_type: str, dynamic: bool | None = None):
     return _compiled(create_block_mask, device_type, dynamic)
 
 
+def training_flex(device):
+    """The flex of the training passes (sparse forward, targets): one graph per (sequence length, dtype, grad
+    mode, mask code) on CUDA (``dynamic=False``, :data:`TRAINING_DYNAMIC`), eager elsewhere."""
+    return compiled_flex(device.type, TRAINING_DYNAMIC)
+
+
 def _compiled(fn, device_type: str, dynamic: bool | None):
     if device_type != "cuda":
         return fn

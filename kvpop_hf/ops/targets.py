@@ -63,6 +63,7 @@ from typing import Optional
 import torch
 
 from .dense_attention import expand_kv
+from .flex_compiled import training_flex
 
 __all__ = [
     "dense_causal_lse",
@@ -288,13 +289,6 @@ def future_attention_target_reference(q, k, lse, window, eps=1e-6, agg="log_mean
 # transposed passes
 # ---------------------------------------------------------------------------
 
-def _flex_fn(device: torch.device):
-    """Eager flex on CPU, compiled (once, lazily; shared with the sparse forward) on CUDA."""
-    from ..trainer.sparse_attention import _flex
-
-    return _flex(device)
-
-
 def future_mask_mod(window: int):
     """The transposed target mask: flex ``q_idx`` = original key ``t``, flex ``kv_idx`` = original query ``d``."""
     def mask_mod(b, h, q_idx, kv_idx):
@@ -304,8 +298,8 @@ def future_mask_mod(window: int):
 
 def future_block_mask_for(S: int, window: int, device):
     """``BlockMask`` of :func:`future_mask_mod`, shared by all rows/heads, built analytically from block
-    indices (``O((S/128)^2)`` ints; :func:`kvpop_hf.trainer.block_masks.future_block_mask`)."""
-    from ..trainer.block_masks import future_block_mask
+    indices (``O((S/128)^2)`` ints; :func:`kvpop_hf.ops.block_masks.future_block_mask`)."""
+    from .block_masks import future_block_mask
 
     return future_block_mask(S, window, future_mask_mod(window), device)
 
@@ -333,7 +327,7 @@ def _flex_log_sum(qf, kf_exp, lse_f, window: int, sc: float, block_mask=None, ke
     kw = {"kernel_options": kernel_options} if kernel_options else {}
     # the output is discarded: a tiny dummy value tensor (must share S with keys)
     v = torch.zeros(B, Hq, S, v_dim, dtype=qf.dtype, device=device)
-    fn = _flex_fn(device)
+    fn = training_flex(device)  # eager on CPU, compiled on CUDA (shared with the sparse forward)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # "called without torch.compile" / return_lse deprecation
         if hasattr(_fa, "AuxRequest"):

@@ -57,7 +57,7 @@ class Scorer(nn.Module):
 
     def decode_kernel(self, device: torch.device):
         """A fused function for this scorer's part of one decode step on ``device`` (read, absorb, score, decay;
-        the signature of :func:`kvpop_hf.scorers.mlstm_decode_triton.mlstm_decode_priority_triton`), or None:
+        the signature of :func:`kvpop_hf.ops.mlstm_decode.mlstm_decode_priority_triton`), or None:
         the layer then runs the torch path (``absorb_and_read``/``score``). Asked once, when a layer allocates."""
         return None
 

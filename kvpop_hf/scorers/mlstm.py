@@ -31,7 +31,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from .base import Scorer, check_scorer_option, headwise_linear, scorer_input
-from .mlstm_ops import mlstm_chunkwise, mlstm_step
+from ..ops.mlstm_memory import mlstm_chunkwise, mlstm_step
 
 
 def _headwise_dot(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -118,7 +118,7 @@ class MLSTMScorer(Scorer):
         """The fused Triton step; a layer runs it where its ``Backends.mlstm_step`` is ``"triton"`` (the CUDA
         default, docs/backends.md), else the torch path (``absorb_and_read``), which is its reference. The kernel is
         defined now (triton imported), outside any compiled decode step."""
-        from .mlstm_decode_triton import mlstm_decode_kernel, mlstm_decode_priority_triton
+        from ..ops.mlstm_decode import mlstm_decode_kernel, mlstm_decode_priority_triton
 
         mlstm_decode_kernel()
         return mlstm_decode_priority_triton

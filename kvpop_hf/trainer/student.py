@@ -33,7 +33,7 @@ from .hidden_states import final_hidden_states
 from .losses import balance_weights, boundary_loss, margin_weights
 from ..ops.priorities import sequence_priorities
 from .scorer_checkpoint import checkpointed_priorities
-from .sparse_attention import apply_sinks, sparse_attention, sparse_attention_block_mask, sparse_attention_reference
+from ..ops.sparse_attention import apply_sinks, sparse_attention, sparse_attention_block_mask, sparse_attention_reference
 from ..ops.targets import dense_causal_lse, future_attention_target
 
 TRAIN_ATTN_NAME = "kvpop_train"

@@ -40,12 +40,12 @@ def compiled():
     """Fails (instead of silently testing the interpreter) when a kernel was defined under TRITON_INTERPRET=1.
     The decode kernels are defined on first use: their getters define them here if no test has yet."""
     from kvpop_hf.ops import decode_attention, decode_eviction
-    from kvpop_hf.scorers import mlstm_decode_triton
+    from kvpop_hf.ops import mlstm_decode
     from kvpop_hf.ops.running_topk import fenwick_triton
 
     kernels = {"split_decode_kernel": decode_attention.split_decode_kernel(),
                "evict_insert_kernel": decode_eviction.evict_insert_kernel(),
-               "mlstm_decode_kernel": mlstm_decode_triton.mlstm_decode_kernel(),
+               "mlstm_decode_kernel": mlstm_decode.mlstm_decode_kernel(),
                "fenwick running top-k": fenwick_triton._running_topk_kernel}
     interpreted = [name for name, fn in kernels.items() if _is_interpreted(fn)]
     assert not interpreted, (f"{interpreted} were defined under TRITON_INTERPRET=1: run tests/gpu in a process of "

@@ -1,4 +1,4 @@
-"""The training sparse attention over the interval layout (kvpop_hf/trainer/interval_layout.py), compiled
+"""The training sparse attention over the interval layout (kvpop_hf/ops/interval_layout.py), compiled
 FlexAttention on CUDA: output, LSE and the gradients of query, key and value against the materialised-mask
 reference (float32), and against the position-order block mask in bfloat16 at a longer sequence."""
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from kvpop_hf.ops.running_topk import running_topk
-from kvpop_hf.trainer.sparse_attention import sparse_attention, sparse_attention_block_mask, sparse_attention_reference
+from kvpop_hf.ops.sparse_attention import sparse_attention, sparse_attention_block_mask, sparse_attention_reference
 
 pytestmark = pytest.mark.tier("unit")
 

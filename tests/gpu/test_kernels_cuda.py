@@ -75,7 +75,7 @@ def test_evict_and_insert(device, dtype, s, w, k, ties):
 @pytest.mark.parametrize("decay", [False, True])
 def test_fused_mlstm_step(device, dtype, delayed, token, decay):
     from kvpop_hf.scorers.mlstm import MLSTMScorer
-    from kvpop_hf.scorers.mlstm_decode_triton import mlstm_decode_priority_reference, mlstm_decode_priority_triton
+    from kvpop_hf.ops.mlstm_decode import mlstm_decode_priority_reference, mlstm_decode_priority_triton
 
     b, h, d, (s, w, k), layers = 2, 8, 128, (4, 64, 424), 2
     B = s + w + k

@@ -312,7 +312,7 @@ def check_eviction_kernel(device, dtype, trials: int = 20) -> str:
 def check_mlstm_step_kernel(device, dtype, config, budget, trials: int = 8) -> str:
     """The fused mLSTM decode step (Triton) against its torch reference on random states on ``device``."""
     from kvpop_hf.scorers.mlstm import MLSTMScorer
-    from kvpop_hf.scorers.mlstm_decode_triton import mlstm_decode_priority_reference, mlstm_decode_priority_triton
+    from kvpop_hf.ops.mlstm_decode import mlstm_decode_priority_reference, mlstm_decode_priority_triton
 
     if device.type != "cuda":
         return "mLSTM step kernel check: skipped (CPU)"

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from ..ops.flex_mask import block_mask_from_flags
+from .flex_mask import block_mask_from_flags
 
 __all__ = ["future_block_flags", "future_block_mask", "sparse_block_flags", "sparse_block_mask"]
 

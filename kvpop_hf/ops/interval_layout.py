@@ -24,9 +24,9 @@ from dataclasses import dataclass
 
 import torch
 
-from ..ops.flex_mask import block_mask_from_flags
-from ..ops.interval_mask import IntervalChunkMask, interval_block_flags, interval_layout
-from ..ops.running_topk import RunningTopK
+from .flex_mask import block_mask_from_flags
+from .interval_mask import IntervalChunkMask, interval_block_flags, interval_layout
+from .running_topk import RunningTopK
 
 __all__ = ["IntervalLayout", "default_segment", "interval_sparse_layout", "sequence_intervals"]
 

@@ -27,9 +27,9 @@ import math
 
 import torch
 
-from ..ops.decode_eviction import read_entry
-from ..ops.kernels import lazy_kernel, next_pow2
-from ..ops.priority import decayed_priorities
+from .decode_eviction import read_entry
+from .kernels import lazy_kernel, next_pow2
+from .priority import decayed_priorities
 
 __all__ = ["mlstm_decode_kernel", "mlstm_decode_priority_reference", "mlstm_decode_priority_triton"]
 

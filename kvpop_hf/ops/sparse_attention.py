@@ -11,18 +11,12 @@ from __future__ import annotations
 import torch
 import torch.nn.attention.flex_attention as _fa
 
-from ..ops.dense_attention import expand_kv
-from ..ops.flex_compiled import TRAINING_DYNAMIC, compiled_flex
-from ..ops.flex_mask import tiled_block_mask
 from .block_masks import sparse_block_mask
+from .dense_attention import expand_kv
+from .flex_compiled import training_flex
+from .flex_mask import tiled_block_mask
 from .interval_layout import IntervalLayout, interval_sparse_layout
-from ..ops.running_topk import RunningTopK, sparse_mask_reference
-
-
-def _flex(device):
-    """The flex of the training passes (sparse forward, targets): one graph per (sequence length, dtype, grad
-    mode, mask code) on CUDA (``dynamic=False``, see kvpop_hf/ops/flex_compiled.py), eager elsewhere."""
-    return compiled_flex(device.type, TRAINING_DYNAMIC)
+from .running_topk import RunningTopK, sparse_mask_reference
 
 
 def sparse_mask_mods(topk: RunningTopK, sinks: int, window: int, groups: int):
@@ -52,10 +46,10 @@ def sparse_mask_mods(topk: RunningTopK, sinks: int, window: int, groups: int):
 def sparse_attention_block_mask(topk: RunningTopK, sinks: int, window: int, groups: int, method: str = "interval"):
     """The mask of :func:`sparse_attention` for ``Hq = Hkv * groups`` query heads.
 
-    ``method="interval"`` (default): an :class:`~kvpop_hf.trainer.interval_layout.IntervalLayout` (the keys
+    ``method="interval"`` (default): an :class:`~kvpop_hf.ops.interval_layout.IntervalLayout` (the keys
     reordered so that a query block visits about ``B / 128`` mostly full key blocks, ``O(S log S)`` work per
     head). The others give a ``BlockMask`` over the keys in position order (every block below the diagonal
-    visited): ``"analytic"``: per-block flags from rank/cutoff (:func:`kvpop_hf.trainer.block_masks.sparse_block_mask`,
+    visited): ``"analytic"``: per-block flags from rank/cutoff (:func:`kvpop_hf.ops.block_masks.sparse_block_mask`,
     ``O(S^2 / 128)`` work, a few dozen kernels); ``"tiled"``: the mask_mod evaluated tile by tile
     (:func:`kvpop_hf.ops.flex_mask.tiled_block_mask`, ``O(S^2)`` work, one loop step per query block). Both give the
     same blocks as ``create_block_mask``."""
@@ -97,9 +91,9 @@ def sparse_attention(query, key, value, topk: RunningTopK, sinks: int, window: i
     if groups > 1:
         kw["enable_gqa"] = True
     if hasattr(_fa, "AuxRequest"):  # torch >= 2.9; return_lse is deprecated there
-        out, aux = _flex(query.device)(query, key, value, return_aux=_fa.AuxRequest(lse=True), **kw)
+        out, aux = training_flex(query.device)(query, key, value, return_aux=_fa.AuxRequest(lse=True), **kw)
         return out, aux.lse.float()
-    out, lse = _flex(query.device)(query, key, value, return_lse=True, **kw)
+    out, lse = training_flex(query.device)(query, key, value, return_lse=True, **kw)
     return out, lse.float()
 
 
