@@ -4,17 +4,12 @@
 from __future__ import annotations
 
 import csv
-import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
+from kvpop_lab.bench import hybrid_generate_speed
 
-import hybrid_generate_speed  # noqa: E402
-
-pytestmark = [pytest.mark.tier("scripts"), pytest.mark.scripts]
+pytestmark = pytest.mark.tier("scripts")
 
 
 @pytest.mark.parametrize("compile_mode", ["off", "force"])
