@@ -164,6 +164,7 @@ class KVpopCache(Cache):
             )
         if layer_idx == self._first_attention_layer() and not torch.compiler.is_compiling():
             self._check_every_layer_updated()
+            self._check_reuse(key_states)
         if layer_idx > 0 and getattr(self.layers[layer_idx - 1], "flush_at_next_layer", False):
             self.layers[layer_idx - 1].flush()  # the layer below attended just before: a stock attention raises now
         return super().update(key_states, value_states, layer_idx, *args, **kwargs)
@@ -180,6 +181,29 @@ class KVpopCache(Cache):
                 "for a deeper model (build it from this model's config), or that forward failed part-way (call "
                 "cache.reset() before reusing the cache)."
             )
+
+    def update_conv_state(self, conv_states, layer_idx: int, *args, **kwargs):
+        """transformers' conv-state update of a linear-attention layer; at the model's first layer (a linear-attention
+        layer updates before any attention layer) the reuse check runs first, as ``update`` does for attention."""
+        if layer_idx == 0 and not torch.compiler.is_compiling():
+            self._check_reuse(conv_states)
+        return super().update_conv_state(conv_states, layer_idx, *args, **kwargs)
+
+    def _check_reuse(self, states) -> None:
+        """At a forward's first cache call, before any layer works: a ValueError if the KVpop layers hold another
+        batch size or dtype from an earlier generation (the model's other layers would fail with torch's own errors).
+        After ``reset()`` (KVpop layers fresh) transformers' own layers that keep their buffers through a reset
+        (sliding-window, linear-attention) drop them when the batch size or dtype changed, so they allocate anew."""
+        kvpop = self.kvpop_layers()
+        for layer in kvpop:
+            error = layer.reuse_error(states)
+            if error:
+                raise ValueError(error)
+        if all(getattr(layer, "updates", 0) == 0 for layer in kvpop):
+            indices = set(self.kvpop_layer_indices)
+            for i, layer in enumerate(self.layers):
+                if i not in indices:
+                    _drop_other_shape(layer, states.shape[0], states.dtype)
 
     def kvpop_layers(self) -> list:
         """The KVpop layers (in model order); the cache's other layers are transformers' own."""
@@ -314,6 +338,24 @@ def _check_model_shape(config: KVpopConfig, model_config, what: str) -> dict:
     shape.update(config_layer_fields(plan))
     shape["windows"] = [plan.windows[i] for i in plan.kvpop_layers]
     return shape
+
+
+def _drop_other_shape(layer, batch: int, dtype: torch.dtype) -> None:
+    """Unallocate the buffers of one of transformers' own cache layers that hold another batch size or dtype (its
+    ``reset()`` zeroes them in place), so that its next update allocates them for ``batch`` and ``dtype``."""
+    from transformers.cache_utils import LinearAttentionCacheLayerMixin, StaticLayer
+
+    if isinstance(layer, StaticLayer) and layer.is_initialized and (
+            layer.keys.shape[0] != batch or layer.keys.dtype != dtype):
+        layer.keys = layer.values = None
+        layer.is_initialized = False
+    if isinstance(layer, LinearAttentionCacheLayerMixin):
+        for i in range(layer.number_of_states):
+            conv, recurrent = layer.conv_states[i], layer.recurrent_states[i]  # a recurrent state may keep float32
+            if (isinstance(conv, torch.Tensor) and (conv.shape[0] != batch or conv.dtype != dtype)) or (
+                    isinstance(recurrent, torch.Tensor) and recurrent.shape[0] != batch):
+                layer.conv_states[i] = layer.recurrent_states[i] = None
+                layer.is_conv_states_initialized[i] = layer.is_recurrent_states_initialized[i] = False
 
 
 def _state_bytes(layers) -> int:

@@ -176,3 +176,45 @@ def test_stock_attention_warning_says_when_padding_goes_unseen():
         _generate(model, ids[:1], mask[:1])
     assert any("stock attention" in str(r.message) for r in record)
     assert not any("left-padded" in str(r.message) for r in record)
+
+
+@pytest.mark.parametrize("name", ["qwen3", "gemma3", "qwen3_next"])
+def test_reuse_with_another_batch_size_without_reset(name):
+    """A cache filled at batch size 1 and reused at batch size 2 is a ValueError naming both sizes and reset(), raised
+    at the forward's first cache update (before a sliding or linear-attention layer fails on its own); after
+    ``reset()`` the cache serves the new batch."""
+    from hybrid_helpers import hybrid_model
+
+    model = tiny_model("qwen3") if name == "qwen3" else hybrid_model(name)
+    cache = KVpopCache(model.config, sinks=1, window=2, topk=2)
+    ids = torch.arange(3, 12)[None]
+    model.generate(ids, **with_cache(model, cache, max_new_tokens=2, do_sample=False))
+    seen = cache.get_seq_length()
+    with pytest.raises(ValueError, match=r"holds batch size 1 from an earlier generation; call cache.reset\(\) "
+                                         r"before using it with batch size 2"):
+        model.generate(ids.repeat(2, 1), **with_cache(model, cache, max_new_tokens=2, do_sample=False))
+    assert cache.get_seq_length() == seen  # no layer worked
+    cache.reset()
+    out = model.generate(ids.repeat(2, 1), **with_cache(model, cache, max_new_tokens=2, do_sample=False))
+    assert out.shape == (2, 11)
+
+
+@pytest.mark.parametrize("name", ["qwen3", "gemma3", "qwen3_next"])
+def test_reuse_under_another_dtype_without_reset(name):
+    """A cache filled by a float32 model and reused under bfloat16 is a ValueError naming both dtypes, before any
+    work; after ``reset()`` it serves the bfloat16 model (transformers' own sliding and linear-attention layers too)."""
+    from hybrid_helpers import hybrid_model
+
+    model = tiny_model("qwen3") if name == "qwen3" else hybrid_model(name)
+    cache = KVpopCache(model.config, sinks=1, window=2, topk=2)
+    ids = torch.arange(3, 12)[None]
+    model.generate(ids, **with_cache(model, cache, max_new_tokens=2, do_sample=False))
+    seen = cache.get_seq_length()
+    model.to(torch.bfloat16)
+    with pytest.raises(ValueError, match="holds float32 keys from an earlier generation, but the model gives "
+                                         r"bfloat16: call cache.reset\(\)"):
+        model.generate(ids, **with_cache(model, cache, max_new_tokens=2, do_sample=False))
+    assert cache.get_seq_length() == seen
+    cache.reset()
+    model.generate(ids, **with_cache(model, cache, max_new_tokens=2, do_sample=False))
+    assert all(layer.keys.dtype == torch.bfloat16 for layer in cache.kvpop_layers())
