@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import warnings
 
 import torch
 from transformers.cache_utils import Cache
@@ -14,6 +15,7 @@ from .config import KVpopConfig, model_config_of, model_shape
 from .layer_types import config_layer_fields, default_layers, layer_plan
 from .layer import KVpopLayer
 from .scorers import Scorer, build_scorer, scorer_name
+from .stacklevel import user_stacklevel
 from .tensor_parallel import local_kv_heads, slice_heads, slice_scorer, split_model_or_config
 from .shared import KVpopShared
 
@@ -24,6 +26,19 @@ OFFLOADING_UNSUPPORTED = (
     "there), and its compiled decode steps need buffers at fixed addresses. Its memory is already fixed at "
     "sinks + window + topk entries per KV head: choose a smaller budget instead. To park a filled cache on the CPU "
     "between calls, call cache.layers[i].offload() for each layer and cache.layers[i].prefetch() before the next call."
+)
+
+
+class UntrainedScorerWarning(UserWarning):
+    """A ``KVpopCache`` built its learned scorer (one with parameters: "mlp", "mlstm", "kvp") from a name, so the
+    scorer's weights are its constructor's random initialisation. Silence it where random weights are meant (a speed
+    benchmark): ``warnings.filterwarnings("ignore", category=kvpop_hf.UntrainedScorerWarning)``."""
+
+
+UNTRAINED_SCORER = (
+    "KVpopCache built the learned scorer {name!r} from its name, so its weights are random (untrained) and its "
+    "evictions arbitrary. Load a trained scorer with KVpopCache.from_pretrained(checkpoint_dir, model.config), or pass a trained "
+    "Scorer module (its state dict loaded) as scorer=...; for a training-free cache use scorer='knorm'."
 )
 
 
@@ -57,6 +72,9 @@ class KVpopCache(Cache):
             ``attn_implementation="kvpop"``.
         log_gamma, decay_step: optional recency decay shared by all heads.
         scorer_kwargs: keyword arguments of the scorer (e.g. ``{"hidden": 64}`` for "mlp").
+            A learned scorer given by name ("mlp", "mlstm", "kvp": a scorer with parameters) has random weights, so
+            the constructor warns (:class:`UntrainedScorerWarning`); trained ones come from :meth:`from_pretrained`
+            or as a `Scorer` module.
         backends: which implementation runs each fast path, a :class:`~kvpop_hf.backends.Backends` or a dict of
             its fields (docs/backends.md; the layers run its inference fields); unset fields come from ``KVPOP_*``
             environment variables, else the device's default. A runtime choice: not part of the saved config.
@@ -99,6 +117,9 @@ class KVpopCache(Cache):
         cfg = kvpop_config
         if not isinstance(scorer, Scorer):
             scorer = _build(cfg)
+            if any(True for _ in scorer.parameters()):  # a learned scorer built here: its weights are random
+                warnings.warn(UNTRAINED_SCORER.format(name=cfg.scorer), UntrainedScorerWarning,
+                              stacklevel=user_stacklevel())
         if (scorer.num_layers, scorer.num_kv_heads, scorer.head_dim) != (
                 cfg.num_layers, cfg.num_kv_heads, cfg.head_dim):
             raise ValueError(

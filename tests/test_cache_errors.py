@@ -218,3 +218,39 @@ def test_reuse_under_another_dtype_without_reset(name):
     cache.reset()
     model.generate(ids, **with_cache(model, cache, max_new_tokens=2, do_sample=False))
     assert all(layer.keys.dtype == torch.bfloat16 for layer in cache.kvpop_layers())
+
+
+@pytest.mark.parametrize("kw", [dict(scorer="mlp"), dict(scorer="mlstm"), dict(scorer="kvp"),
+                                dict(kvpop_config=KVpopConfig(sinks=1, window=2, topk=2, scorer="mlstm"))])
+def test_learned_scorer_by_name_warns_its_weights_are_random(kw):
+    """A learned scorer built from its name has random weights: an UntrainedScorerWarning at construction naming
+    the scorer and the ways out (from_pretrained, a trained Scorer module, the training-free 'knorm')."""
+    from kvpop_hf import UntrainedScorerWarning
+
+    name = kw.get("scorer") or kw["kvpop_config"].scorer
+    with pytest.warns(UntrainedScorerWarning, match=rf"learned scorer '{name}' from its name, so its weights are "
+                                                    r"random \(untrained\).*KVpopCache\.from_pretrained\(checkpoint_"
+                                                    r"dir, model\.config\).*scorer='knorm'") as record:
+        KVpopCache(tiny_config(), **kw)
+    assert issubclass(UntrainedScorerWarning, UserWarning)
+    assert record[0].filename == __file__  # it points at the caller
+
+
+def test_trained_or_training_free_scorers_do_not_warn(tmp_path):
+    """No UntrainedScorerWarning for a training-free scorer, a Scorer module passed in (the trainer's way: it trains
+    the module it builds) or a checkpoint loaded by from_pretrained (its weights are the trained ones)."""
+    from kvpop_hf import UntrainedScorerWarning, build_scorer
+
+    model = tiny_model("qwen3")
+    with pytest.warns(UntrainedScorerWarning):
+        KVpopCache(model.config, sinks=1, window=2, topk=2, scorer="mlp").save_pretrained(tmp_path)
+    cfg = model.config
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        KVpopCache(cfg, scorer="knorm")
+        KVpopCache(cfg, scorer="streaming")
+        KVpopCache(cfg, scorer=build_scorer("mlstm", cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim))
+        loaded = KVpopCache.from_pretrained(tmp_path, cfg)
+        with_kv = with_cache(model, loaded, max_new_tokens=2, do_sample=False)
+        model.generate(torch.arange(3, 12)[None], **with_kv)
+    assert not [r for r in record if issubclass(r.category, UntrainedScorerWarning)]
