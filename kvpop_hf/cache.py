@@ -309,14 +309,15 @@ class KVpopCache(Cache):
                         backends: Backends | dict | None = None,
                         **overrides) -> "KVpopCache":
         """Load from a local directory or a Hub repo id (through `huggingface_hub`, so the local HF cache
-        and ``HF_HUB_OFFLINE=1`` work). `overrides` replace budget fields (e.g. ``topk=...``); ``backends`` as in
-        the constructor (never stored in a checkpoint)."""
+        and ``HF_HUB_OFFLINE=1`` work). `overrides` replace config fields, above all ``topk=...`` (the budget is a
+        serving choice); ``sinks``, ``window`` and ``scorer`` are what the checkpoint was trained with, so a value
+        other than the checkpoint's is a ValueError (the same value is accepted). ``backends`` as in the
+        constructor (never stored in a checkpoint)."""
         backends = Backends.coerce(backends)  # a bad choice fails before any download
         config, state, log_gamma = hub.load(repo_id_or_path, revision=revision, cache_dir=cache_dir, token=token,
                                             local_files_only=local_files_only)
+        _check_overrides(config, overrides, repo_id_or_path)
         for key, value in overrides.items():
-            if not hasattr(config, key):
-                raise ValueError(f"Unknown override {key!r}; valid fields: {sorted(config.to_dict())}.")
             setattr(config, key, value)
         config.validate()
         if model_config is not None:  # the checkpoint's shape against the model, before any work
@@ -331,6 +332,36 @@ class KVpopCache(Cache):
     def push_to_hub(self, repo_id: str, *, private: bool | None = None, token: str | None = None,
                     commit_message: str = "Upload KVpop scorer") -> str:
         return hub.push(self, repo_id, private=private, token=token, commit_message=commit_message)
+
+
+TRAINED_FIELDS = ("sinks", "window")  # a checkpoint's scorer (and a model distilled with it) is trained at these
+
+
+def _check_overrides(config: KVpopConfig, overrides: dict, source) -> None:
+    """A ValueError, before anything is built, for an override ``from_pretrained`` must not apply: an unknown field,
+    another scorer than the checkpoint's, or other sinks / window than it was trained with."""
+    for key in overrides:
+        if not hasattr(config, key):
+            raise ValueError(f"Unknown override {key!r}; valid fields: {sorted(config.to_dict())}.")
+    scorer = overrides.get("scorer", config.scorer)
+    if scorer != config.scorer:
+        raise ValueError(
+            f"A checkpoint's scorer cannot be swapped: {source} holds the scorer {config.scorer!r} (with the weights, "
+            f"or the model, trained for it), so from_pretrained(..., scorer={scorer!r}) is refused. For a "
+            f"{scorer!r} cache without the checkpoint build it directly: KVpopCache(model.config, scorer={scorer!r}, "
+            f"sinks=..., window=..., topk=...); to serve the checkpoint, omit scorer=."
+        )
+    changed = [(key, getattr(config, key), overrides[key]) for key in TRAINED_FIELDS
+               if key in overrides and overrides[key] != getattr(config, key)]
+    if changed:
+        trained = ", ".join(f"{key}={old}" for key, old, _ in changed)
+        given = ", ".join(f"{key}={new!r}" for key, _, new in changed)
+        omit = " and ".join(f"{key}=" for key, _, _ in changed)
+        raise ValueError(
+            f"Checkpoint {source} was trained with {trained} (its kvpop_config.json), but from_pretrained got "
+            f"{given}: a learned scorer is served with the sinks and window it was trained with, and the budget is "
+            f"changed through topk. Omit {omit} to use the trained value{'s' if len(changed) > 1 else ''}."
+        )
 
 
 def _check_model_shape(config: KVpopConfig, model_config, what: str) -> dict:

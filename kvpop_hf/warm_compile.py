@@ -17,7 +17,7 @@ length does not matter (the cache's buffers have ``B`` slots whatever the contex
 are never changed; ``--random-weights`` builds the model from its config instead (same graphs, no download of the
 weights). Scorers are names of :data:`kvpop_hf.scorers.SCORERS` (at ``--sinks``, ``--window`` and ``--topk``,
 default 4, 256 and 3836) or KVpop checkpoints (a directory or a Hub repo id, at their own budget but for those of
-the three flags given).
+the three flags given; ``--sinks``/``--window`` other than a checkpoint's trained ones are refused).
 """
 
 from __future__ import annotations

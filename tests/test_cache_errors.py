@@ -254,3 +254,53 @@ def test_trained_or_training_free_scorers_do_not_warn(tmp_path):
         with_kv = with_cache(model, loaded, max_new_tokens=2, do_sample=False)
         model.generate(torch.arange(3, 12)[None], **with_kv)
     assert not [r for r in record if issubclass(r.category, UntrainedScorerWarning)]
+
+
+@pytest.mark.parametrize("kw, match", [
+    (dict(window=64), r"trained with window=2 \(its kvpop_config.json\), but from_pretrained got window=64: .*"
+                      r"Omit window= to use the trained value\."),
+    (dict(sinks=0, window=64, topk=5), r"trained with sinks=1, window=2 .* got sinks=0, window=64: .*"
+                                       r"Omit sinks= and window= to use the trained values\."),
+])
+def test_from_pretrained_refuses_another_sinks_or_window_than_trained(tmp_path, kw, match):
+    """A learned scorer serves at the sinks and window it was trained with: other values are a ValueError naming
+    both and the fix; the trained values themselves and a topk override are accepted."""
+    model = tiny_model("qwen3")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # random weights: the checkpoint's values are what is tested
+        KVpopCache(model.config, sinks=1, window=2, topk=3, scorer="mlp").save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match=match):
+        KVpopCache.from_pretrained(tmp_path, model.config, **kw)
+    cache = KVpopCache.from_pretrained(tmp_path, model.config, sinks=1, window=2, topk=9)
+    assert (cache.kvpop_config.sinks, cache.kvpop_config.window, cache.budget) == (1, 2, 12)
+
+
+def test_from_pretrained_refuses_to_swap_the_scorer(tmp_path):
+    """scorer= another than the checkpoint's: a ValueError saying a checkpoint's scorer cannot be swapped and how to
+    build the other cache (not the corrupt-checkpoint message about editing kvpop_config.json)."""
+    model = tiny_model("qwen3")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        KVpopCache(model.config, sinks=1, window=2, topk=3, scorer="mlp").save_pretrained(tmp_path)
+    for other in ("knorm", "mlstm"):
+        with pytest.raises(ValueError, match=rf"A checkpoint's scorer cannot be swapped: .* holds the scorer 'mlp' .*"
+                                             rf"KVpopCache\(model.config, scorer='{other}', sinks=\.\.\., window=\.\.\., "
+                                             r"topk=\.\.\.\); to serve the checkpoint, omit scorer=\.") as err:
+            KVpopCache.from_pretrained(tmp_path, model.config, scorer=other)
+        assert "kvpop_config.json" not in str(err.value)
+    assert KVpopCache.from_pretrained(tmp_path, model.config, scorer="mlp").kvpop_config.scorer == "mlp"
+
+
+def test_evaluation_policy_from_a_path_takes_the_requested_budget(tmp_path):
+    """kvpop-eval's learned policies serve an untagged checkpoint at the requested budget (kvpop_hf/policies.py),
+    from a path as from a loaded prototype: from_pretrained's refusal of other sinks/window does not reach them."""
+    from kvpop_hf.policies import POLICIES, load_prototype
+
+    model = tiny_model("qwen3")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        KVpopCache(model.config, sinks=1, window=2, topk=3, scorer="mlp").save_pretrained(tmp_path)
+    factory = POLICIES["kvpop_mlp"].factory
+    for checkpoint in (str(tmp_path), load_prototype("kvpop_mlp", str(tmp_path))):
+        cache = factory(model.config, 2, 4, 6, checkpoint=checkpoint)
+        assert (cache.kvpop_config.sinks, cache.kvpop_config.window, cache.kvpop_config.topk) == (2, 4, 6)
