@@ -9,7 +9,7 @@ import torch
 from transformers.cache_utils import Cache
 
 from . import hub
-from .allocation import longest_sequence
+from .allocation import longest_sequence, slots_for_topk
 from .backends import Backends
 from .config import KVpopConfig, model_config_of, model_shape
 from .layer_types import config_layer_fields, default_layers, layer_plan
@@ -66,8 +66,12 @@ class KVpopCache(Cache):
             with the model shape is given. Under tensor parallelism (``tp_plan="auto"``) the model or its config
             tells the cache which KV heads this rank holds; the cache keeps only those and slices the scorer to them
             (``kvpop_hf/tensor_parallel.py``).
-        sinks, window, topk: the budget (long-range slots beyond what the model's ``max_position_embeddings``
-            can fill are not allocated; a budget that cannot fit in the device's free memory is refused). scorer: a name from `kvpop_hf.scorers.SCORERS` or a `Scorer`;
+        sinks, window, topk: the budget. A ``topk`` beyond what the model's ``max_position_embeddings`` can fill
+            (``max_position_embeddings - sinks - window`` tokens can ever be eligible) is capped to that, with a
+            warning naming both values: the cache's ``kvpop_config.topk``, ``budget``, ``repr`` and a checkpoint it
+            saves then state what it allocates, which keeps every sequence the model can take exactly as the larger
+            topk would (capping changes nothing but memory, so it warns instead of refusing). A budget that cannot
+            fit in the device's free memory is refused. scorer: a name from `kvpop_hf.scorers.SCORERS` or a `Scorer`;
             "tova", "h2o" and "snapkv" take their scores from the attention (docs/design.md §7) and need
             ``attn_implementation="kvpop"``.
         log_gamma, decay_step: optional recency decay shared by all heads.
@@ -138,6 +142,7 @@ class KVpopCache(Cache):
         # what every layer reads (config, scorer and its device copies, decay); the layers hold no cache reference
         self.shared = KVpopShared(cfg, scorer, log_gamma, self.tp_kv_heads, self.backends)
         self.shared.max_positions = longest_sequence(model_config)  # bounds the slots each layer allocates
+        _cap_topk(cfg, self.shared.max_positions)
         # attention-based policies (TOVA, H2O, SnapKV) re-score entries every step: their own storage class
         layer_cls = self.scorer.layer_class or KVpopLayer
         if self.scorer.dynamic and cfg.log_gamma is not None:
@@ -332,6 +337,21 @@ class KVpopCache(Cache):
     def push_to_hub(self, repo_id: str, *, private: bool | None = None, token: str | None = None,
                     commit_message: str = "Upload KVpop scorer") -> str:
         return hub.push(self, repo_id, private=private, token=token, commit_message=commit_message)
+
+
+def _cap_topk(cfg: KVpopConfig, max_positions: int | None) -> None:
+    """``cfg.topk`` set to the long-range slots the longest sequence can fill, with a warning where that is less."""
+    slots = slots_for_topk(cfg.sinks, cfg.window, cfg.topk, max_positions)
+    if slots < cfg.topk:
+        why = (f"leaves at most {max_positions} - sinks {cfg.sinks} - window {cfg.window} = {slots} tokens for the "
+               "long-range slots" if slots else f"is no more than sinks {cfg.sinks} + window {cfg.window}: no token "
+               "ever reaches the long-range slots")
+        warnings.warn(
+            f"KVpopCache: topk={cfg.topk} is capped to topk={slots}: the model's max_position_embeddings="
+            f"{max_positions} {why}, so the cache allocates and reports topk={slots} (budget "
+            f"{cfg.sinks + cfg.window + slots}). Pass topk <= {slots} to build it without this warning.",
+            UserWarning, stacklevel=user_stacklevel())
+        cfg.topk = slots
 
 
 TRAINED_FIELDS = ("sinks", "window")  # a checkpoint's scorer (and a model distilled with it) is trained at these
