@@ -11,8 +11,8 @@ and its tokenizer; ``--scorer-checkpoint``, default ``checkpoints/testbed-4k-kvp
 answers extracted from both generations: the KVpop run is the student (the teacher with the folder's LoRA
 adapter, loaded over ``--checkpoint`` through ``peft``) with its learned cache at B = 492 entries per KV head;
 the reference is the teacher with a full ``DynamicCache``. A scorer folder without an adapter runs on the
-teacher itself; ``--scorer NAME`` runs a heuristic on the teacher; ``--sinks/--window/--topk`` override the
-folder's budget.
+teacher itself; ``--scorer NAME`` runs a heuristic on the teacher; ``--topk`` overrides the folder's budget
+(``--sinks``/``--window`` other than the folder's trained ones are refused).
 
 With ``--random-model`` (or when ``--checkpoint`` holds no ``config.json`` and tokenizer) the model is a small
 random-init Qwen3 fed random token ids: the text is meaningless, but the cache mechanics (fixed budget, memory,

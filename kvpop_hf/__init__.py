@@ -17,6 +17,7 @@ register_when_transformers_loads()
 _LAZY = {
     "Backends": ".backends",
     "KVpopCache": ".cache",
+    "UntrainedScorerWarning": ".cache",
     "KVpopConfig": ".config",
     "fuse_projection_storage": ".ops.fused_projections",
     "fused_compile_config": ".ops.fused_projections",
@@ -49,8 +50,8 @@ def __dir__():
     return sorted(set(globals()) | set(_LAZY))
 
 
-__all__ = ["Backends", "KVpopCache", "KVpopConfig", "fuse_projection_storage", "fused_compile_config",
-           "prefill_in_chunks", "generate_batch", "generate_batch_stream", "BatchRequest", "BatchOutput",
-           "run_ahead_sample", "Scorer", "SCORERS", "register_scorer", "build_scorer",
+__all__ = ["Backends", "KVpopCache", "UntrainedScorerWarning", "KVpopConfig", "fuse_projection_storage",
+           "fused_compile_config", "prefill_in_chunks", "generate_batch", "generate_batch_stream", "BatchRequest",
+           "BatchOutput", "run_ahead_sample", "Scorer", "SCORERS", "register_scorer", "build_scorer",
            "KVpopTrainer", "KVpopTrainingArguments", "register_attention"]
 __version__ = "0.1.0"

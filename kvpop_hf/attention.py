@@ -1,7 +1,7 @@
 """The ``"kvpop"`` attention implementation: exact per-head fixed-budget masks inside prompt chunks.
 
-Registered on import with `transformers.AttentionInterface` and `AttentionMaskInterface`
-(both are needed: without a mask function of the same name every call gets no mask).
+Registered on import (of this module or of ``kvpop_hf``) with `transformers.AttentionInterface` and
+`AttentionMaskInterface` (both are needed: without a mask function of the same name every call gets no mask).
 Select it with ``attn_implementation="kvpop"`` or ``model.set_attn_implementation("kvpop")``.
 
 Hand-off, per call and without module state: the mask function returns a :class:`KVpopMaskInfo`
@@ -144,3 +144,6 @@ def register() -> None:
     """Register the ``"kvpop"`` attention and mask functions with transformers (idempotent)."""
     AttentionInterface.register(ATTN_NAME, kvpop_attention)
     AttentionMaskInterface.register(ATTN_NAME, kvpop_mask)
+
+
+register()  # importing this module first (before transformers' registries) registers the name too

@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 import os
+import warnings
 
 import torch
 from transformers.cache_utils import Cache
 
 from . import hub
-from .allocation import longest_sequence
+from .allocation import longest_sequence, slots_for_topk
 from .backends import Backends
 from .config import KVpopConfig, model_config_of, model_shape
 from .layer_types import config_layer_fields, default_layers, layer_plan
 from .layer import KVpopLayer
 from .scorers import Scorer, build_scorer, scorer_name
+from .stacklevel import user_stacklevel
 from .tensor_parallel import local_kv_heads, slice_heads, slice_scorer, split_model_or_config
 from .shared import KVpopShared
 
@@ -24,6 +26,19 @@ OFFLOADING_UNSUPPORTED = (
     "there), and its compiled decode steps need buffers at fixed addresses. Its memory is already fixed at "
     "sinks + window + topk entries per KV head: choose a smaller budget instead. To park a filled cache on the CPU "
     "between calls, call cache.layers[i].offload() for each layer and cache.layers[i].prefetch() before the next call."
+)
+
+
+class UntrainedScorerWarning(UserWarning):
+    """A ``KVpopCache`` built its learned scorer (one with parameters: "mlp", "mlstm", "kvp") from a name, so the
+    scorer's weights are its constructor's random initialisation. Silence it where random weights are meant (a speed
+    benchmark): ``warnings.filterwarnings("ignore", category=kvpop_hf.UntrainedScorerWarning)``."""
+
+
+UNTRAINED_SCORER = (
+    "KVpopCache built the learned scorer {name!r} from its name, so its weights are random (untrained) and its "
+    "evictions arbitrary. Load a trained scorer with KVpopCache.from_pretrained(checkpoint_dir, model.config), or pass a trained "
+    "Scorer module (its state dict loaded) as scorer=...; for a training-free cache use scorer='knorm'."
 )
 
 
@@ -51,12 +66,19 @@ class KVpopCache(Cache):
             with the model shape is given. Under tensor parallelism (``tp_plan="auto"``) the model or its config
             tells the cache which KV heads this rank holds; the cache keeps only those and slices the scorer to them
             (``kvpop_hf/tensor_parallel.py``).
-        sinks, window, topk: the budget (long-range slots beyond what the model's ``max_position_embeddings``
-            can fill are not allocated; a budget that cannot fit in the device's free memory is refused). scorer: a name from `kvpop_hf.scorers.SCORERS` or a `Scorer`;
+        sinks, window, topk: the budget. A ``topk`` beyond what the model's ``max_position_embeddings`` can fill
+            (``max_position_embeddings - sinks - window`` tokens can ever be eligible) is capped to that, with a
+            warning naming both values: the cache's ``kvpop_config.topk``, ``budget``, ``repr`` and a checkpoint it
+            saves then state what it allocates, which keeps every sequence the model can take exactly as the larger
+            topk would (capping changes nothing but memory, so it warns instead of refusing). A budget that cannot
+            fit in the device's free memory is refused. scorer: a name from `kvpop_hf.scorers.SCORERS` or a `Scorer`;
             "tova", "h2o" and "snapkv" take their scores from the attention (docs/design.md §7) and need
             ``attn_implementation="kvpop"``.
         log_gamma, decay_step: optional recency decay shared by all heads.
         scorer_kwargs: keyword arguments of the scorer (e.g. ``{"hidden": 64}`` for "mlp").
+            A learned scorer given by name ("mlp", "mlstm", "kvp": a scorer with parameters) has random weights, so
+            the constructor warns (:class:`UntrainedScorerWarning`); trained ones come from :meth:`from_pretrained`
+            or as a `Scorer` module.
         backends: which implementation runs each fast path, a :class:`~kvpop_hf.backends.Backends` or a dict of
             its fields (docs/backends.md; the layers run its inference fields); unset fields come from ``KVPOP_*``
             environment variables, else the device's default. A runtime choice: not part of the saved config.
@@ -99,6 +121,9 @@ class KVpopCache(Cache):
         cfg = kvpop_config
         if not isinstance(scorer, Scorer):
             scorer = _build(cfg)
+            if any(True for _ in scorer.parameters()):  # a learned scorer built here: its weights are random
+                warnings.warn(UNTRAINED_SCORER.format(name=cfg.scorer), UntrainedScorerWarning,
+                              stacklevel=user_stacklevel())
         if (scorer.num_layers, scorer.num_kv_heads, scorer.head_dim) != (
                 cfg.num_layers, cfg.num_kv_heads, cfg.head_dim):
             raise ValueError(
@@ -117,6 +142,7 @@ class KVpopCache(Cache):
         # what every layer reads (config, scorer and its device copies, decay); the layers hold no cache reference
         self.shared = KVpopShared(cfg, scorer, log_gamma, self.tp_kv_heads, self.backends)
         self.shared.max_positions = longest_sequence(model_config)  # bounds the slots each layer allocates
+        _cap_topk(cfg, self.shared.max_positions)
         # attention-based policies (TOVA, H2O, SnapKV) re-score entries every step: their own storage class
         layer_cls = self.scorer.layer_class or KVpopLayer
         if self.scorer.dynamic and cfg.log_gamma is not None:
@@ -164,6 +190,7 @@ class KVpopCache(Cache):
             )
         if layer_idx == self._first_attention_layer() and not torch.compiler.is_compiling():
             self._check_every_layer_updated()
+            self._check_reuse(key_states)
         if layer_idx > 0 and getattr(self.layers[layer_idx - 1], "flush_at_next_layer", False):
             self.layers[layer_idx - 1].flush()  # the layer below attended just before: a stock attention raises now
         return super().update(key_states, value_states, layer_idx, *args, **kwargs)
@@ -180,6 +207,29 @@ class KVpopCache(Cache):
                 "for a deeper model (build it from this model's config), or that forward failed part-way (call "
                 "cache.reset() before reusing the cache)."
             )
+
+    def update_conv_state(self, conv_states, layer_idx: int, *args, **kwargs):
+        """transformers' conv-state update of a linear-attention layer; at the model's first layer (a linear-attention
+        layer updates before any attention layer) the reuse check runs first, as ``update`` does for attention."""
+        if layer_idx == 0 and not torch.compiler.is_compiling():
+            self._check_reuse(conv_states)
+        return super().update_conv_state(conv_states, layer_idx, *args, **kwargs)
+
+    def _check_reuse(self, states) -> None:
+        """At a forward's first cache call, before any layer works: a ValueError if the KVpop layers hold another
+        batch size or dtype from an earlier generation (the model's other layers would fail with torch's own errors).
+        After ``reset()`` (KVpop layers fresh) transformers' own layers that keep their buffers through a reset
+        (sliding-window, linear-attention) drop them when the batch size or dtype changed, so they allocate anew."""
+        kvpop = self.kvpop_layers()
+        for layer in kvpop:
+            error = layer.reuse_error(states)
+            if error:
+                raise ValueError(error)
+        if all(getattr(layer, "updates", 0) == 0 for layer in kvpop):
+            indices = set(self.kvpop_layer_indices)
+            for i, layer in enumerate(self.layers):
+                if i not in indices:
+                    _drop_other_shape(layer, states.shape[0], states.dtype)
 
     def kvpop_layers(self) -> list:
         """The KVpop layers (in model order); the cache's other layers are transformers' own."""
@@ -264,14 +314,15 @@ class KVpopCache(Cache):
                         backends: Backends | dict | None = None,
                         **overrides) -> "KVpopCache":
         """Load from a local directory or a Hub repo id (through `huggingface_hub`, so the local HF cache
-        and ``HF_HUB_OFFLINE=1`` work). `overrides` replace budget fields (e.g. ``topk=...``); ``backends`` as in
-        the constructor (never stored in a checkpoint)."""
+        and ``HF_HUB_OFFLINE=1`` work). `overrides` replace config fields, above all ``topk=...`` (the budget is a
+        serving choice); ``sinks``, ``window`` and ``scorer`` are what the checkpoint was trained with, so a value
+        other than the checkpoint's is a ValueError (the same value is accepted). ``backends`` as in the
+        constructor (never stored in a checkpoint)."""
         backends = Backends.coerce(backends)  # a bad choice fails before any download
         config, state, log_gamma = hub.load(repo_id_or_path, revision=revision, cache_dir=cache_dir, token=token,
                                             local_files_only=local_files_only)
+        _check_overrides(config, overrides, repo_id_or_path)
         for key, value in overrides.items():
-            if not hasattr(config, key):
-                raise ValueError(f"Unknown override {key!r}; valid fields: {sorted(config.to_dict())}.")
             setattr(config, key, value)
         config.validate()
         if model_config is not None:  # the checkpoint's shape against the model, before any work
@@ -286,6 +337,51 @@ class KVpopCache(Cache):
     def push_to_hub(self, repo_id: str, *, private: bool | None = None, token: str | None = None,
                     commit_message: str = "Upload KVpop scorer") -> str:
         return hub.push(self, repo_id, private=private, token=token, commit_message=commit_message)
+
+
+def _cap_topk(cfg: KVpopConfig, max_positions: int | None) -> None:
+    """``cfg.topk`` set to the long-range slots the longest sequence can fill, with a warning where that is less."""
+    slots = slots_for_topk(cfg.sinks, cfg.window, cfg.topk, max_positions)
+    if slots < cfg.topk:
+        why = (f"leaves at most {max_positions} - sinks {cfg.sinks} - window {cfg.window} = {slots} tokens for the "
+               "long-range slots" if slots else f"is no more than sinks {cfg.sinks} + window {cfg.window}: no token "
+               "ever reaches the long-range slots")
+        warnings.warn(
+            f"KVpopCache: topk={cfg.topk} is capped to topk={slots}: the model's max_position_embeddings="
+            f"{max_positions} {why}, so the cache allocates and reports topk={slots} (budget "
+            f"{cfg.sinks + cfg.window + slots}). Pass topk <= {slots} to build it without this warning.",
+            UserWarning, stacklevel=user_stacklevel())
+        cfg.topk = slots
+
+
+TRAINED_FIELDS = ("sinks", "window")  # a checkpoint's scorer (and a model distilled with it) is trained at these
+
+
+def _check_overrides(config: KVpopConfig, overrides: dict, source) -> None:
+    """A ValueError, before anything is built, for an override ``from_pretrained`` must not apply: an unknown field,
+    another scorer than the checkpoint's, or other sinks / window than it was trained with."""
+    for key in overrides:
+        if not hasattr(config, key):
+            raise ValueError(f"Unknown override {key!r}; valid fields: {sorted(config.to_dict())}.")
+    scorer = overrides.get("scorer", config.scorer)
+    if scorer != config.scorer:
+        raise ValueError(
+            f"A checkpoint's scorer cannot be swapped: {source} holds the scorer {config.scorer!r} (with the weights, "
+            f"or the model, trained for it), so from_pretrained(..., scorer={scorer!r}) is refused. For a "
+            f"{scorer!r} cache without the checkpoint build it directly: KVpopCache(model.config, scorer={scorer!r}, "
+            f"sinks=..., window=..., topk=...); to serve the checkpoint, omit scorer=."
+        )
+    changed = [(key, getattr(config, key), overrides[key]) for key in TRAINED_FIELDS
+               if key in overrides and overrides[key] != getattr(config, key)]
+    if changed:
+        trained = ", ".join(f"{key}={old}" for key, old, _ in changed)
+        given = ", ".join(f"{key}={new!r}" for key, _, new in changed)
+        omit = " and ".join(f"{key}=" for key, _, _ in changed)
+        raise ValueError(
+            f"Checkpoint {source} was trained with {trained} (its kvpop_config.json), but from_pretrained got "
+            f"{given}: a learned scorer is served with the sinks and window it was trained with, and the budget is "
+            f"changed through topk. Omit {omit} to use the trained value{'s' if len(changed) > 1 else ''}."
+        )
 
 
 def _check_model_shape(config: KVpopConfig, model_config, what: str) -> dict:
@@ -314,6 +410,24 @@ def _check_model_shape(config: KVpopConfig, model_config, what: str) -> dict:
     shape.update(config_layer_fields(plan))
     shape["windows"] = [plan.windows[i] for i in plan.kvpop_layers]
     return shape
+
+
+def _drop_other_shape(layer, batch: int, dtype: torch.dtype) -> None:
+    """Unallocate the buffers of one of transformers' own cache layers that hold another batch size or dtype (its
+    ``reset()`` zeroes them in place), so that its next update allocates them for ``batch`` and ``dtype``."""
+    from transformers.cache_utils import LinearAttentionCacheLayerMixin, StaticLayer
+
+    if isinstance(layer, StaticLayer) and layer.is_initialized and (
+            layer.keys.shape[0] != batch or layer.keys.dtype != dtype):
+        layer.keys = layer.values = None
+        layer.is_initialized = False
+    if isinstance(layer, LinearAttentionCacheLayerMixin):
+        for i in range(layer.number_of_states):
+            conv, recurrent = layer.conv_states[i], layer.recurrent_states[i]  # a recurrent state may keep float32
+            if (isinstance(conv, torch.Tensor) and (conv.shape[0] != batch or conv.dtype != dtype)) or (
+                    isinstance(recurrent, torch.Tensor) and recurrent.shape[0] != batch):
+                layer.conv_states[i] = layer.recurrent_states[i] = None
+                layer.is_conv_states_initialized[i] = layer.is_recurrent_states_initialized[i] = False
 
 
 def _state_bytes(layers) -> int:

@@ -316,13 +316,26 @@ class KVpopLayer(CacheLayerMixin):
         return self.decode_step(key_states, value_states)
 
     def _check_batch(self, key_states, value_states) -> None:
-        if key_states.shape[0] != self.keys.shape[0] and self.updates == 0:
+        """Another batch size or dtype than the buffers': new buffers after ``reset()``, else a ValueError."""
+        other = key_states.shape[0] != self.keys.shape[0] or key_states.dtype != self.keys.dtype
+        if other and self.updates == 0:
             self._reallocate(key_states, value_states)
+        elif other:
+            raise ValueError(self.reuse_error(key_states))
+
+    def reuse_error(self, key_states) -> str | None:
+        """Why a filled layer cannot take ``key_states`` (another batch size or dtype than an earlier generation
+        left), or None (fine, or nothing to keep: not filled, or fresh from ``reset()``)."""
+        if not self.is_initialized or self.updates == 0:
+            return None
         if key_states.shape[0] != self.keys.shape[0]:
-            raise ValueError(
-                f"KVpopCache was filled with batch size {self.keys.shape[0]} but got {key_states.shape[0]}; "
-                "call `cache.reset()` (or use a new cache) for a different batch."
-            )
+            return (f"This KVpopCache holds batch size {self.keys.shape[0]} from an earlier generation; call "
+                    f"cache.reset() before using it with batch size {key_states.shape[0]} (or build a new cache).")
+        if key_states.dtype != self.keys.dtype:
+            return (f"This KVpopCache holds {str(self.keys.dtype).removeprefix('torch.')} keys from an earlier "
+                    f"generation, but the model gives {str(key_states.dtype).removeprefix('torch.')}: call "
+                    "cache.reset() (or build a new cache) before using it with this model.")
+        return None
 
     @torch.compiler.disable
     def _reallocate(self, key_states, value_states) -> None:

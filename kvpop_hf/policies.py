@@ -109,15 +109,17 @@ def _learned(model_config, sinks, window, topk, checkpoint=None):
     """Fresh cache from a checkpoint (a path / repo id, or a prototype KVpopCache from
     :func:`load_prototype`, whose scorer weights are shared, read-only, by all caches)."""
     from .cache import KVpopCache
+    from .tensor_parallel import slice_heads
 
     if checkpoint is None:
         raise ValueError("This policy needs a scorer checkpoint.")
-    if not isinstance(checkpoint, KVpopCache):
-        return KVpopCache.from_pretrained(checkpoint, model_config, sinks=sinks, window=window, topk=topk)
+    if not isinstance(checkpoint, KVpopCache):  # a path: loaded as a prototype (from_pretrained refuses other
+        checkpoint = KVpopCache.from_pretrained(checkpoint)  # sinks/window; the evaluation's budget applies below)
     cfg = _config_copy(checkpoint.kvpop_config, sinks=sinks, window=window, topk=topk)
     cache = KVpopCache(model_config, scorer=checkpoint.scorer, kvpop_config=cfg)
-    if checkpoint.log_gamma is not None:
-        cache.log_gamma = checkpoint.log_gamma.clone()
+    if checkpoint.log_gamma is not None:  # a full prototype's per-head decay cut to this rank's heads, as its scorer
+        heads = cache.tp_kv_heads if checkpoint.tp_kv_heads is None else None
+        cache.log_gamma = slice_heads(checkpoint.log_gamma.clone(), heads)
     return cache
 
 

@@ -23,6 +23,7 @@ import warnings
 # the other), or at the end of the other where that one is still executing
 WATCHED = ("transformers.modeling_utils", "transformers.masking_utils")
 _lock = threading.Lock()
+ATTENTION = "kvpop_hf.attention"  # the module that holds the attention and mask functions
 
 
 def _loaded(name: str) -> bool:
@@ -31,7 +32,11 @@ def _loaded(name: str) -> bool:
 
 
 def register_attention() -> None:
-    """Register the ``"kvpop"`` attention and mask functions with transformers now (idempotent)."""
+    """Register the ``"kvpop"`` attention and mask functions with transformers now (idempotent). Where
+    ``kvpop_hf.attention`` is itself being imported (it imports transformers' registries, which calls this), it
+    registers at its own end."""
+    if ATTENTION in sys.modules and not _loaded(ATTENTION):
+        return
     from .attention import register
 
     register()

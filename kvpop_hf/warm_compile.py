@@ -17,8 +17,9 @@ length does not matter (the cache's buffers have ``B`` slots whatever the contex
 are never changed; ``--random-weights`` builds the model from its config instead (same graphs, no download of the
 weights). Scorers are names of :data:`kvpop_hf.scorers.SCORERS` (at ``--sinks``, ``--window`` and ``--topk``,
 default 4, 256 and 3836) or KVpop checkpoints (a directory or a Hub repo id, at their own budget but for those of
-the three flags given). Each run first feeds a prompt of two evicting chunks of ``--prefill-chunk`` tokens, so the
-prompt chunks' FlexAttention (one dynamic-shape graph per batch size) is in the bundle too.
+the three flags given; ``--sinks``/``--window`` other than a checkpoint's trained ones are refused). Each run first
+feeds a prompt of two evicting chunks of ``--prefill-chunk`` tokens, so the prompt chunks' FlexAttention (one
+dynamic-shape graph per batch size) is in the bundle too.
 """
 
 from __future__ import annotations

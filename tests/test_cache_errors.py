@@ -178,3 +178,131 @@ def test_stock_attention_warning_says_when_padding_goes_unseen():
         _generate(model, ids[:1], mask[:1])
     assert any("stock attention" in str(r.message) for r in record)
     assert not any("left-padded" in str(r.message) for r in record)
+
+
+@pytest.mark.parametrize("name", ["qwen3", "gemma3", "qwen3_next"])
+def test_reuse_with_another_batch_size_without_reset(name):
+    """A cache filled at batch size 1 and reused at batch size 2 is a ValueError naming both sizes and reset(), raised
+    at the forward's first cache update (before a sliding or linear-attention layer fails on its own); after
+    ``reset()`` the cache serves the new batch."""
+    from hybrid_helpers import hybrid_model
+
+    model = tiny_model("qwen3") if name == "qwen3" else hybrid_model(name)
+    cache = KVpopCache(model.config, sinks=1, window=2, topk=2)
+    ids = torch.arange(3, 12)[None]
+    model.generate(ids, **with_cache(model, cache, max_new_tokens=2, do_sample=False))
+    seen = cache.get_seq_length()
+    with pytest.raises(ValueError, match=r"holds batch size 1 from an earlier generation; call cache.reset\(\) "
+                                         r"before using it with batch size 2"):
+        model.generate(ids.repeat(2, 1), **with_cache(model, cache, max_new_tokens=2, do_sample=False))
+    assert cache.get_seq_length() == seen  # no layer worked
+    cache.reset()
+    out = model.generate(ids.repeat(2, 1), **with_cache(model, cache, max_new_tokens=2, do_sample=False))
+    assert out.shape == (2, 11)
+
+
+@pytest.mark.parametrize("name", ["qwen3", "gemma3", "qwen3_next"])
+def test_reuse_under_another_dtype_without_reset(name):
+    """A cache filled by a float32 model and reused under bfloat16 is a ValueError naming both dtypes, before any
+    work; after ``reset()`` it serves the bfloat16 model (transformers' own sliding and linear-attention layers too)."""
+    from hybrid_helpers import hybrid_model
+
+    model = tiny_model("qwen3") if name == "qwen3" else hybrid_model(name)
+    cache = KVpopCache(model.config, sinks=1, window=2, topk=2)
+    ids = torch.arange(3, 12)[None]
+    model.generate(ids, **with_cache(model, cache, max_new_tokens=2, do_sample=False))
+    seen = cache.get_seq_length()
+    model.to(torch.bfloat16)
+    with pytest.raises(ValueError, match="holds float32 keys from an earlier generation, but the model gives "
+                                         r"bfloat16: call cache.reset\(\)"):
+        model.generate(ids, **with_cache(model, cache, max_new_tokens=2, do_sample=False))
+    assert cache.get_seq_length() == seen
+    cache.reset()
+    model.generate(ids, **with_cache(model, cache, max_new_tokens=2, do_sample=False))
+    assert all(layer.keys.dtype == torch.bfloat16 for layer in cache.kvpop_layers())
+
+
+@pytest.mark.parametrize("kw", [dict(scorer="mlp"), dict(scorer="mlstm"), dict(scorer="kvp"),
+                                dict(kvpop_config=KVpopConfig(sinks=1, window=2, topk=2, scorer="mlstm"))])
+def test_learned_scorer_by_name_warns_its_weights_are_random(kw):
+    """A learned scorer built from its name has random weights: an UntrainedScorerWarning at construction naming
+    the scorer and the ways out (from_pretrained, a trained Scorer module, the training-free 'knorm')."""
+    from kvpop_hf import UntrainedScorerWarning
+
+    name = kw.get("scorer") or kw["kvpop_config"].scorer
+    with pytest.warns(UntrainedScorerWarning, match=rf"learned scorer '{name}' from its name, so its weights are "
+                                                    r"random \(untrained\).*KVpopCache\.from_pretrained\(checkpoint_"
+                                                    r"dir, model\.config\).*scorer='knorm'") as record:
+        KVpopCache(tiny_config(), **kw)
+    assert issubclass(UntrainedScorerWarning, UserWarning)
+    assert record[0].filename == __file__  # it points at the caller
+
+
+def test_trained_or_training_free_scorers_do_not_warn(tmp_path):
+    """No UntrainedScorerWarning for a training-free scorer, a Scorer module passed in (the trainer's way: it trains
+    the module it builds) or a checkpoint loaded by from_pretrained (its weights are the trained ones)."""
+    from kvpop_hf import UntrainedScorerWarning, build_scorer
+
+    model = tiny_model("qwen3")
+    with pytest.warns(UntrainedScorerWarning):
+        KVpopCache(model.config, sinks=1, window=2, topk=2, scorer="mlp").save_pretrained(tmp_path)
+    cfg = model.config
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        KVpopCache(cfg, scorer="knorm")
+        KVpopCache(cfg, scorer="streaming")
+        KVpopCache(cfg, scorer=build_scorer("mlstm", cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim))
+        loaded = KVpopCache.from_pretrained(tmp_path, cfg)
+        with_kv = with_cache(model, loaded, max_new_tokens=2, do_sample=False)
+        model.generate(torch.arange(3, 12)[None], **with_kv)
+    assert not [r for r in record if issubclass(r.category, UntrainedScorerWarning)]
+
+
+@pytest.mark.parametrize("kw, match", [
+    (dict(window=64), r"trained with window=2 \(its kvpop_config.json\), but from_pretrained got window=64: .*"
+                      r"Omit window= to use the trained value\."),
+    (dict(sinks=0, window=64, topk=5), r"trained with sinks=1, window=2 .* got sinks=0, window=64: .*"
+                                       r"Omit sinks= and window= to use the trained values\."),
+])
+def test_from_pretrained_refuses_another_sinks_or_window_than_trained(tmp_path, kw, match):
+    """A learned scorer serves at the sinks and window it was trained with: other values are a ValueError naming
+    both and the fix; the trained values themselves and a topk override are accepted."""
+    model = tiny_model("qwen3")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # random weights: the checkpoint's values are what is tested
+        KVpopCache(model.config, sinks=1, window=2, topk=3, scorer="mlp").save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match=match):
+        KVpopCache.from_pretrained(tmp_path, model.config, **kw)
+    cache = KVpopCache.from_pretrained(tmp_path, model.config, sinks=1, window=2, topk=9)
+    assert (cache.kvpop_config.sinks, cache.kvpop_config.window, cache.budget) == (1, 2, 12)
+
+
+def test_from_pretrained_refuses_to_swap_the_scorer(tmp_path):
+    """scorer= another than the checkpoint's: a ValueError saying a checkpoint's scorer cannot be swapped and how to
+    build the other cache (not the corrupt-checkpoint message about editing kvpop_config.json)."""
+    model = tiny_model("qwen3")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        KVpopCache(model.config, sinks=1, window=2, topk=3, scorer="mlp").save_pretrained(tmp_path)
+    for other in ("knorm", "mlstm"):
+        with pytest.raises(ValueError, match=rf"A checkpoint's scorer cannot be swapped: .* holds the scorer 'mlp' .*"
+                                             rf"KVpopCache\(model.config, scorer='{other}', sinks=\.\.\., window=\.\.\., "
+                                             r"topk=\.\.\.\); to serve the checkpoint, omit scorer=\.") as err:
+            KVpopCache.from_pretrained(tmp_path, model.config, scorer=other)
+        assert "kvpop_config.json" not in str(err.value)
+    assert KVpopCache.from_pretrained(tmp_path, model.config, scorer="mlp").kvpop_config.scorer == "mlp"
+
+
+def test_evaluation_policy_from_a_path_takes_the_requested_budget(tmp_path):
+    """kvpop-eval's learned policies serve an untagged checkpoint at the requested budget (kvpop_hf/policies.py),
+    from a path as from a loaded prototype: from_pretrained's refusal of other sinks/window does not reach them."""
+    from kvpop_hf.policies import POLICIES, load_prototype
+
+    model = tiny_model("qwen3")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        KVpopCache(model.config, sinks=1, window=2, topk=3, scorer="mlp").save_pretrained(tmp_path)
+    factory = POLICIES["kvpop_mlp"].factory
+    for checkpoint in (str(tmp_path), load_prototype("kvpop_mlp", str(tmp_path))):
+        cache = factory(model.config, 2, 4, 6, checkpoint=checkpoint)
+        assert (cache.kvpop_config.sinks, cache.kvpop_config.window, cache.kvpop_config.topk) == (2, 4, 6)

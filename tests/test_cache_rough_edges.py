@@ -87,17 +87,31 @@ def test_get_seq_length_stays_a_tensor_inside_a_compiled_forward():
     assert cache.get_seq_length() == 10
 
 
-def test_topk_beyond_the_longest_sequence_is_not_allocated():
+def test_topk_beyond_the_longest_sequence_is_capped_with_a_warning(tmp_path):
+    """A topk no sequence of the model can fill is capped at construction, with a warning naming the given and the
+    capped value; the cache then reports (topk, budget, repr, a saved checkpoint) what it allocates, and generates
+    as a cache built at the capped topk."""
     model = tiny_model(max_position_embeddings=64)
     ids = distinct_ids(1, 40)
-    big = KVpopCache(model.config, sinks=2, window=8, topk=10**6)
-    exact = KVpopCache(model.config, sinks=2, window=8, topk=54)
-    assert slots_for_topk(2, 8, 10**6, 64) == 54
+    with pytest.warns(UserWarning, match=r"topk=1000000000 is capped to topk=54: the model's max_position_embeddings"
+                                         r"=64 leaves at most 64 - sinks 2 - window 8 = 54 tokens .* \(budget 64\)\. "
+                                         r"Pass topk <= 54"):
+        big = KVpopCache(model.config, sinks=2, window=8, topk=10**9)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a topk that fits: no warning
+        exact = KVpopCache(model.config, sinks=2, window=8, topk=54)
+    assert slots_for_topk(2, 8, 10**9, 64) == 54
     a = model.generate(ids, **with_cache(model, big, max_new_tokens=20, do_sample=False))
     b = model.generate(ids, **with_cache(model, exact, max_new_tokens=20, do_sample=False))
     assert torch.equal(a, b)
     assert big.layers[0].keys.shape[2] == 64 and big.memory_bytes() == exact.memory_bytes()
-    assert big.kvpop_config.topk == 10**6  # the setting stays as given (and is what a checkpoint saves)
+    assert (big.kvpop_config.topk, big.budget, big.kvpop_config.budget) == (54, 64, 64)
+    assert "topk=54, budget=64" in repr(big)
+    big.save_pretrained(tmp_path)
+    assert KVpopCache.from_pretrained(tmp_path).kvpop_config.topk == 54
+    with pytest.warns(UserWarning, match=r"topk=10 is capped to topk=0: the model's max_position_embeddings=64 is no "
+                                         r"more than sinks 2 \+ window 80"):
+        assert KVpopCache(model.config, sinks=2, window=80, topk=10).budget == 82
 
 
 def test_impossible_topk_is_refused_clearly():

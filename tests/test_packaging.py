@@ -216,6 +216,23 @@ print(model.config._attn_implementation, out.shape[1], cache.get_seq_length())
     assert res.stdout.split()[-3:] == ["kvpop", "11", "10"], res.stdout
 
 
+@pytest.mark.parametrize("first, module", [("", "attention"), ("import torch", "attention"),
+                                           ("import transformers", "attention"), ("", "cache"), ("", "trainer")])
+def test_importing_a_submodule_first_registers_the_kvpop_attention_without_warnings(first, module):
+    """``import kvpop_hf.<module>`` as the library's first import (alone, or after torch / transformers) registers
+    ``"kvpop"`` with both of transformers' registries, without a warning (``-W error``)."""
+    code = f"""{first}
+import kvpop_hf.{module}
+from transformers import AttentionInterface, AttentionMaskInterface
+assert "kvpop" in AttentionInterface._global_mapping and "kvpop" in AttentionMaskInterface._global_mapping
+print("registered")
+"""
+    res = subprocess.run([sys.executable, "-W", "error", "-c", code], capture_output=True, text=True, cwd=ROOT,
+                         env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert res.stdout.split() == ["registered"] and not res.stderr, res.stderr[-3000:]
+
+
 def test_console_commands_resolve_and_the_training_scripts_run_them():
     """Every ``[project.scripts]`` entry names a callable; each training command's ``training/<name>.py`` runs that
     same ``main``; ``import kvpop_hf`` imports none of the commands."""

@@ -118,9 +118,9 @@ def test_twin_rows_on_the_testbed():
 
     model = load_model(str(TEACHER), torch.float32, torch.device("cpu"))
     tok = AutoTokenizer.from_pretrained(str(TEACHER))
-    (b,) = parse_budgets(compression="0.88", length=512, sinks=4, window=32)
-    scored = [("streaming", b, KVpopCache(model.config, scorer="streaming", sinks=4, window=32, topk=b.topk)),
-              ("kvpop", b, KVpopCache.from_pretrained(str(SCORER), model.config, sinks=4, window=32, topk=b.topk))]
+    (b,) = parse_budgets(compression="0.75", length=512, sinks=4, window=64)  # the scorer's trained sinks, window
+    scored = [("streaming", b, KVpopCache(model.config, scorer="streaming", sinks=4, window=64, topk=b.topk)),
+              ("kvpop", b, KVpopCache.from_pretrained(str(SCORER), model.config, topk=b.topk))]
     probs = [make_problem("reasoning", length=512, seed=2 ** 48)]
     rows = twin_recall_rows(model, tok, probs, 2, scored, ["max"], progress=False)
     by = {}

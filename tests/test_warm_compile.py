@@ -46,7 +46,8 @@ def test_budget_triple_names_the_new_flags(tmp_path, capsys):
 
 
 def test_budget_flags_override_a_checkpoint_one_by_one(tiny_model, tmp_path):
-    """A scorer name: 4 + 256 + 3836 but for the flags given; a checkpoint: its own budget but for those."""
+    """A scorer name: 4 + 256 + 3836 but for the flags given; a checkpoint: its own budget but for topk (its
+    trained sinks and window cannot change: from_pretrained refuses)."""
     from kvpop_hf.warm_compile import _build_cache
 
     config = Qwen3Config.from_pretrained(tiny_model)
@@ -59,7 +60,9 @@ def test_budget_flags_override_a_checkpoint_one_by_one(tiny_model, tmp_path):
     assert budget(_build_cache(model, "knorm", {})) == (4, 256, 3836)
     assert budget(_build_cache(model, "knorm", {"topk": 7})) == (4, 256, 7)
     assert budget(_build_cache(model, str(tmp_path / "ckpt"), {})) == (2, 4, 6)
-    assert budget(_build_cache(model, str(tmp_path / "ckpt"), {"window": 8})) == (2, 8, 6)
+    assert budget(_build_cache(model, str(tmp_path / "ckpt"), {"topk": 9, "window": 4})) == (2, 4, 9)
+    with pytest.raises(ValueError, match="trained with window=4 .* Omit window="):
+        _build_cache(model, str(tmp_path / "ckpt"), {"window": 8})
 
 
 def test_cache_dir_that_is_a_file(tmp_path):
