@@ -6,7 +6,11 @@ Random bf16 weights in the shape of a released hybrid model (speed and memory do
   layer, 16 query / 8 KV heads of 256;
 * ``gpt-oss-20b``: ``GptOssForCausalLM``, 24 layers alternating sliding (window 128) and full attention, learned
   attention sinks, 32 experts (4 active), 64 query / 8 KV heads of 64;
-* ``tiny-gemma3`` / ``tiny-gpt-oss``: the same layer patterns at toy size, for a CPU check of the script.
+* ``qwen3-next-80b-12l``: ``Qwen3NextForCausalLM`` with Qwen3-Next-80B-A3B's dimensions but 12 of its 48 layers
+  (9 Gated DeltaNet linear-attention layers, 3 full-attention layers, so the random bf16 weights fit one 80 GB GPU),
+  512 experts (10 active), 16 query / 2 KV heads of 256;
+* ``tiny-gemma3`` / ``tiny-gpt-oss`` / ``tiny-qwen3-next``: the same layer patterns at toy size, for a CPU check of the
+  script.
 
 Per (shape, cache, context), one prompt of ``context`` random token ids:
 
@@ -22,7 +26,11 @@ Greedy, exactly ``--new-tokens`` tokens. A stopping criterion records the synchr
 ``--warmup`` tokens, ``peak_gb`` the peak allocated GPU memory during the call above the weights, ``cache_gb``
 what the cache holds at the end. ``--compile off`` decodes eagerly for both caches (``disable_compile=True``; the
 default cache is never compiled by ``generate``); ``auto`` lets ``generate`` compile where it does (KVpopCache on
-CUDA). Rows are appended to ``--out`` (CSV) as they finish, each with the command, commit and date; a row that
+CUDA); ``force`` makes it compile on any device (``CompileConfig._compile_all_devices``, backend
+``--compile-backend``: ``eager`` for a CPU check). ``graphs`` and ``graph_breaks`` count what dynamo compiled during
+the ``generate`` call (``torch._dynamo.utils.counters``), and ``compiled`` says what that means: ``yes`` (the decode
+step is one graph, compiled once), ``no`` (nothing compiled), or ``partly`` (several graphs or breaks: recompiles or
+a step cut into pieces, where dynamo may have reached its recompile limit and run the rest eagerly). Rows are appended to ``--out`` (CSV) as they finish, each with the command, commit and date; a row that
 runs out of memory says ``OOM``, one that fails otherwise ``error: <exception>`` (traceback printed), one started after ``--deadline`` seconds is skipped.
 """
 
@@ -43,13 +51,14 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-COLUMNS = ["shape", "cache", "context", "prefill_s", "decode_ms", "tokens_per_s", "peak_gb", "cache_gb", "status",
-           "command", "commit", "date"]
+COLUMNS = ["shape", "cache", "context", "prefill_s", "decode_ms", "tokens_per_s", "peak_gb", "cache_gb", "compiled",
+           "graphs", "graph_breaks", "status", "command", "commit", "date"]
+SHAPES = ["gemma3-12b", "gpt-oss-20b", "qwen3-next-80b-12l", "tiny-gemma3", "tiny-gpt-oss", "tiny-qwen3-next"]
 
 
 def config_for(shape: str, max_pos: int):
     """The transformers config of ``shape`` (a released model's dimensions, random weights)."""
-    from transformers import Gemma3TextConfig, GptOssConfig
+    from transformers import Gemma3TextConfig, GptOssConfig, Qwen3NextConfig
 
     if shape == "gemma3-12b":
         return Gemma3TextConfig(hidden_size=3840, intermediate_size=15360, num_hidden_layers=48,
@@ -66,7 +75,21 @@ def config_for(shape: str, max_pos: int):
         return GptOssConfig(num_hidden_layers=4, hidden_size=64, intermediate_size=64, num_attention_heads=4,
                             num_key_value_heads=2, head_dim=16, num_local_experts=4, num_experts_per_tok=2,
                             vocab_size=512, sliding_window=16, max_position_embeddings=max_pos)
-    raise ValueError(f"unknown shape {shape!r}: gemma3-12b, gpt-oss-20b, tiny-gemma3 or tiny-gpt-oss")
+    if shape == "qwen3-next-80b-12l":
+        return Qwen3NextConfig(hidden_size=2048, num_hidden_layers=12, num_attention_heads=16, num_key_value_heads=2,
+                               head_dim=256, num_experts=512, num_experts_per_tok=10, moe_intermediate_size=512,
+                               shared_expert_intermediate_size=512, vocab_size=151936, linear_num_value_heads=32,
+                               linear_num_key_heads=16, linear_key_head_dim=128, linear_value_head_dim=128,
+                               layer_types=(["linear_attention"] * 3 + ["full_attention"]) * 3,
+                               max_position_embeddings=max_pos)
+    if shape == "tiny-qwen3-next":
+        return Qwen3NextConfig(hidden_size=64, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+                               head_dim=16, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                               shared_expert_intermediate_size=32, intermediate_size=64, vocab_size=512,
+                               linear_num_value_heads=4, linear_num_key_heads=2, linear_key_head_dim=16,
+                               linear_value_head_dim=16, layer_types=["linear_attention"] * 3 + ["full_attention"],
+                               max_position_embeddings=max_pos)
+    raise ValueError(f"unknown shape {shape!r}: one of {', '.join(SHAPES)}")
 
 
 def build_model(shape: str, device: str, dtype, max_pos: int):
@@ -76,6 +99,32 @@ def build_model(shape: str, device: str, dtype, max_pos: int):
     with torch.device(device):
         model = AutoModelForCausalLM.from_config(config_for(shape, max_pos), dtype=dtype)
     return model.eval()
+
+
+def _dynamo_counts() -> tuple[int, int]:
+    """(graphs compiled, graph breaks) so far in this process, from dynamo's counters."""
+    from torch._dynamo.utils import counters
+
+    return counters["stats"]["unique_graphs"], sum(counters["graph_break"].values())
+
+
+def compiled_verdict(graphs: int, breaks: int) -> str:
+    """``yes``: one graph and no break (the decode step compiled once); ``no``: nothing compiled; else ``partly``."""
+    if graphs == 0 and breaks == 0:
+        return "no"
+    return "yes" if (graphs, breaks) == (1, 0) else "partly"
+
+
+def _compile_kwargs(args) -> dict:
+    if args.compile == "off":
+        return dict(disable_compile=True)
+    if args.compile == "auto":
+        return {}
+    from transformers import CompileConfig
+
+    config = CompileConfig(backend=args.compile_backend)
+    config._compile_all_devices = True  # generate compiles on CUDA only unless told so
+    return dict(compile_config=config)
 
 
 class Clock:
@@ -114,7 +163,7 @@ def measure(model, kind: str, context: int, args, device: str) -> dict:
     ids = torch.randint(3, model.config.vocab_size, (1, context), device=device)
     clock = Clock(device)
     kwargs = dict(max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens, do_sample=False,
-                  stopping_criteria=StoppingCriteriaList([clock]), disable_compile=args.compile == "off")
+                  stopping_criteria=StoppingCriteriaList([clock]), **_compile_kwargs(args))
     if device == "cuda":
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
@@ -126,17 +175,20 @@ def measure(model, kind: str, context: int, args, device: str) -> dict:
             cache = kvpop_hf.KVpopCache(model.config, sinks=args.sinks, window=args.window, topk=args.topk,
                                         scorer=args.scorer)
             kvpop_hf.prefill_in_chunks(model, cache, ids, args.prefill_chunk)
+            before = _dynamo_counts()
             out = model.generate(ids, **with_cache(model, cache, **kwargs))
             model.set_attn_implementation(default_attn)
         else:
+            before = _dynamo_counts()
             out = model.generate(ids, prefill_chunk_size=args.prefill_chunk, return_dict_in_generate=True, **kwargs)
             cache = out.past_key_values
+    graphs, breaks = (after - start for after, start in zip(_dynamo_counts(), before))
     gaps = [1000 * (b - a) for a, b in zip(clock.times[args.warmup:], clock.times[args.warmup + 1:])]
     decode_ms = statistics.median(gaps) if gaps else float("nan")
     peak = (torch.cuda.max_memory_allocated() - base) / 1e9 if device == "cuda" else 0.0
     row = dict(prefill_s=f"{clock.times[0] - start:.2f}", decode_ms=f"{decode_ms:.2f}",
                tokens_per_s=f"{1000 / decode_ms:.1f}", peak_gb=f"{peak:.2f}", cache_gb=f"{_cache_bytes(cache) / 1e9:.3f}",
-               status="ok")
+               compiled=compiled_verdict(graphs, breaks), graphs=graphs, graph_breaks=breaks, status="ok")
     del out, cache
     return row
 
@@ -151,7 +203,7 @@ def _commit() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--shapes", nargs="+", default=["gemma3-12b", "gpt-oss-20b"])
+    ap.add_argument("--shapes", nargs="+", default=["gemma3-12b", "gpt-oss-20b"], choices=SHAPES)
     ap.add_argument("--caches", nargs="+", default=["default", "kvpop"], choices=["default", "kvpop"])
     ap.add_argument("--contexts", nargs="+", type=int, default=[32768, 131072])
     ap.add_argument("--sinks", type=int, default=4)
@@ -161,7 +213,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--new-tokens", type=int, default=32)
     ap.add_argument("--warmup", type=int, default=4)
     ap.add_argument("--prefill-chunk", type=int, default=8192)
-    ap.add_argument("--compile", choices=["off", "auto"], default="off")
+    ap.add_argument("--compile", choices=["off", "auto", "force"], default="off")
+    ap.add_argument("--compile-backend", default="inductor", help="backend of --compile force (eager: a CPU check)")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--deadline", type=float, default=float("inf"), help="seconds after which no new row starts")
     ap.add_argument("--commit", default=None, help="the commit to record (default: git rev-parse HEAD)")
@@ -177,6 +230,11 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     new = not out.is_file()
+    if not new:
+        with open(out, newline="") as fh:
+            header = next(csv.reader(fh), None)
+        if header != COLUMNS:
+            ap.error(f"{out} has the columns {header}, not this script's {COLUMNS}: name another --out")
     t0 = time.perf_counter()
     with open(out, "a", newline="") as fh:
         writer = csv.DictWriter(fh, COLUMNS)
@@ -202,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
                         torch.cuda.empty_cache()
                     writer.writerow(row)
                     fh.flush()
-                    print(" ".join(f"{k}={row.get(k, '')}" for k in COLUMNS[:9]), flush=True)
+                    print(" ".join(f"{k}={row.get(k, '')}" for k in COLUMNS[:12]), flush=True)
             del model
             gc.collect()
             if args.device == "cuda":

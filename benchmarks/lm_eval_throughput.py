@@ -45,7 +45,7 @@ def ensure_lm_eval() -> None:
     try:
         import lm_eval  # noqa: F401
     except ImportError:
-        raise SystemExit("lm-eval is not installed: pip install 'kvpop-hf[lm-eval]'; on a machine without a package "
+        raise SystemExit("lm-eval is not installed: pip install -e '.[lm-eval]'; on a machine without a package "
                          "registry install its wheel offline (benchmarks/gpu/lm_eval_throughput.sh shows how).") from None
 
 

@@ -163,22 +163,6 @@ def run_generate(model, ids, cache, args, desc, eos_token_id, pad_token_id):
     return out[0, ids.shape[1]:], streamer, wall
 
 
-def unpack_weights(folder: Path) -> None:
-    """The repository tracks the teacher's weights xz-compressed (``model.safetensors.xz``): restore
-    ``model.safetensors`` beside it once (as ``xz -dk`` would), before ``from_pretrained`` reads the folder."""
-    import lzma
-    import os
-    import shutil
-
-    for packed in folder.glob("*.safetensors.xz"):
-        target = packed.with_suffix("")
-        if not target.is_file() or target.stat().st_mtime < packed.stat().st_mtime:
-            tmp = target.with_name(target.name + ".partial")
-            with lzma.open(packed) as src, open(tmp, "wb") as dst:
-                shutil.copyfileobj(src, dst, 1 << 20)
-            os.replace(tmp, target)
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -210,8 +194,6 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
 
     ckpt = Path(args.checkpoint)
-    if ckpt.is_dir():
-        unpack_weights(ckpt)
     trained = not args.random_model and has_checkpoint(ckpt)
     scorer_dir = pick_scorer_checkpoint(args, trained_model=trained)  # bad flags fail before any work
     problem = tokenizer = student = None

@@ -21,6 +21,10 @@ _LAZY = {
     "fuse_projection_storage": ".ops.fused_projections",
     "fused_compile_config": ".ops.fused_projections",
     "prefill_in_chunks": ".prefill",
+    "generate_batch": ".batch",
+    "generate_batch_stream": ".batch",
+    "BatchRequest": ".batch",
+    "BatchOutput": ".batch",
     "run_ahead_sample": ".run_ahead",
     "SCORERS": ".scorer_registry",
     "register_scorer": ".scorer_registry",
@@ -46,6 +50,7 @@ def __dir__():
 
 
 __all__ = ["Backends", "KVpopCache", "KVpopConfig", "fuse_projection_storage", "fused_compile_config",
-           "prefill_in_chunks", "run_ahead_sample", "Scorer", "SCORERS", "register_scorer", "build_scorer",
+           "prefill_in_chunks", "generate_batch", "generate_batch_stream", "BatchRequest", "BatchOutput",
+           "run_ahead_sample", "Scorer", "SCORERS", "register_scorer", "build_scorer",
            "KVpopTrainer", "KVpopTrainingArguments", "register_attention"]
 __version__ = "0.1.0"

@@ -42,13 +42,22 @@ class KVpopMaskInfo:
     ``generate`` builds the mask ahead of the forward when the cache is compileable and passes it
     in as ``attention_mask``; the model then calls the mask function again with it. ``ndim = 4``
     makes transformers treat it as a prepared mask (not a 2D padding mask) and :func:`kvpop_mask`
-    returns it unchanged."""
+    returns it unchanged.
+
+    For one query per row (a decode step) the dense mask is built right away (``prepared``): the attention of a
+    layer whose keys come from another cache (a sliding-window layer) reads that tensor, so a compiled decode step
+    neither builds the mask from the Python ints of ``dense_kwargs`` (offsets that change every step, which dynamo
+    would guard on) nor reads the 2D padding mask that grows every step. Built by ``generate`` ahead of a compiled
+    forward, it enters the graph as a tensor of fixed shape."""
 
     valid: torch.Tensor | None
     dense_kwargs: dict
+    prepared: torch.Tensor | None = None
     ndim = 4
 
     def dense(self) -> torch.Tensor | None:
+        if self.prepared is not None:
+            return self.prepared
         return sdpa_mask(**self.dense_kwargs)
 
 
@@ -66,14 +75,18 @@ def kvpop_mask(batch_size: int, q_length: int, kv_length: int, q_offset: int = 0
         dense_kwargs["cache_position"] = kwargs["cache_position"]
     else:
         dense_kwargs["q_offset"] = q_offset
-    return KVpopMaskInfo(valid, dense_kwargs)
+    info = KVpopMaskInfo(valid, dense_kwargs)
+    if q_length == 1:
+        info.prepared = info.dense()
+    return info
 
 
 def kvpop_attention(module, query, key, value, attention_mask, scaling=None, dropout: float = 0.0, **kwargs):
     """query ``[b, Hq, L, d]``, key/value ``[b, Hkv, C, d]`` -> (out ``[b, L, Hq, d]``, None).
 
-    A static-priority decode step is traced by ``torch.compile`` (fixed shapes); every other call runs
-    eagerly, as the cache's chunk updates do (see ``KVpopLayer.update``).
+    A decode step (one query) over a static-priority KVpop layer's slots or over another cache's keys (the sliding
+    layers of a hybrid model) is traced by ``torch.compile``; prompt chunks and the hand-offs of attention-based
+    policies and DMS run eagerly, as the cache's chunk updates do (see ``KVpopLayer.update``).
 
     The model's attention variant comes in ``kwargs`` (``softcap=`` Gemma2, ``s_aux=`` GPT-OSS sinks): every path
     applies it (:mod:`kvpop_hf.attention_variants`); the fused kernels compute a plain softmax, so a call with a
@@ -84,6 +97,10 @@ def kvpop_attention(module, query, key, value, attention_mask, scaling=None, dro
         slots = decode_slots_of(key)
         if slots is not None:
             return slots.attend(query, key, value, scaling, variant), None
+        # a decode query over another cache's keys (a sliding-window layer): traced, so that a compiled decode step
+        # of a hybrid model stays one graph
+        return attend_other_keys(module, query, key, value, attention_mask, scaling, dropout, variant,
+                                 kwargs.get("sliding_window")), None
     return _attention_eagerly(module, query, key, value, attention_mask, scaling, dropout, variant,
                               kwargs.get("sliding_window")), None
 
@@ -102,8 +119,16 @@ def _attention_eagerly(module, query, key, value, attention_mask, scaling, dropo
                              f"attention has {variant.describe()}: use KVpopCache with a static-priority scorer "
                              "(e.g. 'knorm' or a trained one) for this model.")
         return handoff.attend(query, key, value, valid, scaling, variant=variant)
-    # keys from another cache (e.g. a sliding-window layer) or none: causal attention with padding and the
-    # model's mask (sliding window included)
+    return attend_other_keys(module, query, key, value, attention_mask, scaling, dropout, variant, sliding_window)
+
+
+def attend_other_keys(module, query, key, value, attention_mask, scaling, dropout, variant=None,
+                      sliding_window=None):
+    """Keys from another cache (e.g. a sliding-window layer) or none: causal attention with padding and the model's
+    mask (sliding window included), the variant (softcap, sinks) in the torch reference. Torch ops only: a decode
+    step calls it directly (``torch.compile`` traces it into the step's graph), a prompt chunk through
+    :func:`_attention_eagerly`."""
+    variant = variant or AttentionVariant()
     mask = attention_mask.dense() if isinstance(attention_mask, KVpopMaskInfo) else attention_mask
     dropout = dropout if module.training else 0.0
     if variant.plain:

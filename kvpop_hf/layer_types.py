@@ -123,7 +123,9 @@ def default_layers(model_config) -> list:
     non-KVpop layers are taken from it, so they behave exactly as in the default cache)."""
     from transformers import DynamicCache
 
-    from transformers.cache_utils import DynamicSlidingWindowLayer, StaticSlidingWindowLayer
+    from transformers.cache_utils import DynamicSlidingWindowLayer
+
+    from .window_layer import WindowLayer
 
     layers = DynamicCache(config=model_config).layers
     if len(layers) != text_config(model_config).num_hidden_layers:
@@ -132,6 +134,7 @@ def default_layers(model_config) -> list:
     # transformers' fixed-size sliding-window layer (StaticCache's) in place of the growing one: the same tokens
     # attended (the last W), W slots allocated once, and compileable, so the whole cache stays compileable as a
     # KVpopCache of a full-attention model is (generate then builds the 4D masks the KVpop layers' fixed slots need
-    # under a stock attention, and may compile decode steps on a GPU)
-    return [StaticSlidingWindowLayer(max_cache_len=layer.sliding_window, sliding_window=layer.sliding_window)
+    # under a stock attention, and may compile decode steps on a GPU); WindowLayer keeps its count on the device only,
+    # so a compiled decode step has no Python int that changes every step (kvpop_hf/window_layer.py)
+    return [WindowLayer(max_cache_len=layer.sliding_window, sliding_window=layer.sliding_window)
             if isinstance(layer, DynamicSlidingWindowLayer) else layer for layer in layers]

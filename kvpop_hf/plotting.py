@@ -1,4 +1,4 @@
-"""Figures are optional: without matplotlib (``pip install "kvpop-hf[plots]"``) a command writes its tables and
+"""Figures are optional: without matplotlib (``pip install -e ".[plots]"``) a command writes its tables and
 results files and prints a note for each figure it skips."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ def pyplot(path: Path | str):
         import matplotlib
     except ImportError:
         print(f"note: matplotlib is not installed, so the figure {path} is skipped (tables and results files are "
-              "written); install it with `pip install \"kvpop-hf[plots]\"` (or `pip install matplotlib`) for figures.",
+              "written); install it with `pip install -e \".[plots]\"` (or `pip install matplotlib`) for figures.",
               file=sys.stderr)
         return None
     matplotlib.use("Agg")

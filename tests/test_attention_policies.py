@@ -13,6 +13,8 @@ from kvpop_hf import KVpopCache, KVpopConfig
 from kvpop_hf.attention import KVpopMaskInfo, kvpop_attention
 from kvpop_hf.compat import with_cache
 
+pytestmark = pytest.mark.tier("unit")
+
 POLICIES = ("tova", "h2o", "snapkv")
 SNAP = {"obs_window": 3, "kernel_size": 3}
 

@@ -17,6 +17,8 @@ from kvpop_hf.compat import with_cache
 from kvpop_hf.ops.decode_attention import decode_attention_reference, decode_attention_triton
 from kvpop_hf.handoff import DecodeSlots
 
+pytestmark = pytest.mark.tier("unit")
+
 B, HQ, HKV, L, D = 2, 4, 2, 7, 16
 
 

@@ -13,6 +13,8 @@ from helpers import distinct_ids, reference_logits, run_chunks, tiny_model
 from kvpop_hf import Backends, KVpopCache
 from kvpop_hf.backends import CHOICES, INFERENCE_FIELDS, TRAINING_FIELDS, VARIANTS, env_var
 
+pytestmark = pytest.mark.tier("unit")
+
 warnings.filterwarnings("ignore", message=".*flex_attention called without torch.compile.*")
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")
@@ -98,13 +100,13 @@ def test_triton_missing_is_an_import_error_naming_the_fix(monkeypatch):
     monkeypatch.setattr(backends, "triton_available", lambda: False)
     assert Backends().resolve(CPU).decode_attention == "torch"  # auto off CUDA needs no triton
     assert Backends().resolve(CUDA, TRAINING_FIELDS).running_topk == "wavelet"  # nor does training's auto on CUDA
-    with pytest.raises(ImportError, match=r'pip install "kvpop-hf\[gpu\]".*KVPOP_DECODE_ATTENTION=torch'):
+    with pytest.raises(ImportError, match=r'pip install -e "\.\[gpu\]".*KVPOP_DECODE_ATTENTION=torch'):
         Backends(decode_attention="triton").resolve(CPU)
-    with pytest.raises(ImportError, match=r"kvpop-hf\[gpu\].*KVPOP_RUNNING_TOPK=torch"):
+    with pytest.raises(ImportError, match=r"-e \"\.\[gpu\]\".*KVPOP_RUNNING_TOPK=torch"):
         Backends(running_topk="triton").resolve(CPU)
-    with pytest.raises(ImportError, match=r"kvpop-hf\[gpu\].*Backends\(_chunk_cutoff='blocked'\)"):
+    with pytest.raises(ImportError, match=r"-e \"\.\[gpu\]\".*Backends\(_chunk_cutoff='blocked'\)"):
         Backends(_chunk_cutoff="triton").resolve(CPU)
-    with pytest.raises(ImportError, match=r"kvpop-hf\[gpu\]"):
+    with pytest.raises(ImportError, match=r"-e \"\.\[gpu\]\""):
         Backends().resolve(CUDA)  # auto on CUDA is the Triton kernels
 
 

@@ -13,6 +13,8 @@ from kvpop_hf.ops.running_topk import running_topk, sparse_mask_reference
 from kvpop_hf.trainer.sparse_attention import sparse_attention_block_mask, sparse_mask_mods
 from kvpop_hf.ops.targets import future_block_mask_for, future_mask_mod
 
+pytestmark = pytest.mark.tier("unit")
+
 warnings.filterwarnings("ignore", message=".*flex_attention called without torch.compile.*")
 
 

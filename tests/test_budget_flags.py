@@ -9,6 +9,8 @@ import pytest
 
 from kvpop_hf.cli.budget_flags import add_budget_flags
 
+pytestmark = pytest.mark.tier("unit")
+
 
 def parser(**defaults) -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="cmd")
@@ -47,7 +49,7 @@ def test_help_shows_the_flags_and_hides_budget():
     assert "default 188" in parser(topk=188).format_help()
 
 
-@pytest.mark.scripts
+@pytest.mark.tier("scripts")
 @pytest.mark.parametrize("module, defaults, triple", [
     ("chunk_host_ops", (4, 64, 188), ["--budget", "4", "64", "188"]),
     ("generation_speed", (4, 256, 3836), ["--shape", "tiny", "--budget", "4", "16", "44"]),

@@ -10,6 +10,8 @@ from kvpop_hf import KVpopCache
 from kvpop_hf.baselines.dms import DMSCache
 from kvpop_hf.compat import with_cache
 
+pytestmark = pytest.mark.tier("unit")
+
 
 def test_model_is_accepted_for_its_config():
     model = tiny_model("qwen3")

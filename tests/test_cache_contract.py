@@ -8,6 +8,8 @@ from helpers import distinct_ids, reference_logits, run_chunks, run_tokens, run_
 from kvpop_hf import KVpopCache
 from kvpop_hf.compat import with_cache
 
+pytestmark = pytest.mark.tier("unit")
+
 ARCHS = ["qwen3", "llama", "qwen2", "mistral"]
 S, W, K = 2, 5, 6
 

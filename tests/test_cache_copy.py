@@ -13,6 +13,8 @@ from kvpop_hf import KVpopCache
 from kvpop_hf.baselines.dms import DMSCache, DMSGate
 from kvpop_hf.compat import with_cache
 
+pytestmark = pytest.mark.tier("unit")
+
 S, W, K = 2, 5, 6
 PROMPT = 30
 

@@ -9,6 +9,8 @@ from helpers import tiny_config, tiny_model
 from kvpop_hf import KVpopCache, KVpopConfig
 from kvpop_hf.compat import with_cache
 
+pytestmark = pytest.mark.tier("unit")
+
 
 @pytest.mark.parametrize("kw, match", [
     (dict(sinks=-1), "sinks"), (dict(window=0), "window"), (dict(topk=2.5), "topk"), (dict(topk=True), "topk"),

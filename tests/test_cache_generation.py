@@ -7,6 +7,8 @@ from helpers import distinct_ids, left_padded, reference_logits, tiny_model
 from kvpop_hf import KVpopCache
 from kvpop_hf.compat import with_cache
 
+pytestmark = pytest.mark.tier("unit")
+
 S, W, K = 2, 6, 8  # B = 16
 
 

@@ -14,6 +14,8 @@ from kvpop_hf import KVpopCache
 from kvpop_hf.compat import with_cache
 from kvpop_hf.hub import CONFIG_NAME, WEIGHTS_NAME
 
+pytestmark = pytest.mark.tier("unit")
+
 
 def _scores(cache, layer=1):
     g = torch.Generator().manual_seed(0)

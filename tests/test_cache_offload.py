@@ -11,6 +11,8 @@ from kvpop_hf import KVpopCache
 from kvpop_hf.baselines.dms import DMSCache
 from kvpop_hf.compat import with_cache
 
+pytestmark = pytest.mark.tier("unit")
+
 
 def _tensors(layer):
     """Every tensor the layer holds: attribute name (with index inside tuples) -> tensor."""

@@ -14,6 +14,8 @@ from kvpop_hf.compat import with_cache
 
 from helpers import distinct_ids, tiny_model
 
+pytestmark = pytest.mark.tier("unit")
+
 warnings.filterwarnings("ignore", message=".*flex_attention called without torch.compile.*")
 
 

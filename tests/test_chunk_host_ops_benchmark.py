@@ -5,6 +5,8 @@ import pytest
 
 from kvpop_lab.bench import chunk_host_ops
 
+pytestmark = pytest.mark.tier("scripts")
+
 
 def test_mlstm_host_ops_do_not_grow_with_the_chunk():
     small = chunk_host_ops.aten_calls("mlstm", 256, (2, 8, 30))

@@ -6,6 +6,9 @@ import torch
 from helpers import distinct_ids, reference_logits, run_chunks, tiny_model
 from kvpop_hf import KVpopCache
 from kvpop_hf.compat import with_cache
+import pytest
+
+pytestmark = pytest.mark.tier("unit")
 
 
 def test_full_flag_follows_the_stored_length():

@@ -10,6 +10,8 @@ from kvpop_hf.trainer.chunked_distillation import chunked_distillation_loss, def
 from kvpop_hf.trainer.hidden_states import final_hidden_states, lm_head_of
 from kvpop_hf.trainer.losses import distillation_loss
 
+pytestmark = pytest.mark.tier("unit")
+
 RTOL = 1e-5
 
 

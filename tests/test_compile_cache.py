@@ -12,6 +12,8 @@ import pytest
 
 from kvpop_hf.compile_cache import ARTIFACTS_FILE, enable_compile_cache
 
+pytestmark = pytest.mark.tier("unit")
+
 ROOT = Path(__file__).resolve().parents[1]
 
 SCRIPT = r"""
@@ -35,7 +37,7 @@ def _run(directory, mode):
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.scripts  # another process or the command line
+@pytest.mark.tier("scripts")  # another process or the command line
 def test_second_process_reuses_the_first_ones_compilation(tmp_path):
     shared = tmp_path / "shared"
     first = _run(shared, "save")

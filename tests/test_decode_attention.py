@@ -7,6 +7,8 @@ import torch
 from kvpop_hf.ops.decode_attention import (decode_attention_for, decode_attention_reference, decode_attention_triton,
                                        split_count)
 
+pytestmark = pytest.mark.tier("unit")
+
 
 def random_inputs(b, hq, hkv, B, d, dv, seed, dtype=torch.float32):
     g = torch.Generator().manual_seed(seed)

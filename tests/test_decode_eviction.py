@@ -5,6 +5,8 @@ import torch
 
 from kvpop_hf.ops.decode_eviction import evict_and_insert_reference, evict_and_insert_triton
 
+pytestmark = pytest.mark.tier("unit")
+
 
 def random_state(b, h, s, w, k, d, dv, seen, ties, seed):
     g = torch.Generator().manual_seed(seed)

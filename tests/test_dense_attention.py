@@ -8,6 +8,8 @@ import torch
 
 from kvpop_hf.ops.dense_attention import causal_attention
 
+pytestmark = pytest.mark.tier("unit")
+
 
 def reference(q, k, v, mask=None, scaling=None):
     """Explicit softmax attention; mask: bool ``[b, 1|Hq, L, S]`` (True = visible) or None for causal."""

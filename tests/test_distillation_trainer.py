@@ -13,6 +13,8 @@ from kvpop_hf.trainer import distillation
 from kvpop_hf.trainer.distillation import DistillationTrainer, StudentPass
 from kvpop_hf.trainer.hidden_states import final_hidden_states, unwrap_model
 
+pytestmark = pytest.mark.tier("unit")
+
 PARTS = ("probe_gate", "probe_scale")
 
 

@@ -19,6 +19,8 @@ from safetensors.torch import load_file
 
 from helpers import tiny_model
 
+pytestmark = pytest.mark.tier("scripts")
+
 ROOT = Path(__file__).resolve().parents[1]
 
 

@@ -11,6 +11,8 @@ from kvpop_hf.baselines.dms import DMSCache, DMSGate
 from kvpop_hf.compat import with_cache
 from references import hard_visibility_reference
 
+pytestmark = pytest.mark.tier("unit")
+
 SINKS, WINDOW = 2, 5
 REF = "dms_test_reference"
 

@@ -14,6 +14,8 @@ from test_streaming_plus import _teacher
 
 from kvpop_hf.cli import train_dms
 
+pytestmark = pytest.mark.tier("scripts")
+
 LENGTH, SINKS, WINDOW, B = 256, 4, 16, 64
 
 

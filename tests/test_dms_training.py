@@ -12,6 +12,8 @@ from references import hard_visibility_reference, soft_eviction_bias_reference
 from kvpop_hf.baselines.dms.relaxation import eviction_probability, log_keep, relaxed_logits
 from kvpop_hf.baselines.dms.train_attention import TRAIN_ATTN_NAME, dms_forward
 
+pytestmark = pytest.mark.tier("unit")
+
 
 @pytest.mark.parametrize("sinks,window", [(0, 1), (2, 3), (1, 7)])
 def test_soft_bias_equals_reference(sinks, window):

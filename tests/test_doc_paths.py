@@ -8,6 +8,9 @@ so are patterns (``*``, ``{a,b}``, ``<name>``, ``...``).
 
 import re
 from pathlib import Path
+import pytest
+
+pytestmark = pytest.mark.tier("scripts")
 
 REPO = Path(__file__).resolve().parent.parent
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]

@@ -14,6 +14,8 @@ from kvpop_hf import policies
 from kvpop_lab.testbed import analysis
 from kvpop_lab.testbed.evaluate import build_parser, main, plan_from_args
 
+pytestmark = pytest.mark.tier("scripts")
+
 LENGTH, WINDOW, SINKS = 300, 32, 4
 FULL_B = 1000  # > length + generated tokens: never evicts
 

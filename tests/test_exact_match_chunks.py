@@ -11,7 +11,7 @@ from kvpop_lab.testbed import make_problem
 from kvpop_lab.testbed.dense_eval import chunking_keeps_sets, exact_match
 
 TEACHER = Path(__file__).resolve().parents[1] / "checkpoints" / "testbed-4k-teacher"
-pytestmark = pytest.mark.skipif(not (TEACHER / "model.safetensors").is_file(), reason="testbed teacher not restored")
+pytestmark = [pytest.mark.tier("unit")]
 
 
 @pytest.fixture(scope="module")

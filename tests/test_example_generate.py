@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.tier("scripts")
+
 ROOT = Path(__file__).resolve().parents[1]
 TEACHER, STUDENT = ROOT / "checkpoints/testbed-4k-teacher", ROOT / "checkpoints/testbed-4k-kvpop-cr88"
-needs_ckpt = pytest.mark.skipif(not (TEACHER / "config.json").is_file() or not (STUDENT / "kvpop_config.json").is_file(),
-                                reason="testbed checkpoints not committed")
 
 
 def demo(*argv: str) -> subprocess.CompletedProcess:
@@ -22,7 +22,6 @@ def demo(*argv: str) -> subprocess.CompletedProcess:
                           timeout=900)
 
 
-@needs_ckpt
 def test_demo_uses_the_learned_student_and_answers():
     res = demo("--max-new-tokens", "120")
     assert res.returncode == 0, res.stderr[-2000:]
@@ -32,7 +31,6 @@ def test_demo_uses_the_learned_student_and_answers():
     assert out.count("-> correct") == 2  # the student at B = 492 answers like the teacher's full cache
 
 
-@needs_ckpt
 def test_demo_heuristic_by_name():
     res = demo("--scorer", "streaming", "--max-new-tokens", "8", "--no-compare")
     assert res.returncode == 0, res.stderr[-2000:]
@@ -43,7 +41,7 @@ def test_demo_heuristic_by_name():
     (["--scorer", "knorm", "--scorer-checkpoint", "checkpoints/testbed-4k-kvpop-cr88"], "not both"),
     (["--scorer-checkpoint", "no/such/folder"], "no kvpop_config.json"),
     (["--random-model", "--scorer-checkpoint", "checkpoints/testbed-4k-kvpop-cr88"], "needs the trained model"),
-    pytest.param(["--prompt-len", "2000", "--no-compare"], "1024, 4096", marks=needs_ckpt),
+    (["--prompt-len", "2000", "--no-compare"], "1024, 4096"),
 ])
 def test_demo_rejects_bad_flags(argv, msg):
     res = demo(*argv)

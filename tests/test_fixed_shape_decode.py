@@ -19,6 +19,8 @@ from helpers import distinct_ids, left_padded, reference_logits, run_chunks, run
 from kvpop_hf import KVpopCache
 from kvpop_hf.compat import with_cache
 
+pytestmark = pytest.mark.tier("unit")
+
 KW = dict(sinks=2, window=4, topk=6)
 
 

@@ -15,6 +15,8 @@ from kvpop_hf.compat import with_cache
 from kvpop_hf.ops.flex_mask import chunk_cutoff, chunk_cutoff_reference, dense_from_compact
 from kvpop_hf.layer import ChunkPlan, attending_positions
 
+pytestmark = pytest.mark.tier("unit")
+
 S, W, K = 2, 5, 6
 
 warnings.filterwarnings("ignore", message=".*flex_attention called without torch.compile.*")

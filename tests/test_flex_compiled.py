@@ -4,8 +4,11 @@ import torch
 from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
 from kvpop_hf.ops import chunk_attention
-from kvpop_hf.ops.flex_compiled import TRAINING_DYNAMIC, compiled_create_block_mask, compiled_flex
+from kvpop_hf.ops.flex_compiled import INFERENCE_DYNAMIC, TRAINING_DYNAMIC, compiled_create_block_mask, compiled_flex
 from kvpop_hf.trainer import sparse_attention
+import pytest
+
+pytestmark = pytest.mark.tier("unit")
 
 
 def test_eager_off_cuda():
@@ -19,7 +22,7 @@ def test_one_compiled_function_per_device_and_policy():
     cuda = torch.device("cuda")
     train, infer = sparse_attention._flex(cuda), chunk_attention._flex_fns("cuda")[0]
     assert train is compiled_flex("cuda", TRAINING_DYNAMIC) and train is sparse_attention._flex(cuda)
-    assert infer is compiled_flex("cuda", None) and infer is not train and infer is not flex_attention
+    assert INFERENCE_DYNAMIC is True and infer is compiled_flex("cuda", True) and infer is not train and infer is not flex_attention
 
 
 def test_the_training_flex_raises_the_recompile_limit_for_its_calls_only(monkeypatch):

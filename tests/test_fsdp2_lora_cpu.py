@@ -27,6 +27,8 @@ import torch.multiprocessing as mp
 
 from helpers import distinct_ids, tiny_model
 
+pytestmark = pytest.mark.tier("scripts")
+
 peft = pytest.importorskip("peft")
 fsdp = pytest.importorskip("torch.distributed.fsdp")
 if not hasattr(fsdp, "fully_shard") or not dist.is_gloo_available():

@@ -25,6 +25,8 @@ from kvpop_hf.compat import with_cache
 from kvpop_hf.ops.fused_projections import (AdjacentMatmulFusion, SharedStorageLinear, fuse_adjacent_matmuls,
                                         fuse_projection_storage, fused_compile_config)
 
+pytestmark = pytest.mark.tier("unit")
+
 KW = dict(sinks=2, window=4, topk=6)
 
 
@@ -169,7 +171,7 @@ def _cache_run(directory, variant):
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.scripts  # another process or the command line
+@pytest.mark.tier("scripts")  # another process or the command line
 def test_compile_cache_reuses_the_fused_graph_and_keeps_it_apart(tmp_path):
     """A second process loads the fused graph from the compile cache; an unfused model compiles its own graph
     (the row blocks are in the graph, so the cache key differs) instead of reading the fused one."""

@@ -14,6 +14,8 @@ import torch
 from kvpop_lab.bench import generate_call_speed
 from kvpop_lab.bench import generation_speed
 
+pytestmark = pytest.mark.tier("scripts")
+
 TINY = ["--shape", "tiny", "--sinks", "4", "--window", "16", "--topk", "44", "--prefill-chunk", "128", "--new-tokens",
         "7", "--warmup", "2"]
 

@@ -14,6 +14,8 @@ from kvpop_hf.data.traces import META_NAME, generate_traces, main, prompt_messag
 datasets = pytest.importorskip("datasets")
 from kvpop_hf.cli import retrofit  # noqa: E402  (after the skip)
 
+pytestmark = pytest.mark.tier("scripts")
+
 
 def _prompts_file(tmp_path, n):
     path = tmp_path / "prompts.jsonl"

@@ -7,6 +7,8 @@ import pytest
 
 from kvpop_hf.data.generated import generated_rows, generator_for
 
+pytestmark = pytest.mark.tier("scripts")
+
 
 def test_testbed_rows_come_from_the_laboratorys_entry_point():
     from kvpop_lab.testbed import build_tokenizer

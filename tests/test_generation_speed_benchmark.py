@@ -7,6 +7,9 @@ import csv
 from pathlib import Path
 
 from kvpop_lab.bench import generation_speed
+import pytest
+
+pytestmark = pytest.mark.tier("scripts")
 
 
 def read_rows(path: Path):

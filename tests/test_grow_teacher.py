@@ -12,6 +12,8 @@ from kvpop_lab.grow_teacher import extra_layers, grow, main
 from kvpop_lab.testbed import build_tokenizer
 from kvpop_lab.tiny_models import tiny_model
 
+pytestmark = pytest.mark.tier("unit")
+
 
 def _source(seed=0, **overrides):
     return tiny_model("qwen3", attn="sdpa", seed=seed, layers=3, **overrides).float()

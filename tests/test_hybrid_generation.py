@@ -14,6 +14,8 @@ from kvpop_hf import KVpopCache
 from kvpop_hf.compat import with_cache
 from kvpop_hf.layer import KVpopLayer
 
+pytestmark = pytest.mark.tier("unit")
+
 NAMES = sorted(HYBRIDS)
 PROMPT, NEW = 20, 8  # prompt + new tokens > WINDOW: the sliding layers slide
 

@@ -16,6 +16,8 @@ from kvpop_hf.hub import CONFIG_NAME
 from kvpop_hf.trainer import KVpopTrainer, KVpopTrainingArguments, StudentSettings, student_forward
 from kvpop_hf.ops.targets import dense_causal_lse, future_attention_target, future_attention_target_reference
 
+pytestmark = pytest.mark.tier("unit")
+
 BUDGET = dict(sinks=2, window=4, topk=6)
 
 

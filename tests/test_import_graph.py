@@ -19,6 +19,9 @@ from __future__ import annotations
 
 import ast
 from pathlib import Path
+import pytest
+
+pytestmark = pytest.mark.tier("scripts")
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = "kvpop_hf"

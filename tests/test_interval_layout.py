@@ -14,6 +14,8 @@ from kvpop_hf.trainer import KVpopTrainingArguments
 from kvpop_hf.trainer.interval_layout import default_segment, interval_sparse_layout, sequence_intervals
 from kvpop_hf.trainer.sparse_attention import sparse_attention, sparse_attention_block_mask, sparse_attention_reference
 
+pytestmark = pytest.mark.tier("unit")
+
 warnings.filterwarnings("ignore", message=".*flex_attention called without torch.compile.*")
 
 

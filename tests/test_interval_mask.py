@@ -13,6 +13,8 @@ from kvpop_hf.ops.interval_mask import (interval_block_flags, interval_block_mas
                                     interval_visibility)
 from test_flex_chunk_attention import random_plan
 
+pytestmark = pytest.mark.tier("unit")
+
 warnings.filterwarnings("ignore", message=".*flex_attention called without torch.compile.*")
 
 

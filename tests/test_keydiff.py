@@ -6,6 +6,9 @@ from torch.nn import functional as F
 
 from helpers import reference_priorities
 from kvpop_hf.baselines.keydiff import KeyDiffScorer
+import pytest
+
+pytestmark = pytest.mark.tier("unit")
 
 
 def test_priorities_follow_the_rule():

@@ -23,6 +23,8 @@ from kvpop_hf import policies
 
 from kvpop_lab import train_kvp
 
+pytestmark = pytest.mark.tier("scripts")
+
 
 # -- maths ------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("n", [3, 4])

@@ -8,6 +8,8 @@ from helpers import reference_priorities, tiny_model
 from kvpop_hf import KVpopCache
 from kvpop_hf.baselines.lagkv import LagKVScorer
 
+pytestmark = pytest.mark.tier("unit")
+
 
 def spread(x, window):
     lo, hi = window.amin(-2), window.amax(-2)

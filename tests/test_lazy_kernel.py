@@ -7,6 +7,8 @@ import pytest
 
 from kvpop_hf.ops.kernels import lazy_kernel
 
+pytestmark = pytest.mark.tier("unit")
+
 
 def _probe():
     calls = []
@@ -37,7 +39,7 @@ def test_without_triton_the_error_names_the_fix_and_a_later_call_retries(monkeyp
         for name in ("triton", "triton.language"):
             patch.setitem(sys.modules, name, None)  # as if triton were not installed
         with pytest.raises(ImportError, match=r'probe_kernel \(a test\) needs the `triton` package.*'
-                                              r'pip install "kvpop-hf\[gpu\]".*; or the torch path'):
+                                              r'pip install -e "\.\[gpu\]".*; or the torch path'):
             probe_kernel()
     assert not probe_kernel.defined() and calls == []
     probe_kernel()

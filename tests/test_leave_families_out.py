@@ -16,6 +16,8 @@ from kvpop_hf.policies import parse_budgets
 from kvpop_lab.bench import leave_families_out as lfo
 from kvpop_lab.testbed.report import write_results_csv
 
+pytestmark = pytest.mark.tier("scripts")
+
 LENGTH, N = 1024, 20
 FAMS = ("reasoning", "vt", "niah_multivalue", "cwe")
 

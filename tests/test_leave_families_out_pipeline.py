@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.tier("scripts")
+
 
 ROOT = Path(__file__).resolve().parents[1]
 FAMILIES = "reasoning,niah_multiquery,cwe"

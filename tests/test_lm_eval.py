@@ -24,6 +24,8 @@ from kvpop_hf.policies import POLICIES  # noqa: E402
 
 from helpers import tiny_model  # noqa: E402
 
+pytestmark = pytest.mark.tier("unit")
+
 SINKS, WINDOW, TOPK = 2, 8, 8
 
 
@@ -76,7 +78,7 @@ LL_PAIRS = [(PROMPTS[0], " 1 2 3"), (PROMPTS[0], " 4"), (PROMPTS[1], " kages stu
 
 
 # -- the command line -------------------------------------------------------------------------------
-@pytest.mark.scripts  # another process or the command line
+@pytest.mark.tier("scripts")  # another process or the command line
 def test_cli_runs_kvpop_on_an_exported_task_and_the_table_reads_it(tiny_dir, tasks_dir, tmp_path, monkeypatch):
     from kvpop_hf.integrations.lm_eval import main
     from kvpop_hf.integrations.lm_eval_table import main as table_main
@@ -104,7 +106,7 @@ def test_cli_runs_kvpop_on_an_exported_task_and_the_table_reads_it(tiny_dir, tas
     assert len(csv) == 4 and csv[0].startswith("policy,budget,cr")
 
 
-@pytest.mark.scripts  # another process or the command line
+@pytest.mark.tier("scripts")  # another process or the command line
 def test_console_command_is_lm_evals_cli(tiny_dir):
     """The console command's function hands its arguments to lm-eval's own command line unchanged."""
     out = subprocess.run([sys.executable, "-c", "from kvpop_hf.integrations.lm_eval import main; main()", "--help"],
@@ -344,7 +346,7 @@ def test_bad_model_args_fail_before_the_weights_load(config_only, tiny_dir, tmp_
                 max_window_layers=2)
 
 
-@pytest.mark.scripts  # the command line
+@pytest.mark.tier("scripts")  # the command line
 @pytest.mark.parametrize("args, msg", [(",windw=8", r"unknown argument windw= \(did you mean window=\?\)"),
                                        (",topk=-3", "topk must be a non-negative integer, got -3;")])
 def test_cli_checks_model_args_before_lm_eval_starts(config_only, monkeypatch, args, msg):
@@ -566,7 +568,7 @@ def test_table_compares_runs_with_dense_over_their_common_tasks(tmp_path, capsys
     assert "200.0%" not in md and "200.0%" not in capsys.readouterr().out
 
 
-@pytest.mark.scripts  # the console command
+@pytest.mark.tier("scripts")  # the console command
 def test_table_help_prints_whole(tmp_path):
     out = subprocess.run([sys.executable, "-m", "kvpop_hf.integrations.lm_eval_table", "--help"],
                          capture_output=True, text=True, timeout=120)
@@ -576,7 +578,8 @@ def test_table_help_prints_whole(tmp_path):
     assert "Columns are the tasks (groups left out)" in text and "runs whose task sets differ are marked" in text
     assert "--no-plot write table.md and table.csv only" in text
 
-@pytest.mark.quality
+
+@pytest.mark.tier("quality")
 def test_shipped_student_through_lm_eval_matches_kvpop_eval(tmp_path):
     """lm-eval's command line with --model kvpop and kvpop-eval on the same 4k problems, shipped student at 88%
     (B = 492, window 64): the exact matches agree within one problem (CPU, a few minutes)."""

@@ -11,6 +11,8 @@ from kvpop_hf.trainer.losses import (
     margin_weights,
 )
 
+pytestmark = pytest.mark.tier("unit")
+
 
 def _case(B=2, H=3, S=12, seed=0):
     g = torch.Generator().manual_seed(seed)

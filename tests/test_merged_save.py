@@ -10,6 +10,8 @@ from transformers import AutoModelForCausalLM, Qwen3Config
 
 from kvpop_hf.trainer.merged_save import merged_dtype, save_weights_as, source_dtype
 
+pytestmark = pytest.mark.tier("unit")
+
 
 
 def _model(tied: bool):

@@ -8,6 +8,8 @@ import torch
 from kvpop_hf.scorers.mlstm import MLSTMScorer
 from kvpop_hf.scorers.mlstm_decode_triton import mlstm_decode_priority_reference, mlstm_decode_priority_triton
 
+pytestmark = pytest.mark.tier("unit")
+
 
 @pytest.mark.parametrize("ds", [8, 6])
 @pytest.mark.parametrize("read_new", [False, True])

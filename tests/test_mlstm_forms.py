@@ -8,6 +8,8 @@ import pytest
 
 from kvpop_hf.scorers.mlstm_ops import mlstm_chunkwise, mlstm_chunkwise_sequential, mlstm_step
 
+pytestmark = pytest.mark.tier("unit")
+
 
 @pytest.mark.parametrize("form", [mlstm_chunkwise, mlstm_chunkwise_sequential])
 def test_chunkwise_equals_steps(form):

@@ -2,6 +2,9 @@
 
 from kvpop_hf.config import KVpopConfig
 from kvpop_hf.trainer.model_card import render_model_card
+import pytest
+
+pytestmark = pytest.mark.tier("unit")
 
 
 def _card(history):

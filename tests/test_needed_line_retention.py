@@ -14,6 +14,8 @@ from kvpop_hf import KVpopCache  # noqa: E402
 from kvpop_lab.testbed import build_tokenizer, make_problem  # noqa: E402
 from kvpop_lab.testbed.models import load_model  # noqa: E402
 
+pytestmark = pytest.mark.tier("scripts")
+
 TEACHER = str(ROOT / "checkpoints" / "testbed-4k-teacher")
 
 

@@ -9,6 +9,8 @@ import pytest
 from kvpop_lab.testbed.needle_errors import classify_value, main, needle_errors
 from kvpop_lab.testbed.tasks import make_problem
 
+pytestmark = pytest.mark.tier("unit")
+
 
 def test_classify_value():
     needles = ["4361391", "7123456", "3999999"]

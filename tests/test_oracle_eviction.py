@@ -10,6 +10,8 @@ from kvpop_hf.compat import with_cache
 from kvpop_lab.testbed.oracle import OUTSIDE, OracleScorer, oracle_table
 from kvpop_hf.ops.targets import future_attention_target_reference
 
+pytestmark = pytest.mark.tier("scripts")
+
 
 def _model():
     cfg = Qwen3Config(vocab_size=100, hidden_size=64, intermediate_size=128, num_hidden_layers=2,

@@ -8,6 +8,8 @@ from pathlib import Path
 import pytest
 from kvpop_lab.bench import oracle_recall_profile
 
+pytestmark = pytest.mark.tier("scripts")
+
 ROOT = Path(__file__).resolve().parents[1]
 TEACHER = ROOT / "checkpoints" / "testbed-4k-teacher"
 SCORER = ROOT / "checkpoints" / "testbed-4k-kvpop-cr88"
@@ -29,7 +31,6 @@ def test_bad_arguments_fail_first(extra, message, capsys, tmp_path):
     assert message in capsys.readouterr().err
 
 
-@pytest.mark.skipif(not (TEACHER / "model.safetensors").is_file(), reason="testbed teacher not committed")
 def test_profile_of_a_scorer_on_the_testbed(tmp_path):
     oracle_recall_profile.main([
                     "--model", str(TEACHER), "--out", str(tmp_path), "--length", "512", "--n", "1", "--window", "32",

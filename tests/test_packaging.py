@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.tier("scripts")
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -136,7 +138,7 @@ try:
         model(torch.tensor([[5]]), **with_cache(model, KVpopCache(model.config, sinks=2, window=4, topk=6)))
 except ImportError as e:
     errors.append(str(e))
-print(len(errors), all('pip install "kvpop-hf[gpu]"' in e for e in errors))
+print(len(errors), all('pip install -e ".[gpu]"' in e for e in errors))
 """
     res = _run(code)
     assert res.returncode == 0, res.stderr[-3000:]
@@ -260,3 +262,18 @@ def test_no_script_is_imported_as_a_library():
                     [node.module] if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module else []
                 found += [f"{p.relative_to(ROOT)}: {n}" for n in names if n.split(".")[0] in scripts]
     assert found == [], found
+
+
+def test_ci_runs_both_quick_start_commands_as_the_readme_writes_them():
+    """CI (`.ci/run`) runs README command 2 verbatim, and command 1 (through `.ci/quickstart.sh`, which reads it
+    from the README) in a fresh venv of its own, so a dependency missing from the library's own install shows."""
+    readme = (ROOT / "README.md").read_text()
+    lines = readme.splitlines()
+    cmd1 = lines[next(i for i, l in enumerate(lines) if l.startswith("# 1. ")) + 1]
+    cmd2 = lines[next(i for i, l in enumerate(lines) if l.startswith("# 2. ")) + 1]
+    assert cmd1.startswith("pip install") and "examples/generate.py" in cmd1 and "[test]" not in cmd1
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert cmd2 in ci.splitlines()
+    assert "bash .ci/quickstart.sh" in ci
+    quick = (ROOT / ".ci" / "quickstart.sh").read_text()
+    assert "grep -A1 '^# 1\\. ' README.md" in quick and "python3 -m venv .venv-quickstart" in quick

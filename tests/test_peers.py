@@ -13,6 +13,8 @@ from kvpop_lab.peers.problems import (RECORD, budget, max_new_tokens, prefix_sha
                             score_ids, write_jsonl)
 from kvpop_lab.peers.run_ours import check_problems
 
+pytestmark = pytest.mark.tier("scripts")
+
 ROOT = Path(__file__).resolve().parents[1]
 TEACHER = ROOT / "checkpoints" / "testbed-4k-teacher"
 

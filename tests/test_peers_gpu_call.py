@@ -16,6 +16,8 @@ import torch
 
 from kvpop_lab.peers.speed_rows import read_rows
 
+pytestmark = pytest.mark.tier("scripts")
+
 ROOT = Path(__file__).resolve().parents[1]
 KVPRESS_PYTHON = os.environ.get("KVPRESS_PYTHON", "/work/peers/kvpress-venv/bin/python")
 needs_kvpress = pytest.mark.skipif(

@@ -9,6 +9,8 @@ import sys
 
 import pytest
 
+pytestmark = pytest.mark.tier("scripts")
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 

@@ -8,7 +8,7 @@ import pytest
 
 from kvpop_lab.utils.provenance import git_commit
 
-pytestmark = pytest.mark.skipif(shutil.which("git") is None, reason="needs the git executable")
+pytestmark = [pytest.mark.tier("scripts"), pytest.mark.skipif(shutil.which("git") is None, reason="needs the git executable")]
 
 
 def _repo(path):

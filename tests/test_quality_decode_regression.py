@@ -17,7 +17,7 @@ TAIL = 256
 # greedy accuracy on the trace tokens of this tail through decode steps, measured with the shipped students
 # (torch 2.13 CPU, 2026-12-05): 105/105 for both; the floors allow two tokens less.
 FLOOR = {"cr88": 102.5 / 105, "cr94": 102.5 / 105}
-pytestmark = pytest.mark.skipif(not (TEACHER / "model.safetensors").is_file(), reason="testbed teacher not committed")
+pytestmark = [pytest.mark.tier("quality")]
 
 
 @pytest.fixture(scope="module")

@@ -27,8 +27,7 @@ STUDENTS = {  # folder, budget B, answers stated by the model card (of 80), CPU 
 }
 MARGIN = 2
 
-pytestmark = [pytest.mark.quality,
-              pytest.mark.skipif(not (TEACHER / "model.safetensors").is_file(), reason="testbed teacher not committed")]
+pytestmark = [pytest.mark.tier("quality")]
 
 
 @pytest.mark.parametrize("name", sorted(STUDENTS))

@@ -14,6 +14,8 @@ from kvpop_lab.testbed.recall_bound import causal_recall_bound, shared_prefix, t
 from references import causal_recall_bound_reference
 from kvpop_hf.ops.running_topk import running_topk
 
+pytestmark = pytest.mark.tier("scripts")
+
 ROOT = Path(__file__).resolve().parents[1]
 TEACHER = ROOT / "checkpoints" / "testbed-4k-teacher"
 SCORER = ROOT / "checkpoints" / "testbed-4k-kvpop-cr88"
@@ -108,7 +110,6 @@ def test_reasoning_twin_refuses_what_has_no_twin():
         reasoning_twin(make_problem("vt", length=512, seed=0), 1)
 
 
-@pytest.mark.skipif(not (TEACHER / "model.safetensors").is_file(), reason="testbed teacher not committed")
 def test_twin_rows_on_the_testbed():
     from kvpop_hf import KVpopCache
     from kvpop_lab.testbed.models import load_model
@@ -149,7 +150,6 @@ def test_cli_refuses_bad_arguments(extra, message, capsys, tmp_path):
     assert message in capsys.readouterr().err
 
 
-@pytest.mark.skipif(not (TEACHER / "model.safetensors").is_file(), reason="testbed teacher not committed")
 def test_cli_writes_its_table_csv_and_plot(tmp_path):
     import csv
 

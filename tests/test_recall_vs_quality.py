@@ -8,6 +8,8 @@ from pathlib import Path
 import pytest
 from kvpop_lab.bench import recall_vs_quality
 
+pytestmark = pytest.mark.tier("scripts")
+
 ROOT = Path(__file__).resolve().parents[1]
 
 

@@ -12,6 +12,8 @@ from kvpop_lab.bench import eval_table
 from kvpop_lab.bench import merge_eval_runs
 from kvpop_lab.bench import plot_probe_curves
 
+pytestmark = pytest.mark.tier("scripts")
+
 COLS = ["policy", "budget", "cr", "sinks", "window", "topk", "family", "em", "token_acc", "lookup_acc", "n",
         "n_target_tokens"]
 META = {"model": "m", "length": 1024, "n_per_family": 2, "seeds": {"base": 7}, "families": ["reasoning"],

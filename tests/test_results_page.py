@@ -5,6 +5,9 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+import pytest
+
+pytestmark = pytest.mark.tier("scripts")
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "results"

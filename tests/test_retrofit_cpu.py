@@ -9,6 +9,8 @@ from kvpop_hf import KVpopCache
 from kvpop_hf.cli import common, retrofit
 from kvpop_hf.hub import CONFIG_NAME, WEIGHTS_NAME
 
+pytestmark = pytest.mark.tier("scripts")
+
 
 @pytest.mark.parametrize("flag", [["--bf16"], ["--bf16", "True"], ["--bf16=true"]])
 def test_bf16_without_a_gpu_fails_before_loading_anything(tmp_path, monkeypatch, flag):

@@ -17,6 +17,8 @@ from kvpop_hf.trainer import KVpopTrainer, KVpopTrainingArguments
 datasets = pytest.importorskip("datasets")
 from kvpop_hf.cli import retrofit  # noqa: E402  (after the skip)
 
+pytestmark = pytest.mark.tier("scripts")
+
 
 @pytest.fixture(scope="module")
 def chat_model(tmp_path_factory):

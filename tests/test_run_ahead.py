@@ -14,6 +14,8 @@ from kvpop_hf import KVpopCache
 from kvpop_hf.compat import with_cache
 from kvpop_hf.run_ahead import run_ahead_sample
 
+pytestmark = pytest.mark.tier("unit")
+
 KW = dict(sinks=2, window=6, topk=8)  # B = 16: the prompts and generations below evict
 
 

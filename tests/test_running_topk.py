@@ -19,6 +19,8 @@ from kvpop_hf.ops.running_topk import (
     sparse_mask_reference,
 )
 
+pytestmark = pytest.mark.tier("unit")
+
 FIELDS = ("rank", "cutoff", "boundary", "keep_new")
 
 # (S, sinks, window, k): includes k=0, k > S, window > S, sinks=0, sinks >= S.

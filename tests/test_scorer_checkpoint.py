@@ -7,6 +7,8 @@ from kvpop_hf.scorers import build_scorer
 from kvpop_hf.ops.priorities import sequence_priorities
 from kvpop_hf.trainer.scorer_checkpoint import checkpointed_priorities
 
+pytestmark = pytest.mark.tier("unit")
+
 
 @pytest.mark.parametrize("name", ["mlp", "mlstm"])
 def test_values_and_gradients_match_the_direct_call(name):

@@ -9,6 +9,9 @@ from kvpop_hf.baselines.attention_policies.layer import DynamicScoreLayer
 from kvpop_hf.layer import KVpopLayer
 from kvpop_hf.scorers import SCORERS, Scorer
 from kvpop_hf.ops.priorities import sequence_priorities
+import pytest
+
+pytestmark = pytest.mark.tier("unit")
 
 KINDS = {  # name: (stateful, delayed, dynamic)
     "streaming": (False, True, False), "knorm": (False, True, False), "random": (False, True, False),

@@ -13,6 +13,8 @@ from kvpop_hf.baselines.heuristics import StreamingScorer
 from kvpop_hf.scorer_registry import ScorerRegistry
 from kvpop_hf.scorers import Scorer, scorer_name
 
+pytestmark = pytest.mark.tier("unit")
+
 ROOT = Path(__file__).resolve().parents[1]
 
 

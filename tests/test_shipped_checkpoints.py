@@ -17,7 +17,7 @@ STUDENTS = {"cr88": (ROOT / "checkpoints" / "testbed-4k-kvpop-cr88", 492),
 KNOBS = {"n_facts": 10, "steps": 4}  # the problems they were trained on (the generator's defaults differ)
 ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")
 
-pytestmark = pytest.mark.skipif(not (TEACHER / "model.safetensors").is_file(), reason="testbed teacher not committed")
+pytestmark = [pytest.mark.tier("quality")]
 
 
 @pytest.mark.parametrize("name", sorted(STUDENTS))

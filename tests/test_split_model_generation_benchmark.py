@@ -10,6 +10,8 @@ import pytest
 
 from kvpop_lab.bench import split_model_generation
 
+pytestmark = pytest.mark.tier("scripts")
+
 
 def test_split_run_matches_one_device(tmp_path):
     prefix = tmp_path / "split"

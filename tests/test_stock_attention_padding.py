@@ -13,6 +13,8 @@ from helpers import distinct_ids, tiny_model
 from kvpop_hf import KVpopCache
 from kvpop_hf.compat import with_cache
 
+pytestmark = pytest.mark.tier("unit")
+
 PAD, LENGTH, STEPS = 40, 50, 6
 
 

@@ -15,6 +15,8 @@ from kvpop_hf.trainer import KVpopTrainingArguments
 
 from kvpop_hf.cli import retrofit
 
+pytestmark = pytest.mark.tier("scripts")
+
 LENGTH, SINKS, B = 256, 4, 32
 
 

@@ -9,6 +9,8 @@ from helpers import distinct_ids, tiny_model
 from kvpop_hf import KVpopCache
 from kvpop_hf.trainer import StudentSettings, student_forward
 
+pytestmark = pytest.mark.tier("unit")
+
 SETTINGS = {"a": StudentSettings(sinks=2, window=5, topk=6, backends={"train_attention": "dense"}),
             "b": StudentSettings(sinks=1, window=3, topk=2, backends={"train_attention": "dense"})}
 

@@ -9,6 +9,8 @@ from kvpop_lab.testbed.oracle import target_queries
 from kvpop_hf.trainer import KVpopTrainer, KVpopTrainingArguments
 from kvpop_hf.ops.targets import dense_causal_lse, future_attention_target, future_attention_target_reference
 
+pytestmark = pytest.mark.tier("unit")
+
 
 def _qkl(B=2, Hq=4, Hkv=2, S=37, D=8, seed=0):
     g = torch.Generator().manual_seed(seed)

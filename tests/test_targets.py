@@ -9,6 +9,8 @@ from kvpop_hf.ops.targets import (
     future_attention_target_reference,
 )
 
+pytestmark = pytest.mark.tier("unit")
+
 ATOL = 1e-4
 
 

@@ -23,10 +23,12 @@ from kvpop_hf.compat import with_cache
 from kvpop_hf.scorers import Scorer, build_scorer
 from kvpop_hf.tensor_parallel import slice_scorer
 
+pytestmark = pytest.mark.tier("unit")
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.mark.scripts  # another process or the command line
+@pytest.mark.tier("scripts")  # another process or the command line
 def test_two_gloo_ranks_generate_the_single_process_tokens(tmp_path):
     from tp_generate_script import SCORERS, run
 

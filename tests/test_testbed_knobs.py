@@ -12,6 +12,8 @@ from kvpop_hf.policies import POLICIES, scan_checkpoints_dir
 from kvpop_hf.cli import retrofit
 from kvpop_lab.testbed.training_rows import testbed_examples as build_examples
 
+pytestmark = pytest.mark.tier("scripts")
+
 
 def test_parse_knobs_values_and_errors():
     assert parse_knobs(["reasoning.n_facts=10", "reasoning.steps=4", "lookup.n_facts=16"]) == {

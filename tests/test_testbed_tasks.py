@@ -20,6 +20,8 @@ from kvpop_lab.testbed import (
 )
 from kvpop_lab.testbed import generate
 
+pytestmark = pytest.mark.tier("scripts")
+
 LENGTHS = (512, 2048)
 SEEDS = (0, 1)
 

@@ -7,6 +7,8 @@ from transformers import TrainerControl
 from kvpop_hf.cli import retrofit
 from kvpop_hf.trainer.time_budget import TimeBudget, time_decay_schedule
 
+pytestmark = pytest.mark.tier("scripts")
+
 
 class FakeClock:
     def __init__(self):

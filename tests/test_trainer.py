@@ -13,6 +13,8 @@ from kvpop_hf.backends import CHOICES, env_var
 from kvpop_hf.compat import with_cache
 from kvpop_hf.trainer import KVpopTrainer, KVpopTrainingArguments, StudentSettings, student_forward
 
+pytestmark = pytest.mark.tier("unit")
+
 BUDGET = dict(sinks=2, window=5, topk=6)
 
 

@@ -11,6 +11,8 @@ from kvpop_hf.trainer import KVpopTrainer, StudentSettings, student_forward
 from test_trainer import BUDGET
 from test_trainer import args as trainer_args
 
+pytestmark = pytest.mark.tier("unit")
+
 
 def _args(tmp_path, **kw):
     """test_trainer's arguments, two steps."""

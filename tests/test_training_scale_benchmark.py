@@ -11,6 +11,8 @@ import pytest
 
 from kvpop_lab.bench import training_scale
 
+pytestmark = pytest.mark.tier("scripts")
+
 COMMON = ["--shape", "tiny", "--device", "cpu", "--steps", "1", "--window", "16", "--lora-rank", "4"]
 
 

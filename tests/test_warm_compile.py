@@ -10,6 +10,8 @@ from transformers import Qwen3Config, Qwen3ForCausalLM
 from kvpop_hf import KVpopCache
 from kvpop_hf.warm_compile import main
 
+pytestmark = pytest.mark.tier("unit")
+
 
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory):

@@ -10,6 +10,8 @@ from kvpop_lab.testbed.models import load_model
 from kvpop_lab.testbed.weight_delta import DELTA_CONFIG, is_weight_delta, save_weight_delta
 from helpers import distinct_ids, tiny_model
 
+pytestmark = pytest.mark.tier("scripts")
+
 
 @pytest.fixture()
 def pair(tmp_path):

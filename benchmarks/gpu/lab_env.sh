@@ -6,5 +6,4 @@ if ! python3 -c "import importlib.metadata as m; m.distribution('kvpop-lab')" 2>
   python3 -m pip install -q --no-deps --no-build-isolation --no-index -e ./benchmarks >/dev/null 2>&1 \
     || echo "note: could not install the laboratory (benchmarks/); --dataset testbed:... will not resolve" >&2
 fi
-python3 -m kvpop_lab.shipped  # the xz-packed checkpoint weights (model.safetensors is not tracked)
 source "$(dirname "${BASH_SOURCE[0]}")/commit_env.sh"  # KVPOP_GIT_COMMIT=HEAD+changes for a tree that differs from HEAD

@@ -6,9 +6,4 @@ tests share, built on kvpop-hf's public modules only.
 * :mod:`kvpop_lab.pretrain_teacher`: the testbed teacher's pretraining (``kvpop-pretrain-teacher``);
 * :mod:`kvpop_lab.train_kvp`: the KVP baseline's training on recorded testbed traces (``kvpop-train-kvp``);
 * :mod:`kvpop_lab.utils`: timing and the provenance (command, commit, versions) stamped into results files;
-* :mod:`kvpop_lab.shipped`: restores the xz-packed weights of the repository's checkpoints, on import of this package.
 """
-
-from kvpop_lab.shipped import unpack_all as _unpack_all
-
-_unpack_all()  # the repository's xz-packed checkpoint weights, restored once (kvpop_lab.shipped)

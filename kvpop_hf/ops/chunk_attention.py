@@ -16,11 +16,11 @@ from ..backends import INFERENCE_FIELDS, Backends
 
 
 def _flex_fns(device_type: str):
-    """``(flex_attention, create_block_mask)``, compiled on CUDA with torch's default ``dynamic``
+    """``(flex_attention, create_block_mask)``, compiled on CUDA with dynamic shapes
     (kvpop_hf/ops/flex_compiled.py)."""
-    from .flex_compiled import compiled_create_block_mask, compiled_flex
+    from .flex_compiled import INFERENCE_DYNAMIC, compiled_create_block_mask, compiled_flex
 
-    return compiled_flex(device_type, None), compiled_create_block_mask(device_type, None)
+    return compiled_flex(device_type, INFERENCE_DYNAMIC), compiled_create_block_mask(device_type, INFERENCE_DYNAMIC)
 
 
 def flex_chunk_attention(plan, query, key, value, scaling, backends: Backends | None = None):

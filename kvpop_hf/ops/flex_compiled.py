@@ -7,8 +7,10 @@ One compiled function per ``(device type, dynamic)``, made on first use:
   shape gives kernels specialised to it; dynamo's recompile limit is raised, for these calls only
   (``torch._dynamo.config.patch`` around each call, the global config is left alone), so that the shapes x
   grad modes x mask codes never exceed it (past it, torch.compile silently falls back to eager flex);
-* inference (torch's default ``dynamic=None``): the candidates of a prompt chunk grow with every chunk, so
-  after the first shape torch recompiles once with dynamic shapes instead of once per length.
+* inference (``dynamic=True``, :data:`INFERENCE_DYNAMIC`): the candidates of a prompt chunk grow with every chunk
+  and prompts differ in length, so the first chunk compiles the dynamic-shape graph every later chunk and prompt
+  reuses (torch's default, ``dynamic=None``, would compile a static graph for the first shape and recompile at the
+  second: two compilations in a process's first prompt).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import functools
 import torch
 
 TRAINING_DYNAMIC = False
+INFERENCE_DYNAMIC = True
 MIN_RECOMPILE_LIMIT = 64
 
 

@@ -13,7 +13,7 @@ import importlib.util
 
 __all__ = ["MISSING_TRITON", "lazy_kernel", "next_pow2", "require_triton", "triton_available"]
 
-MISSING_TRITON = ("{what} needs the `triton` package, which is not installed: `pip install \"kvpop-hf[gpu]\"` (or "
+MISSING_TRITON = ("{what} needs the `triton` package, which is not installed: `pip install -e \".[gpu]\"` (or "
                   "`pip install triton`; CUDA builds of torch on Linux install it){hint}.")
 
 

@@ -16,6 +16,8 @@ A run that trains the backbone saves, in every checkpoint directory, the model (
 backbone as it was loaded, so its directories hold the scorer and the tokenizer only (and, in checkpoint-N
 folders, the optimizer and trainer state that resuming needs):
 the model is the base model (``kvpop_config.json``'s ``base_model``), and resuming reads the scorer alone.
+Every directory also holds ``custom_generate/generate.py``, transformers' generate hook
+(:mod:`kvpop_hf.hub_generate`): ``generate`` with this checkpoint's cache on the device's fastest path.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from transformers import TrainingArguments
 from .. import hub
 from ..backends import TRAINING_FIELDS, Backends
 from ..config import KVpopConfig, model_shape
+from ..hub_generate import write_hook
 from ..layer_types import config_layer_fields, layer_plan
 from ..scorers import build_scorer
 from .chunked_distillation import chunked_lm_loss
@@ -268,6 +271,7 @@ class KVpopTrainer(DistillationTrainer):
     def save_parts(self, output_dir, parts):
         lg = parts.get(LOG_GAMMA_ATTR)
         hub.save(output_dir, self.kvpop_config, parts[SCORER_ATTR], None if lg is None else lg.detach())
+        write_hook(output_dir)  # custom_generate/generate.py: generate with this cache (kvpop_hf/hub_generate.py)
 
     def load_parts(self, checkpoint_dir):
         _, state, log_gamma = hub.load(checkpoint_dir)

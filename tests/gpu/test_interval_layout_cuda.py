@@ -8,6 +8,8 @@ import torch
 from kvpop_hf.ops.running_topk import running_topk
 from kvpop_hf.trainer.sparse_attention import sparse_attention, sparse_attention_block_mask, sparse_attention_reference
 
+pytestmark = pytest.mark.tier("unit")
+
 
 def _inputs(device, dtype, b, hq, hkv, S, d, seed):
     g = torch.Generator(device=device).manual_seed(seed)

@@ -16,7 +16,7 @@ from kvpop_hf.ops.decode_eviction import evict_and_insert_reference, evict_and_i
 DTYPES = [torch.float32, torch.bfloat16]
 ATTN_TOL = {torch.float32: 5e-3, torch.bfloat16: 3e-2}
 
-pytestmark = pytest.mark.usefixtures("compiled")
+pytestmark = [pytest.mark.tier("unit"), pytest.mark.usefixtures("compiled")]
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)

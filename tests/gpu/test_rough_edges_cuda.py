@@ -10,6 +10,8 @@ from helpers import distinct_ids, tiny_model
 from kvpop_hf import KVpopCache
 from kvpop_hf.compat import with_cache
 
+pytestmark = pytest.mark.tier("unit")
+
 
 def _generate(model, ids, cache, **kw):
     return model.generate(ids, **with_cache(model, cache, max_new_tokens=24, do_sample=False, **kw))

@@ -7,6 +7,8 @@ import torch
 
 from kvpop_hf.ops.running_topk import running_topk, running_topk_reference
 
+pytestmark = pytest.mark.tier("unit")
+
 FIELDS = ("rank", "cutoff", "boundary", "keep_new")
 CONFIGS = [(1, 0, 1, 1), (16, 2, 3, 4), (23, 1, 4, 50), (33, 4, 2, 8), (12, 12, 2, 3), (40, 2, 6, 0),
            (512, 4, 32, 100), (4096, 4, 64, 424), (3000, 0, 1, 2999)]
