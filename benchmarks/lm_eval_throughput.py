@@ -7,7 +7,9 @@
     python benchmarks/lm_eval_throughput.py --device cpu --shape tiny --batch 2 --context 256 --new-tokens 8 --out /tmp/x
 
 Both runs go through lm-eval's own ``HFLM.generate_until`` (request batching, left padding, stop criteria,
-``model.generate``) on the same model object and the same requests, greedy; ``kvpop`` adds a fresh cache per batch
+``model.generate``) on the same model object and the same requests, greedy (``--batching static``, the default
+here, which the recorded rows measured; ``--batching continuous``, ``--model kvpop``'s own default, serves the kvpop
+runs through ``kvpop_hf.generate_batch`` with ``--batch`` rows instead); ``kvpop`` adds a fresh cache per batch
 (``--policies``, default ``kvpop`` with a random-init mLSTM scorer checkpoint, the speed does not depend on its
 values, and ``knorm``; budget ``--compression`` of each prompt, sinks 4, window 64). The prompts are
 ``--context`` words of a word-level tokenizer built here over the model's whole vocabulary (one word = one token,
@@ -93,6 +95,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--no-compile", action="store_true",
                     help="pass disable_compile=True to model.generate (no automatic compile of the decode step)")
+    ap.add_argument("--batching", default="static", choices=["static", "continuous"],
+                    help="kvpop batching=: static (lm-eval's batches through model.generate, the recorded rows) or "
+                         "continuous (generate_batch with --batch rows)")
     ap.add_argument("--stack-every", type=float, default=0,
                     help="seconds: print every thread's stack this often to stderr (0: never), to see where time goes")
     ap.add_argument("--out", required=True)
@@ -139,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     runs = [(f"kvpop:{p}", {"policy": p, "sinks": 4, "window": 64, "compression": args.compression,
                                            **({"scorer": ckpt} if p == "kvpop" else {}),
                                            **({"prefill_chunk": args.prefill_chunk} if args.prefill_chunk else {}),
-                                           "compile": not args.no_compile})
+                                           "compile": not args.no_compile, "batching": args.batching})
                            for p in args.policies.split(",") if p] + [("hf", {})]
     meta = {"command": "python benchmarks/lm_eval_throughput.py " + shlex.join(argv), "commit": git_commit(),
             "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),

@@ -106,6 +106,27 @@ def test_cli_runs_kvpop_on_an_exported_task_and_the_table_reads_it(tiny_dir, tas
     assert len(csv) == 4 and csv[0].startswith("policy,budget,cr")
 
 
+@pytest.mark.tier("scripts")  # the command line
+def test_cli_generate_until_continuous_and_static_give_the_same_samples(tiny_dir, tasks_dir, tmp_path, monkeypatch):
+    """kvpop-lm-eval with the same arguments as before (the default: generate_until through generate_batch, here with
+    max_rows=2) and with batching=static: the same answer for every problem of an exported task."""
+    from kvpop_hf.integrations.lm_eval import main
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    answers = {}
+    for name, extra in (("continuous", ",max_rows=2"), ("static", ",batching=static")):
+        out = tmp_path / name
+        monkeypatch.setattr(sys, "argv", ["kvpop-lm-eval"])
+        main(["run", "--model", "kvpop", "--model_args", f"pretrained={tiny_dir},dtype=float32,policy=knorm,sinks=2,"
+              f"window=8,topk={TOPK}{extra}", "--tasks", "kvpop_vt_160", "--include_path", str(tasks_dir),
+              "--device", "cpu", "--batch_size", "3", "--output_path", str(out), "--log_samples"])
+        samples = [json.loads(x) for x in next(out.rglob("samples_kvpop_vt_160_*.jsonl")).read_text().splitlines()]
+        answers[name] = {s["doc"]["seed"]: s["resps"][0][0] for s in samples}
+        res = json.loads(next(out.rglob("results_*.json")).read_text())
+        assert res["config"]["model_args"]["batching" if name == "static" else "max_rows"] in ("static", 2)
+    assert len(answers["static"]) == 3 and answers["continuous"] == answers["static"]
+
+
 @pytest.mark.tier("scripts")  # another process or the command line
 def test_console_command_is_lm_evals_cli(tiny_dir):
     """The console command's function hands its arguments to lm-eval's own command line unchanged."""
@@ -156,6 +177,104 @@ def test_batched_left_padded_generation_equals_one_by_one(tiny_dir, args):
     single = _lm(tiny_dir, batch_size=1, **args)
     assert batched == single.generate_until(reqs)
     assert len(set(batched)) > 1
+
+
+def _mixed_requests():
+    """Requests of different lengths, ``until`` strings and ``max_gen_toks`` (greedy); "a" and "e" cut most
+    generations of the tiny model early, "zz" none."""
+    kinds = [dict(until=[], max_gen_toks=8), dict(until=["e"], max_gen_toks=12), dict(until=["zz", "a"], max_gen_toks=5),
+             dict(until="\n", max_gen_toks=3)]
+    args = [(p, {**k, "do_sample": False}) for i, p in enumerate(PROMPTS) for k in kinds[i % 2:] + kinds[:i % 2]]
+    return [Instance("generate_until", {}, a, i) for i, a in enumerate(args)]
+
+
+def _spy_generate_batch(monkeypatch):
+    """Record every ``generate_batch`` call's requests and ``max_rows``; count the prompts it prefills."""
+    import kvpop_hf.batch
+
+    calls, prefills = [], []
+    batch, prefill = kvpop_hf.batch.generate_batch, kvpop_hf.batch._prefill
+    monkeypatch.setattr(kvpop_hf.batch, "generate_batch",
+                        lambda model, inputs, *a, **kw: calls.append((list(inputs), kw["max_rows"])) or batch(
+                            model, inputs, *a, **kw))
+    monkeypatch.setattr(kvpop_hf.batch, "_prefill", lambda *a, **kw: prefills.append(1) or prefill(*a, **kw))
+    return calls, prefills
+
+
+@pytest.mark.parametrize("args", [dict(policy="knorm", sinks=SINKS, window=WINDOW, topk=TOPK),
+                                  dict(policy="streaming", sinks=SINKS, window=WINDOW, topk=TOPK),
+                                  dict(policy="knorm", sinks=SINKS, window=WINDOW, compression=0.6)])
+def test_generate_until_through_generate_batch_equals_static_batches(tiny_dir, args, monkeypatch):
+    """The default path: all requests (4 lengths x 4 settings of until and max_gen_toks, greedy) through the rows of
+    one KVpopCache (one per budget with compression=), as many rows as the batch size; the texts equal lm-eval's
+    static batches through model.generate (batching=static), request by request, and come in the input order."""
+    reqs = _mixed_requests()
+    static = _lm(tiny_dir, batch_size=3, batching="static", **args)
+    assert not static.continuous
+    want = static.generate_until(reqs)
+    calls, prefills = _spy_generate_batch(monkeypatch)
+    lm = _lm(tiny_dir, batch_size=3, **args)
+    assert lm.continuous and lm.batching == "continuous"
+    monkeypatch.setattr(lm.model, "generate", lambda *a, **kw: pytest.fail("model.generate called"))
+    got = lm.generate_until(reqs)
+    assert got == want
+    assert len(prefills) == len(reqs) and sum(len(c[0]) for c in calls) == len(reqs)
+    eos = lm.tok_decode(lm.eot_token_id, skip_special_tokens=False)  # HFLM adds it to every until
+    assert {(r.max_new_tokens, tuple(r.stop_strings)) for c, _ in calls for r in c} == {
+        (8, (eos,)), (12, ("e", eos)), (5, ("zz", "a", eos)), (3, ("\n", eos))}
+    budgets = len({lm.kv.budget(len(lm.tok_encode(p))) for p in PROMPTS})
+    assert len(calls) == budgets and (budgets == 1) == ("topk" in args)
+    if "topk" in args:
+        assert calls[0][1] == 3  # rows recycled across the 16 requests
+        lens = [len(r.input_ids) for r in calls[0][0]]
+        assert lens == sorted(lens, reverse=True)  # longest first, as HFLM orders them
+    free = {r.args[0]: t for r, t in zip(reqs, got) if r.args[1]["until"] == []}
+    cut = [(r.args[0], t) for r, t in zip(reqs, got) if r.args[1]["until"] == ["e"]]  # cut before the first "e"
+    assert all("e" not in t and free[p].startswith(t) for p, t in cut) and any(len(t) < len(free[p]) for p, t in cut)
+    # the output order is the input order: the same requests shuffled give the same texts shuffled
+    order = torch.randperm(len(reqs), generator=torch.Generator().manual_seed(0)).tolist()
+    assert lm.generate_until([reqs[i] for i in order]) == [want[i] for i in order]
+
+
+def test_repeats_are_one_prompt_greedy_shared_sampled_forked(tiny_dir, monkeypatch):
+    """lm-eval's ``repeats`` (the same Instance n times in the list): greedy, one sequence given to all n (equal to
+    the static path's n rows); sampled, one prefill forked into n rows (num_return_sequences=n), n samples that
+    differ and repeat under the same torch seed."""
+    calls, prefills = _spy_generate_batch(monkeypatch)
+    lm = _lm(tiny_dir, policy="knorm", sinks=SINKS, window=WINDOW, topk=TOPK, batch_size=4)
+    one, other = _gen_requests(PROMPTS[:2], max_gen_toks=6, until=["zz"])
+    greedy = [one] * 3 + [other] + [one] * 2
+    got = lm.generate_until(greedy)
+    assert len(prefills) == 2 and [r.num_return_sequences for r in calls[0][0]] == [1, 1]
+    assert got == _lm(tiny_dir, policy="knorm", sinks=SINKS, window=WINDOW, topk=TOPK, batch_size=4,
+                      batching="static").generate_until(greedy)
+    assert len(set(got[:3] + got[4:])) == 1 and got[3] != got[0]
+    calls.clear(), prefills.clear()
+    sampled, = _gen_requests(PROMPTS[:1], max_gen_toks=8, do_sample=True, temperature=1.0)
+    torch.manual_seed(0)
+    texts = lm.generate_until([sampled] * 5 + [other])
+    assert len(prefills) == 2 and [r.num_return_sequences for r in calls[0][0]] == [5, 1]
+    assert calls[0][1] == 4  # five samples through four rows: the fifth waits for a free row
+    assert len(set(texts[:5])) > 1 and texts[5] == got[3]
+    torch.manual_seed(0)
+    assert lm.generate_until([sampled] * 5 + [other]) == texts
+
+
+def test_generate_until_stays_static_where_generate_batch_cannot_serve(tiny_dir, monkeypatch):
+    """Policies generate_batch does not serve (attention-scored, DMS, dense) keep lm-eval's static batches; so do
+    requests with a setting it does not implement (repetition_penalty here), beside the others in the batch."""
+    calls, _ = _spy_generate_batch(monkeypatch)
+    snap = _lm(tiny_dir, policy="snapkv", sinks=SINKS, window=WINDOW, topk=TOPK, batch_size=2)
+    assert not snap.continuous and "re-scores its entries every step" in snap._static_reason
+    snap.generate_until(_gen_requests(PROMPTS[:2], max_gen_toks=2))
+    assert not calls
+    assert not _lm(tiny_dir, policy="dense").continuous
+    lm = _lm(tiny_dir, policy="knorm", sinks=SINKS, window=WINDOW, topk=TOPK, batch_size=2, max_rows=3)
+    reqs = _gen_requests(PROMPTS[:2], max_gen_toks=4) + _gen_requests(PROMPTS[2:], max_gen_toks=4, repetition_penalty=1.3)
+    got = lm.generate_until(reqs)
+    assert [len(c[0]) for c in calls] == [2] and calls[0][1] == 2  # two requests: two rows of max_rows=3
+    static = _lm(tiny_dir, policy="knorm", sinks=SINKS, window=WINDOW, topk=TOPK, batch_size=2, batching="static")
+    assert got == static.generate_until(reqs)
 
 
 def test_generation_evicts_like_a_kvpop_cache_in_generate(tiny_dir):
@@ -331,6 +450,9 @@ def test_bad_model_args_fail_before_the_weights_load(config_only, tiny_dir, tmp_
         (dict(policy="knorm", topk="many"), "topk='many' is not an integer"),
         (dict(policy="knorm", topk=8, prefill_chunk=0), "prefill_chunk"),
         (dict(policy="knorm", topk=8, compile="sometimes"), "compile='sometimes' is not auto, True or False"),
+        (dict(policy="knorm", topk=8, batching="dynamic"), "batching='dynamic' is not continuous or static"),
+        (dict(policy="knorm", topk=8, max_rows=0), "max_rows must be an integer >= 1, got 0"),
+        (dict(policy="knorm", topk=8, max_rows=4, batching="static"), "max_rows=4 sets the rows of batching=continuous"),
         (dict(policy="knorm", topk=-3.0), "topk must be a non-negative integer, got -3;"),  # lm-eval's CLI: -3.0
         (dict(policy="knorm", topk=8, windw=8), "unknown argument windw= (did you mean window=?). Valid: the kvpop"),
     ]
@@ -467,12 +589,25 @@ def test_compression_budget_follows_each_context(tiny_dir, caplog):
     (dict(topk=TOPK, compile="False"), False),      # as lm-eval's command line hands it over
 ])
 def test_compile_choice_reaches_generate(tiny_dir, args, compiles, monkeypatch):
-    lm = _lm(tiny_dir, policy="knorm", sinks=SINKS, window=WINDOW, **args)
+    """Static batches: ``generate(disable_compile=...)``; continuous: ``generate_batch(compile=...)`` (None: on
+    CUDA, as generate decides; False: eager)."""
+    import kvpop_hf.batch
+
+    static = _lm(tiny_dir, policy="knorm", sinks=SINKS, window=WINDOW, batching="static", **args)
     seen = []
-    generate = lm.model.generate
-    monkeypatch.setattr(lm.model, "generate", lambda *a, **kw: seen.append(kw.get("disable_compile")) or generate(*a, **kw))
-    lm.generate_until(_gen_requests(PROMPTS[:2], max_gen_toks=2))
+    generate = static.model.generate
+    monkeypatch.setattr(static.model, "generate", lambda *a, **kw: seen.append(kw.get("disable_compile")) or generate(*a, **kw))
+    static.generate_until(_gen_requests(PROMPTS[:2], max_gen_toks=2))
     assert seen and all(d is (None if compiles else True) for d in seen), seen
+    seen.clear()
+    batch = kvpop_hf.batch.generate_batch
+    monkeypatch.setattr(kvpop_hf.batch, "generate_batch", lambda *a, **kw: seen.append(kw["compile"]) or batch(*a, **kw))
+    lm = _lm(tiny_dir, policy="knorm", sinks=SINKS, window=WINDOW, **args)
+    lm.generate_until(_gen_requests(PROMPTS[:2], max_gen_toks=2))
+    assert seen and all(c is (None if compiles else False) for c in seen), seen
+    seen.clear()  # a request's own disable_compile (a generate option) keeps it on generate_batch, eager
+    lm.generate_until(_gen_requests(PROMPTS[:2], max_gen_toks=2, disable_compile=True))
+    assert seen and all(c is False for c in seen), seen
 
 
 def test_ruler_style_generators():

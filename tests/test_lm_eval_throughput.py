@@ -14,7 +14,7 @@ pytest.importorskip("lm_eval")
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.mark.parametrize("extra", [[], ["--no-compile"]])
+@pytest.mark.parametrize("extra", [[], ["--no-compile"], ["--batching", "continuous"]])
 def test_tiny_run_writes_a_row_per_run(tmp_path, extra):
     out = tmp_path / "o"
     r = subprocess.run([sys.executable, "benchmarks/lm_eval_throughput.py", "--device", "cpu", "--shape", "tiny",
@@ -24,6 +24,8 @@ def test_tiny_run_writes_a_row_per_run(tmp_path, extra):
     res = json.loads((out / "result.json").read_text())
     assert [row["run"] for row in res["rows"]] == ["kvpop:kvpop", "kvpop:knorm", "hf"]
     assert all(row["new_words_per_row"] == [4, 4] and row["seconds"] > 0 for row in res["rows"])
-    assert [row["compile"] for row in res["rows"]] == ([True, True, False] if not extra else [False] * 3)
+    assert [row["compile"] for row in res["rows"]] == ([False] * 3 if "--no-compile" in extra else [True, True, False])
+    batching = "continuous" if "continuous" in extra else "static"
+    assert [row["model_args"].get("batching") for row in res["rows"]] == [batching, batching, None]
     assert res["command"].startswith("python benchmarks/lm_eval_throughput.py") and res["commit"]
     assert "| hf |" in (out / "result.md").read_text()
