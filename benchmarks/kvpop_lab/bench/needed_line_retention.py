@@ -35,6 +35,7 @@ from kvpop_hf import KVpopCache  # noqa: E402
 from kvpop_hf.compat import with_cache  # noqa: E402
 from kvpop_lab.testbed import make_problem  # noqa: E402
 from kvpop_lab.testbed.qkv import record_qkv  # noqa: E402
+from kvpop_lab.testbed.static_policies import served_at  # noqa: E402
 from kvpop_lab.testbed.budget_args import add_budget_args, budgets_from_args  # noqa: E402
 from kvpop_lab.testbed.evaluate import parse_knobs  # noqa: E402
 from kvpop_lab.testbed.tasks import training_example  # noqa: E402
@@ -176,8 +177,7 @@ def main(argv=None) -> None:
     newline = tok.convert_ids_to_tokens(tok("a\nb", add_special_tokens=False)["input_ids"])[1]
     ckpt = args.scorer_checkpoint or args.model
     caches = {
-        "kvpop": lambda: KVpopCache.from_pretrained(ckpt, model.config, sinks=args.sinks, window=args.window,
-                                                    topk=budget.topk),
+        "kvpop": lambda: served_at(ckpt, model.config, sinks=args.sinks, window=args.window, topk=budget.topk),
         "streaming": lambda: KVpopCache(model.config, sinks=args.sinks, window=args.window, topk=budget.topk,
                                         scorer="streaming"),
     }

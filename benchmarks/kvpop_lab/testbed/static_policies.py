@@ -81,15 +81,33 @@ def static_policies(args: argparse.Namespace, model, budgets, sinks: int, window
             tag = "" if lg is None else f"_lg{lg:g}"
             for spec in args.scorer:
                 name, path = spec.split("=", 1)
-                scored.append((name + tag, b, KVpopCache.from_pretrained(path, model.config, log_gamma=lg, **over)))
+                scored.append((name + tag, b, served_at(path, model.config, log_gamma=lg, **over)))
             for spec in args.student:
                 name, path = spec.split("=", 1)
                 if path not in students:
                     students[path] = load_model(path, torch.float32, device)
                 student = students[path]
-                cache = KVpopCache.from_pretrained(path, student.config, log_gamma=lg, **over)
+                cache = served_at(path, student.config, log_gamma=lg, **over)
                 scored.append((name + tag, b, cache, student))
     return scored
+
+
+def served_at(path, model_config, **fields):
+    """A checkpoint's scorer in a cache with other budget fields (``sinks``, ``window``, ``topk``, ``log_gamma``):
+    what a study of a scorer away from its trained ``s`` and ``w`` needs, which ``KVpopCache.from_pretrained``
+    refuses for serving. The checkpoint loads as a prototype and its scorer (read-only, shared) goes into a new
+    cache of the changed config; a learned per-head decay of the checkpoint replaces ``log_gamma`` as there."""
+    import dataclasses
+
+    from kvpop_hf import KVpopCache
+
+    proto = KVpopCache.from_pretrained(path)
+    cfg = dataclasses.replace(proto.kvpop_config, scorer_kwargs=dict(proto.kvpop_config.scorer_kwargs), **fields)
+    cfg.validate()
+    cache = KVpopCache(model_config, scorer=proto.scorer, kvpop_config=cfg)
+    if proto.log_gamma is not None:
+        cache.log_gamma = proto.log_gamma.clone()
+    return cache
 
 
 def benchmark_setup(args: argparse.Namespace):
