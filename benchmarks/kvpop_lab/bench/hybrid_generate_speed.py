@@ -50,6 +50,8 @@ from pathlib import Path
 
 import torch
 
+from kvpop_hf.cli.budget_flags import add_budget_flags
+
 ROOT = Path(__file__).resolve().parents[3]
 COLUMNS = ["shape", "cache", "context", "prefill_s", "decode_ms", "tokens_per_s", "peak_gb", "cache_gb", "compiled",
            "graphs", "graph_breaks", "status", "command", "commit", "date"]
@@ -206,9 +208,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--shapes", nargs="+", default=["gemma3-12b", "gpt-oss-20b"], choices=SHAPES)
     ap.add_argument("--caches", nargs="+", default=["default", "kvpop"], choices=["default", "kvpop"])
     ap.add_argument("--contexts", nargs="+", type=int, default=[32768, 131072])
-    ap.add_argument("--sinks", type=int, default=4)
-    ap.add_argument("--window", type=int, default=256)
-    ap.add_argument("--topk", type=int, default=3836)
+    add_budget_flags(ap, sinks=4, window=256, topk=3836)
     ap.add_argument("--scorer", default="mlstm", help="KVpop scorer (random weights: speed does not depend on them)")
     ap.add_argument("--new-tokens", type=int, default=32)
     ap.add_argument("--warmup", type=int, default=4)
